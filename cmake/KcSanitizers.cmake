@@ -1,0 +1,10 @@
+# Global sanitizer flags, chosen by the asan and tsan presets through KC_SANITIZE.
+if(KC_SANITIZE STREQUAL "address")
+  add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+  add_link_options(-fsanitize=address,undefined)
+elseif(KC_SANITIZE STREQUAL "thread")
+  add_compile_options(-fsanitize=thread -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=thread)
+elseif(NOT KC_SANITIZE STREQUAL "")
+  message(FATAL_ERROR "KC_SANITIZE must be '', 'address' or 'thread', got '${KC_SANITIZE}'")
+endif()
