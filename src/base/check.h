@@ -27,12 +27,12 @@ class CheckFailure {
 #define KC_PREDICT_TRUE(x) (__builtin_expect(static_cast<bool>(x), 1))
 
 // KC_CHECK(rank < world_size) << "rank=" << rank;
-#define KC_CHECK(cond)            \
-  switch (0)                      \
-  case 0:                         \
-  default:                        \
-    if (KC_PREDICT_TRUE(cond)) {  \
-    } else                        \
+#define KC_CHECK(cond)           \
+  switch (0)                     \
+  case 0:                        \
+  default:                       \
+    if (KC_PREDICT_TRUE(cond)) { \
+    } else                       \
       ::kc::internal_check::CheckFailure(__FILE__, __LINE__, #cond).stream()
 
 // Checked in debug builds only; for hot paths.

@@ -92,21 +92,23 @@ Status EventBus::PublishErased(const std::string& topic, std::type_index type,
           ++stats_.dropped;
           return ResourceExhaustedError("event bus '" + options_.name +
                                         "': queue full and publishing from a subscriber "
-                                        "callback cannot wait, topic '" + topic + "'");
+                                        "callback cannot wait, topic '" +
+                                        topic + "'");
         }
         const TimePoint deadline = options_.clock->Now() + options_.publish_timeout;
-        const bool room = AwaitWithDeadline(
-            options_.clock, &changed_, &mu_, deadline, [this]() KC_REQUIRES(mu_) {
+        const bool room =
+            AwaitWithDeadline(options_.clock, &changed_, &mu_, deadline, [this]() KC_REQUIRES(mu_) {
               return stopping_ || queue_.size() < options_.queue_capacity;
             });
         if (stopping_) return CancelledError("event bus '" + options_.name + "' is shutting down");
         if (!room) {
           ++stats_.dropped;
-          return DeadlineExceededError("event bus '" + options_.name + "': queue full for " +
-                                       std::to_string(std::chrono::duration_cast<
-                                           std::chrono::milliseconds>(options_.publish_timeout)
-                                                          .count()) +
-                                       " ms, topic '" + topic + "'");
+          return DeadlineExceededError(
+              "event bus '" + options_.name + "': queue full for " +
+              std::to_string(
+                  std::chrono::duration_cast<std::chrono::milliseconds>(options_.publish_timeout)
+                      .count()) +
+              " ms, topic '" + topic + "'");
         }
         break;
       }

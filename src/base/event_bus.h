@@ -98,9 +98,7 @@ class EventBus {
   // kInvalidArgument if the topic name is already used with another event type.
   template <typename T>
   Result<Subscription> Subscribe(const Topic<T>& topic, std::function<void(const T&)> fn) {
-    auto handler = [fn = std::move(fn)](const void* event) {
-      fn(*static_cast<const T*>(event));
-    };
+    auto handler = [fn = std::move(fn)](const void* event) { fn(*static_cast<const T*>(event)); };
     return SubscribeErased(topic.name(), std::type_index(typeid(T)), std::move(handler));
   }
 
@@ -156,7 +154,7 @@ class EventBus {
   std::map<std::string, std::type_index> topic_types_ KC_GUARDED_BY(mu_);
   std::map<uint64_t, std::shared_ptr<const Handler>> handlers_ KC_GUARDED_BY(mu_);
   uint64_t next_id_ KC_GUARDED_BY(mu_) = 1;
-  uint64_t next_seq_ KC_GUARDED_BY(mu_) = 0;   // seq of the next accepted event
+  uint64_t next_seq_ KC_GUARDED_BY(mu_) = 0;    // seq of the next accepted event
   bool delivering_ KC_GUARDED_BY(mu_) = false;  // an event is off the queue, not yet done
   uint64_t delivering_seq_ KC_GUARDED_BY(mu_) = 0;
   uint64_t running_handler_ KC_GUARDED_BY(mu_) = 0;  // id of the callback running now, or 0

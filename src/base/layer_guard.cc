@@ -1,13 +1,13 @@
 // The runtime boundary monitor: violation counting, recording and the three alert levels.
 #include "base/layer_guard.h"
 
+#include <fmt/format.h>
+
 #include <array>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <tuple>
-
-#include <fmt/format.h>
 
 #include "base/log.h"
 #include "base/stacktrace.h"
@@ -23,9 +23,12 @@ std::string_view ViolationKindName(ViolationKind kind) {
 
 std::string_view AlertLevelName(AlertLevel level) {
   switch (level) {
-    case AlertLevel::kInfo: return "info";
-    case AlertLevel::kWarning: return "warning";
-    case AlertLevel::kSevere: return "severe";
+    case AlertLevel::kInfo:
+      return "info";
+    case AlertLevel::kWarning:
+      return "warning";
+    case AlertLevel::kSevere:
+      return "severe";
   }
   return "info";
 }
@@ -48,8 +51,10 @@ MonitorPolicy MonitorPolicy::Production() {
 Result<MonitorPolicy> MonitorPolicy::FromMode(std::string_view mode) {
   if (mode == "development") return Development();
   if (mode == "production") return Production();
-  return InvalidArgumentError("boundary monitor mode must be \"development\" or \"production\", "
-                              "got \"" + std::string(mode) + "\"");
+  return InvalidArgumentError(
+      "boundary monitor mode must be \"development\" or \"production\", "
+      "got \"" +
+      std::string(mode) + "\"");
 }
 
 const Topic<Violation>& BoundaryOwnerTopic() {
@@ -67,8 +72,7 @@ std::optional<Layer> CurrentLayer() {
   return LayerScope::stack_[LayerScope::Top()].layer;
 }
 
-bool LayerScope::IsOtherComponent(const Frame& top, const char* component,
-                                  const void* instance) {
+bool LayerScope::IsOtherComponent(const Frame& top, const char* component, const void* instance) {
   if (top.instance != instance) return true;
   if (top.component == component) return false;
   return std::strcmp(top.component, component) != 0;
@@ -135,19 +139,18 @@ void BoundaryMonitor::Reset() {
   state().recent.clear();
 }
 
-Status BoundaryMonitor::Report(ViolationKind kind, Layer callee_layer,
-                               const char* callee_component, const char* entry) {
+Status BoundaryMonitor::Report(ViolationKind kind, Layer callee_layer, const char* callee_component,
+                               const char* entry) {
   // Describe the thread's guard stack, outermost first.
   const int depth = std::min(LayerScope::depth_, LayerScope::kMaxDepth);
   const LayerScope::Frame& top = LayerScope::stack_[depth - 1];
   std::string layer_stack;
   for (int i = 0; i < depth; ++i) {
     if (i > 0) layer_stack += " > ";
-    layer_stack += std::string(LayerName(LayerScope::stack_[i].layer)) + "/" +
-                   LayerScope::stack_[i].component;
+    layer_stack +=
+        std::string(LayerName(LayerScope::stack_[i].layer)) + "/" + LayerScope::stack_[i].component;
   }
-  layer_stack += std::string(" > ") + std::string(LayerName(callee_layer)) + "/" +
-                 callee_component + " (refused or entered here)";
+  layer_stack += std::string(" > ") + std::string(LayerName(callee_layer)) + "/" + callee_component;
 
   Violation v{.kind = kind,
               .level = AlertLevel::kInfo,
@@ -200,10 +203,10 @@ Status BoundaryMonitor::Report(ViolationKind kind, Layer callee_layer,
   }
 
   if (v.level == AlertLevel::kSevere) {
-    return FailedPreconditionError(fmt::format(
-        "boundary violation refused: {} from {}/{} into {}/{} ({}); stack: {}",
-        ViolationKindName(kind), LayerName(v.caller_layer), v.caller_component,
-        LayerName(callee_layer), v.callee_component, v.entry, v.layer_stack));
+    return FailedPreconditionError(
+        fmt::format("boundary violation refused: {} from {}/{} into {}/{} ({}); stack: {}",
+                    ViolationKindName(kind), LayerName(v.caller_layer), v.caller_component,
+                    LayerName(callee_layer), v.callee_component, v.entry, v.layer_stack));
   }
   return OkStatus();
 }

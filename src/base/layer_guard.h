@@ -58,14 +58,14 @@ struct MonitorPolicy {
 struct Violation {
   ViolationKind kind;
   AlertLevel level;
-  Layer caller_layer;          // the layer on top of the stack when the entry was called
+  Layer caller_layer;  // the layer on top of the stack when the entry was called
   std::string caller_component;
-  Layer callee_layer;          // the layer whose entry point was called
+  Layer callee_layer;  // the layer whose entry point was called
   std::string callee_component;
-  std::string entry;           // the entry point's function name
-  std::string layer_stack;     // "api/job_service > comm/transport", outermost first
-  std::string stack_trace;     // symbolised, innermost first
-  uint64_t count;              // violations of this kind and edge so far, this one included
+  std::string entry;        // the entry point's function name
+  std::string layer_stack;  // "api/job_service > comm/transport", outermost first
+  std::string stack_trace;  // symbolised, innermost first
+  uint64_t count;           // violations of this kind and edge so far, this one included
 };
 
 // Events published for warning and severe violations. The owner topic is for the team that
@@ -119,9 +119,9 @@ class LayerScope {
   LayerScope(Layer layer, const char* component, EntryKind kind, const void* instance,
              const char* entry) {
     Frame* const top = depth_ > 0 ? &stack_[Top()] : nullptr;
-    if (top != nullptr && (layer > top->layer ||
-                           (kind == EntryKind::kBlocking && layer == top->layer &&
-                            IsOtherComponent(*top, component, instance)))) {
+    if (top != nullptr &&
+        (layer > top->layer || (kind == EntryKind::kBlocking && layer == top->layer &&
+                                IsOtherComponent(*top, component, instance)))) {
       status_ = ReportViolation(layer, component, entry, top->layer);
       if (!status_.ok()) return;  // refused: not entered
     }
@@ -164,15 +164,15 @@ class LayerScope {
 
 // Guards a non-blocking public entry point of `layer`. The enclosing function returns
 // Status or Result<T>: a refused (severe) call returns kFailedPrecondition from it.
-#define KC_LAYER_ENTRY(layer, component)                                                    \
-  ::kc::LayerScope kc_layer_scope_((layer), (component), ::kc::EntryKind::kNonBlocking,     \
-                                   nullptr, __func__);                                      \
-  if (!kc_layer_scope_.ok()) [[unlikely]]                                                   \
+#define KC_LAYER_ENTRY(layer, component)                                                         \
+  ::kc::LayerScope kc_layer_scope_((layer), (component), ::kc::EntryKind::kNonBlocking, nullptr, \
+                                   __func__);                                                    \
+  if (!kc_layer_scope_.ok()) [[unlikely]]                                                        \
   return kc_layer_scope_.status()
 
 // Guards a blocking public entry point of the component instance `instance` (usually this).
-#define KC_LAYER_BLOCKING_ENTRY(layer, component, instance)                                 \
-  ::kc::LayerScope kc_layer_scope_((layer), (component), ::kc::EntryKind::kBlocking,        \
-                                   (instance), __func__);                                   \
-  if (!kc_layer_scope_.ok()) [[unlikely]]                                                   \
+#define KC_LAYER_BLOCKING_ENTRY(layer, component, instance)                                      \
+  ::kc::LayerScope kc_layer_scope_((layer), (component), ::kc::EntryKind::kBlocking, (instance), \
+                                   __func__);                                                    \
+  if (!kc_layer_scope_.ok()) [[unlikely]]                                                        \
   return kc_layer_scope_.status()

@@ -33,8 +33,8 @@ Sinks& GetSinks() {
   static Sinks* const sinks = [] {
     auto* s = new Sinks();
     MutexLock lock(&s->mu);
-    s->logger = std::make_shared<spdlog::logger>(
-        "kc", std::make_shared<spdlog::sinks::stderr_sink_mt>());
+    s->logger =
+        std::make_shared<spdlog::logger>("kc", std::make_shared<spdlog::sinks::stderr_sink_mt>());
     s->logger->set_pattern("%L%m%d %H:%M:%S.%f %v");
     s->logger->set_level(spdlog::level::trace);
     return s;
@@ -44,10 +44,14 @@ Sinks& GetSinks() {
 
 spdlog::level::level_enum ToSpd(Severity s) {
   switch (s) {
-    case Severity::kInfo: return spdlog::level::info;
-    case Severity::kWarning: return spdlog::level::warn;
-    case Severity::kError: return spdlog::level::err;
-    case Severity::kFatal: return spdlog::level::critical;
+    case Severity::kInfo:
+      return spdlog::level::info;
+    case Severity::kWarning:
+      return spdlog::level::warn;
+    case Severity::kError:
+      return spdlog::level::err;
+    case Severity::kFatal:
+      return spdlog::level::critical;
   }
   return spdlog::level::info;
 }

@@ -88,10 +88,10 @@ void Emit(Severity severity, const char* file, int line, std::string_view text);
   ::kc::log::internal::LogMessage(KC_LOG_SEVERITY_##severity, __FILE__, __LINE__).stream()
 
 // Debug detail, off by default: KC_VLOG(2) << ...;
-#define KC_VLOG(n)                        \
-  switch (0)                              \
-  case 0:                                 \
-  default:                                \
-    if (!::kc::log::VlogIsOn(n)) {        \
-    } else                                \
+#define KC_VLOG(n)                 \
+  switch (0)                       \
+  case 0:                          \
+  default:                         \
+    if (!::kc::log::VlogIsOn(n)) { \
+    } else                         \
       KC_LOG(INFO)

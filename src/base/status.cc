@@ -6,21 +6,36 @@ namespace kc {
 
 std::string_view ErrorCodeName(ErrorCode code) {
   switch (code) {
-    case ErrorCode::kOk: return "OK";
-    case ErrorCode::kCancelled: return "CANCELLED";
-    case ErrorCode::kInvalidArgument: return "INVALID_ARGUMENT";
-    case ErrorCode::kDeadlineExceeded: return "DEADLINE_EXCEEDED";
-    case ErrorCode::kNotFound: return "NOT_FOUND";
-    case ErrorCode::kAlreadyExists: return "ALREADY_EXISTS";
-    case ErrorCode::kPermissionDenied: return "PERMISSION_DENIED";
-    case ErrorCode::kResourceExhausted: return "RESOURCE_EXHAUSTED";
-    case ErrorCode::kFailedPrecondition: return "FAILED_PRECONDITION";
-    case ErrorCode::kAborted: return "ABORTED";
-    case ErrorCode::kUnimplemented: return "UNIMPLEMENTED";
-    case ErrorCode::kInternal: return "INTERNAL";
-    case ErrorCode::kUnavailable: return "UNAVAILABLE";
-    case ErrorCode::kDataLoss: return "DATA_LOSS";
-    case ErrorCode::kUnauthenticated: return "UNAUTHENTICATED";
+    case ErrorCode::kOk:
+      return "OK";
+    case ErrorCode::kCancelled:
+      return "CANCELLED";
+    case ErrorCode::kInvalidArgument:
+      return "INVALID_ARGUMENT";
+    case ErrorCode::kDeadlineExceeded:
+      return "DEADLINE_EXCEEDED";
+    case ErrorCode::kNotFound:
+      return "NOT_FOUND";
+    case ErrorCode::kAlreadyExists:
+      return "ALREADY_EXISTS";
+    case ErrorCode::kPermissionDenied:
+      return "PERMISSION_DENIED";
+    case ErrorCode::kResourceExhausted:
+      return "RESOURCE_EXHAUSTED";
+    case ErrorCode::kFailedPrecondition:
+      return "FAILED_PRECONDITION";
+    case ErrorCode::kAborted:
+      return "ABORTED";
+    case ErrorCode::kUnimplemented:
+      return "UNIMPLEMENTED";
+    case ErrorCode::kInternal:
+      return "INTERNAL";
+    case ErrorCode::kUnavailable:
+      return "UNAVAILABLE";
+    case ErrorCode::kDataLoss:
+      return "DATA_LOSS";
+    case ErrorCode::kUnauthenticated:
+      return "UNAUTHENTICATED";
   }
   return "UNKNOWN";
 }

@@ -84,8 +84,7 @@ Retry RetryFor(ErrorCode code);
 class [[nodiscard]] Status {
  public:
   Status() = default;  // OK
-  Status(ErrorCode code, std::string_view message,
-         SourceLocation loc = SourceLocation::current());
+  Status(ErrorCode code, std::string_view message, SourceLocation loc = SourceLocation::current());
 
   bool ok() const { return code_ == ErrorCode::kOk; }
   ErrorCode code() const { return code_; }
@@ -119,10 +118,9 @@ std::ostream& operator<<(std::ostream& os, ErrorCode code);
 inline Status OkStatus() { return Status(); }
 
 // One factory per code, e.g. InvalidArgumentError("model.heads: expected ...").
-#define KC_DECLARE_ERROR_FACTORY(Name, Code)                                   \
-  inline Status Name(std::string_view message,                                 \
-                     SourceLocation loc = SourceLocation::current()) {         \
-    return Status(ErrorCode::Code, message, loc);                              \
+#define KC_DECLARE_ERROR_FACTORY(Name, Code)                                                     \
+  inline Status Name(std::string_view message, SourceLocation loc = SourceLocation::current()) { \
+    return Status(ErrorCode::Code, message, loc);                                                \
   }
 KC_DECLARE_ERROR_FACTORY(CancelledError, kCancelled)
 KC_DECLARE_ERROR_FACTORY(InvalidArgumentError, kInvalidArgument)
@@ -152,10 +150,10 @@ class [[nodiscard]] Result {
   Result(const T& value) : rep_(value) {}        // NOLINT: implicit by design
   Result(T&& value) : rep_(std::move(value)) {}  // NOLINT: implicit by design
   template <typename U>
-    requires(std::is_constructible_v<T, U &&> && !std::is_same_v<std::decay_t<U>, T> &&
-             !std::is_same_v<std::decay_t<U>, Status> &&
-             !std::is_same_v<std::decay_t<U>, Result<T>>)
-  Result(U&& value) : rep_(std::in_place_type<T>, std::forward<U>(value)) {}  // NOLINT
+  requires(std::is_constructible_v<T, U&&> && !std::is_same_v<std::decay_t<U>, T> &&
+           !std::is_same_v<std::decay_t<U>, Status> && !std::is_same_v<std::decay_t<U>, Result<T>>)
+      Result(U&& value)
+      : rep_(std::in_place_type<T>, std::forward<U>(value)) {}  // NOLINT
 
   bool ok() const { return std::holds_alternative<T>(rep_); }
 
@@ -209,10 +207,10 @@ Status AsStatus(const Result<T>& r) {
 
 // Returns the Status of `expr` (a Status or a Result) from the enclosing function if it is
 // not OK.
-#define KC_RETURN_IF_ERROR(expr)                                            \
-  do {                                                                      \
-    ::kc::Status kc_status_ = ::kc::internal_status::AsStatus(expr);        \
-    if (!kc_status_.ok()) return kc_status_;                                \
+#define KC_RETURN_IF_ERROR(expr)                                     \
+  do {                                                               \
+    ::kc::Status kc_status_ = ::kc::internal_status::AsStatus(expr); \
+    if (!kc_status_.ok()) return kc_status_;                         \
   } while (false)
 
 // KC_ASSIGN_OR_RETURN(auto x, ComputeX()): evaluates a Result; on error returns its Status,

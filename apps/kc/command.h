@@ -1,0 +1,16 @@
+// What every `kc` subcommand shares: how it is run and its exit codes.
+#pragma once
+
+#include <functional>
+
+namespace kc::app {
+
+// Exit codes of every kc command.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailure = 1;   // the command ran and failed
+inline constexpr int kExitBadInput = 2;  // bad arguments or configuration; nothing was done
+
+// A parsed subcommand, run after the global settings are loaded. Returns the exit code.
+using Action = std::function<int()>;
+
+}  // namespace kc::app
