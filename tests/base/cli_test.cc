@@ -1,12 +1,10 @@
 // Runs the kc binary as a user would and checks exit codes, output and error messages.
 #include <gtest/gtest.h>
-#include <sched.h>
 #include <sys/wait.h>
 
 #include <array>
 #include <cstdio>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <string>
 
 namespace {
@@ -34,20 +32,8 @@ std::string WriteFile(const std::string& name, const std::string& text) {
   return path;
 }
 
-TEST(KcCliTest, TopoProbeJsonReportsTheUsableCores) {
-  KcRun r = Kc("topo probe --json");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  nlohmann::json j = nlohmann::json::parse(r.output);
-  cpu_set_t allowed;
-  CPU_ZERO(&allowed);
-  ASSERT_EQ(sched_getaffinity(0, sizeof(allowed), &allowed), 0);
-  EXPECT_EQ(j["pus"].get<int>(), CPU_COUNT(&allowed));
-  EXPECT_GE(j["numa_nodes"].size(), 1u);
-  EXPECT_GT(j["memory_bytes"].get<int64_t>(), 0);
-}
-
 TEST(KcCliTest, TopoProbeTableNamesCpuMemoryAndNuma) {
-  KcRun r = Kc("topo probe");
+  KcRun r = Kc("topo probe --quick --no-write");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("cpu "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("memory "), std::string::npos) << r.output;
