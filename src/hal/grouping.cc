@@ -10,10 +10,13 @@
 
 #include "base/check.h"
 #include "base/config.h"
+#include "hal/internal/yaml_text.h"
 #include "hal/inventory.h"
 
 namespace kc::hal {
 namespace {
+
+using internal::YamlString;
 
 Result<std::vector<Group>> ParseGrouping(config::Document doc, const TopologySpec& spec) {
   config::Map root = doc.root();
@@ -88,33 +91,6 @@ Result<std::vector<Group>> ParseGrouping(config::Document doc, const TopologySpe
   }
   KC_RETURN_IF_ERROR(doc.Finish());
   return groups;
-}
-
-// `s` as a YAML scalar: plain when that reads back as the same string, else double-quoted.
-std::string YamlString(std::string_view s) {
-  bool plain = !s.empty() && s != "null" && s != "Null" && s != "NULL" &&
-               std::isalnum(static_cast<unsigned char>(s[0])) != 0 &&
-               std::all_of(s.begin(), s.end(), [](char c) {
-                 return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '.' || c == '_' ||
-                        c == '-' || c == '/';
-               });
-  if (plain) return std::string(s);
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      constexpr char kHex[] = "0123456789abcdef";
-      out += "\\x";
-      out += kHex[(c >> 4) & 0xF];
-      out += kHex[c & 0xF];
-    } else {
-      out += c;
-    }
-  }
-  out += '"';
-  return out;
 }
 
 // An id split as prefix + number ("dgx00/gpu" + 7); number -1 when the id does not end in

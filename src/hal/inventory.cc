@@ -16,9 +16,12 @@
 #include <utility>
 
 #include "base/config.h"
+#include "hal/internal/yaml_text.h"
 
 namespace kc::hal {
 namespace {
+
+using internal::YamlString;
 
 constexpr int64_t kMaxDevicesPerHost = 65'536;
 constexpr int64_t kMaxDevices = 1'000'000;
@@ -458,31 +461,6 @@ Result<TopologySpec> ParseInventory(config::Document doc) {
 }
 
 // Writing ---------------------------------------------------------------------------------
-
-// `s` as a YAML scalar: plain when that reads back as the same string, else double-quoted.
-std::string YamlString(std::string_view s) {
-  bool plain =
-      !s.empty() && s != "null" && s != "Null" && s != "NULL" && s != "~" &&
-      (std::isalnum(static_cast<unsigned char>(s[0])) != 0) &&
-      std::all_of(s.begin(), s.end(), [](char c) { return IsHostNameChar(c) || c == '/'; });
-  if (plain) return std::string(s);
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      constexpr char kHex[] = "0123456789abcdef";
-      out += "\\x";
-      out += kHex[(c >> 4) & 0xF];
-      out += kHex[c & 0xF];
-    } else {
-      out += c;
-    }
-  }
-  out += '"';
-  return out;
-}
 
 // The shortest decimal that reads back as `x`; .inf for infinity.
 std::string ShortestDouble(double x) {

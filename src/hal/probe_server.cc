@@ -22,6 +22,7 @@
 
 #include "base/layer_guard.h"
 #include "base/log.h"
+#include "hal/fd.h"
 
 namespace kc::hal {
 namespace {
@@ -113,31 +114,6 @@ uint64_t RepeatedBlockChecksum(const std::vector<unsigned char>& block, uint64_t
   // The tail sits after `copies` blocks: its words' positions are shifted by copies*W.
   return copies * c + 2 * words * s * pairs + tail_sum.Finish() + 2 * copies * words * tail_s;
 }
-
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  Fd& operator=(Fd&& o) noexcept {
-    if (this != &o) {
-      Reset();
-      fd_ = std::exchange(o.fd_, -1);
-    }
-    return *this;
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() { Reset(); }
-  int get() const { return fd_; }
-  void Reset() {
-    if (fd_ >= 0) close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-};
 
 std::string Errno() { return std::strerror(errno); }
 
