@@ -234,17 +234,15 @@ int RunProbe(const ProbeArgs& args) {
     std::cerr << "kc: " << spec.status().message() << "\n";
     return kExitBadInput;
   }
-  // GPUs of this host, when the CUDA driver is present (one log line when it is not).
-  if (Result<hal::CudaProbeResult> cuda = hal::ProbeCuda(info->hostname); cuda.ok()) {
-    const int offset = static_cast<int>(spec->devices.size());
-    for (hal::DeviceDescriptor& d : cuda->devices) spec->devices.push_back(std::move(d));
-    for (hal::Link l : cuda->links) {
-      l.a += offset;
-      l.b += offset;
-      spec->links.push_back(l);
-    }
-  } else {
+  // GPUs of this host, when the CUDA driver is present (one log line when it is not). On a
+  // GPU host the GPUs are the devices jobs run on, so they replace the CPU slices in the
+  // topology written (an inventory host holds one device model).
+  if (Result<hal::CudaProbeResult> cuda = hal::ProbeCuda(info->hostname); !cuda.ok()) {
     KC_LOG(WARNING) << "CUDA probe failed " << log::KV("status", cuda.status());
+  } else if (!cuda->devices.empty()) {
+    spec->devices = std::move(cuda->devices);
+    spec->links = std::move(cuda->links);
+    spec->hosts[0].intra_host_default = cuda->host_default;
   }
   // The slowest peer bounds what this host's devices can count on over the network.
   double net_bw = 0, net_lat = 0;

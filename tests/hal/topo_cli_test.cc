@@ -25,7 +25,10 @@ struct KcRun {
 
 // Runs kc with `args` (a shell word list) and collects stdout, stderr and the exit code.
 KcRun Kc(const std::string& args) {
-  const std::string err_path = ::testing::TempDir() + "kc_topo_stderr.txt";
+  // One file per process and call: ctest runs test processes side by side.
+  static int calls = 0;
+  const std::string err_path = ::testing::TempDir() + "kc_topo_stderr_" + std::to_string(getpid()) +
+                               "_" + std::to_string(calls++) + ".txt";
   const std::string cmd = std::string(KC_BINARY) + " " + args + " 2>" + err_path;
   FILE* pipe = popen(cmd.c_str(), "r");
   if (pipe == nullptr) return {-1, "", "popen failed"};
@@ -36,6 +39,7 @@ KcRun Kc(const std::string& args) {
   const int status = pclose(pipe);
   std::ifstream e(err_path);
   std::string err((std::istreambuf_iterator<char>(e)), std::istreambuf_iterator<char>());
+  std::remove(err_path.c_str());
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out, err};
 }
 
