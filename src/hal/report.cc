@@ -42,6 +42,11 @@ std::string Count(int64_t n) {
   return n < 0 ? "-" + out : out;
 }
 
+// "1 device", "2 devices", "1,250 hosts".
+std::string Plural(int64_t n, std::string_view noun) {
+  return Count(n) + " " + std::string(noun) + (n == 1 ? "" : "s");
+}
+
 std::string Bytes(int64_t bytes) {
   if (bytes >= (int64_t{1} << 30)) return fmt::format("{:g} GiB", std::ldexp(bytes, -30));
   if (bytes >= (int64_t{1} << 20)) return fmt::format("{:g} MiB", std::ldexp(bytes, -20));
@@ -303,11 +308,12 @@ TopologyReport MakeReport(const Topology& topology, const ReportOptions& options
 }
 
 std::string RenderReportText(const TopologyReport& r) {
-  std::string out = fmt::format(
-      "Topology {}: {} devices on {} hosts {}; {} groups ({})\n",
-      r.name.empty() ? "(unnamed)" : r.name, Count(r.num_devices), Count(r.num_hosts),
-      r.num_racks == 0 ? "(no racks declared)" : fmt::format("in {} racks", Count(r.num_racks)),
-      Count(static_cast<int64_t>(r.groups.size())), r.user_groups ? "user-edited" : "suggested");
+  std::string out =
+      fmt::format("Topology {}: {} on {} {}; {} ({})\n", r.name.empty() ? "(unnamed)" : r.name,
+                  Plural(r.num_devices, "device"), Plural(r.num_hosts, "host"),
+                  r.num_racks == 0 ? "(no racks declared)" : "in " + Plural(r.num_racks, "rack"),
+                  Plural(static_cast<int64_t>(r.groups.size()), "group"),
+                  r.user_groups ? "user-edited" : "suggested");
 
   // Groups: host by host, hosts with the same layout as an earlier one collapsed after the
   // first few; groups spanning hosts afterwards.
@@ -360,7 +366,8 @@ std::string RenderReportText(const TopologyReport& r) {
     }
     out += "  " + a.message;
     if (j - i > 1) {
-      out += fmt::format(" Same for {} more groups.", Count(static_cast<int64_t>(j - i - 1)));
+      const int64_t more = static_cast<int64_t>(j - i - 1);
+      out += fmt::format(" Same for {} more group{}.", Count(more), more == 1 ? "" : "s");
     }
     out += "\n";
     i = j;
