@@ -171,6 +171,11 @@ class LayerScope {
   return kc_layer_scope_.status()
 
 // Guards a blocking public entry point of the component instance `instance` (usually this).
+// Use it for components that run concurrently with peers of their own layer and that peers
+// must reach through queues (fault detectors, the scheduler's queue owner): a blocking call
+// into one from another component of the layer is a violation. A library that components
+// call as a dependency (a store client, a transport) uses KC_LAYER_ENTRY even where it
+// blocks, since its callers are not its peers.
 #define KC_LAYER_BLOCKING_ENTRY(layer, component, instance)                                      \
   ::kc::LayerScope kc_layer_scope_((layer), (component), ::kc::EntryKind::kBlocking, (instance), \
                                    __func__);                                                    \
