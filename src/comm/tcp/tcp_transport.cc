@@ -1,0 +1,980 @@
+#include "comm/tcp/tcp_transport.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "base/layer_guard.h"
+#include "base/mutex.h"
+#include "base/notification.h"
+#include "hal/fd.h"
+
+namespace kc::comm {
+namespace {
+
+using hal::Fd;
+
+constexpr uint32_t kHelloMagic = 0x3150434b;  // "KCP1"
+constexpr uint32_t kFrameMagic = 0x3146434b;  // "KCF1"
+constexpr uint32_t kVersion = 1;
+constexpr size_t kMaxGroupBytes = 1024;
+constexpr int kMaxConnectionsPerPeer = 64;
+constexpr size_t kHelloFixedBytes = 28;  // up to and including group_bytes
+constexpr size_t kFrameHeaderBytes = 48;
+constexpr int kSocketBufferBytes = 4 * 1024 * 1024;
+// How long an accepted connection may take to send its hello.
+constexpr Duration kHelloTimeout = std::chrono::seconds(5);
+
+std::string Errno() { return std::strerror(errno); }
+
+// Milliseconds from now to `deadline` for poll(), rounded up; 0 once it has passed.
+int PollMs(TimePoint deadline) {
+  const TimePoint now = std::chrono::steady_clock::now();
+  if (deadline <= now) return 0;
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now);
+  return static_cast<int>(std::clamp<int64_t>(left.count() + 1, 0, 1 << 30));
+}
+
+void PutU32(std::byte* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<std::byte>(v >> (8 * i));
+}
+void PutU64(std::byte* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<std::byte>(v >> (8 * i));
+}
+uint32_t GetU32(const std::byte* p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(p[i]) << (8 * i);
+  return v;
+}
+uint64_t GetU64(const std::byte* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
+  return v;
+}
+
+std::vector<std::byte> EncodeHello(const std::string& group, int rank, int size, int connection,
+                                   int connections) {
+  std::vector<std::byte> out(kHelloFixedBytes + group.size());
+  PutU32(&out[0], kHelloMagic);
+  PutU32(&out[4], kVersion);
+  PutU32(&out[8], static_cast<uint32_t>(rank));
+  PutU32(&out[12], static_cast<uint32_t>(size));
+  PutU32(&out[16], static_cast<uint32_t>(connection));
+  PutU32(&out[20], static_cast<uint32_t>(connections));
+  PutU32(&out[24], static_cast<uint32_t>(group.size()));
+  std::memcpy(out.data() + kHelloFixedBytes, group.data(), group.size());
+  return out;
+}
+
+// One chunk's header on the wire (see comm/doc/tcp_protocol.md).
+struct FrameHeader {
+  uint8_t lane = 0;
+  uint64_t tag = 0;
+  uint64_t seq = 0;
+  uint64_t message_bytes = 0;
+  uint64_t offset = 0;
+  uint32_t chunk_bytes = 0;
+};
+
+void EncodeFrame(const FrameHeader& h, std::byte* p) {
+  PutU32(p, kFrameMagic);
+  PutU32(p + 4, h.lane);
+  PutU64(p + 8, h.tag);
+  PutU64(p + 16, h.seq);
+  PutU64(p + 24, h.message_bytes);
+  PutU64(p + 32, h.offset);
+  PutU32(p + 40, h.chunk_bytes);
+  PutU32(p + 44, 0);
+}
+
+std::optional<FrameHeader> DecodeFrame(const std::byte* p) {
+  if (GetU32(p) != kFrameMagic || GetU32(p + 4) >= kNumLanes || GetU32(p + 44) != 0) {
+    return std::nullopt;
+  }
+  FrameHeader h;
+  h.lane = static_cast<uint8_t>(GetU32(p + 4));
+  h.tag = GetU64(p + 8);
+  h.seq = GetU64(p + 16);
+  h.message_bytes = GetU64(p + 24);
+  h.offset = GetU64(p + 32);
+  h.chunk_bytes = GetU32(p + 40);
+  if (h.offset > h.message_bytes || h.chunk_bytes > h.message_bytes - h.offset) {
+    return std::nullopt;
+  }
+  return h;
+}
+
+// ---------------------------------------------------------------------------------------
+// Blocking helpers for connection set-up, on non-blocking sockets with a real deadline.
+
+Status SetNonBlockingAndOptions(int fd) {
+  const int one = 1;
+  if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) != 0) {
+    return UnavailableError("setsockopt(TCP_NODELAY): " + Errno());
+  }
+  const int buf = kSocketBufferBytes;
+  // Larger buffers only help throughput; the kernel may clamp them, which is fine.
+  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
+  return OkStatus();
+}
+
+Status WaitFd(int fd, short events, TimePoint deadline, std::string_view what) {
+  while (true) {
+    pollfd p{.fd = fd, .events = events, .revents = 0};
+    const int n = poll(&p, 1, PollMs(deadline));
+    if (n > 0) return OkStatus();
+    if (n < 0 && errno != EINTR) return UnavailableError(std::string(what) + ": poll: " + Errno());
+    if (n == 0) return DeadlineExceededError(std::string(what) + ": timed out");
+  }
+}
+
+Status WriteAll(int fd, std::span<const std::byte> data, TimePoint deadline,
+                std::string_view what) {
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = send(fd, data.data() + done, data.size() - done, MSG_NOSIGNAL);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+    } else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+      KC_RETURN_IF_ERROR(WaitFd(fd, POLLOUT, deadline, what));
+    } else {
+      return UnavailableError(std::string(what) + ": send: " + Errno());
+    }
+  }
+  return OkStatus();
+}
+
+Status ReadAll(int fd, std::span<std::byte> data, TimePoint deadline, std::string_view what) {
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = recv(fd, data.data() + done, data.size() - done, 0);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+    } else if (n == 0) {
+      return UnavailableError(std::string(what) + ": connection closed");
+    } else if (errno == EAGAIN || errno == EINTR) {
+      KC_RETURN_IF_ERROR(WaitFd(fd, POLLIN, deadline, what));
+    } else {
+      return UnavailableError(std::string(what) + ": recv: " + Errno());
+    }
+  }
+  return OkStatus();
+}
+
+struct Hello {
+  int rank = -1;
+  int size = 0;
+  int connection = -1;
+  int connections = 0;
+  std::string group;
+};
+
+// Reads a hello; kInvalidArgument for a malformed one.
+Result<Hello> ReadHello(int fd, TimePoint deadline, std::string_view what) {
+  std::byte fixed[kHelloFixedBytes];
+  KC_RETURN_IF_ERROR(ReadAll(fd, fixed, deadline, what));
+  if (GetU32(fixed) != kHelloMagic || GetU32(fixed + 4) != kVersion) {
+    return InvalidArgumentError(std::string(what) + ": bad hello magic or version");
+  }
+  const uint32_t group_bytes = GetU32(fixed + 24);
+  if (group_bytes > kMaxGroupBytes) {
+    return InvalidArgumentError(std::string(what) + ": hello group too long");
+  }
+  Hello h;
+  h.rank = static_cast<int>(GetU32(fixed + 8));
+  h.size = static_cast<int>(GetU32(fixed + 12));
+  h.connection = static_cast<int>(GetU32(fixed + 16));
+  h.connections = static_cast<int>(GetU32(fixed + 20));
+  std::vector<std::byte> group(group_bytes);
+  KC_RETURN_IF_ERROR(ReadAll(fd, group, deadline, what));
+  h.group.assign(reinterpret_cast<const char*>(group.data()), group.size());
+  return h;
+}
+
+Result<Fd> Listen(const std::string& host, int* port) {
+  addrinfo hints{};
+  hints.ai_flags = AI_NUMERICHOST | AI_PASSIVE;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), "0", &hints, &res) != 0 || res == nullptr) {
+    return InvalidArgumentError("bind_address: not a numeric address: " + host);
+  }
+  std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> guard(res, freeaddrinfo);
+  Fd fd(socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return UnavailableError("socket: " + Errno());
+  const int buf = kSocketBufferBytes;
+  // Set before listen() so accepted sockets inherit them (window scaling); best effort.
+  setsockopt(fd.get(), SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
+  setsockopt(fd.get(), SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
+  if (bind(fd.get(), res->ai_addr, res->ai_addrlen) != 0) {
+    return UnavailableError("bind " + host + ": " + Errno());
+  }
+  if (listen(fd.get(), 128) != 0) return UnavailableError("listen: " + Errno());
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  if (getsockname(fd.get(), reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    return UnavailableError("getsockname: " + Errno());
+  }
+  *port = addr.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
+                                     : ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+  return fd;
+}
+
+Result<Fd> ConnectTo(const std::string& host_port, TimePoint deadline) {
+  const size_t colon = host_port.rfind(':');
+  if (colon == std::string::npos) return InvalidArgumentError("bad peer address " + host_port);
+  std::string host = host_port.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  const std::string port = host_port.substr(colon + 1);
+  addrinfo hints{};
+  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &res) != 0 || res == nullptr) {
+    return InvalidArgumentError("bad peer address " + host_port);
+  }
+  std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> guard(res, freeaddrinfo);
+  Fd fd(socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return UnavailableError("socket: " + Errno());
+  KC_RETURN_IF_ERROR(SetNonBlockingAndOptions(fd.get()));
+  if (connect(fd.get(), res->ai_addr, res->ai_addrlen) != 0) {
+    if (errno != EINPROGRESS) return UnavailableError("connect " + host_port + ": " + Errno());
+    KC_RETURN_IF_ERROR(WaitFd(fd.get(), POLLOUT, deadline, "connect " + host_port));
+    int err = 0;
+    socklen_t len = sizeof(err);
+    getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+    if (err != 0) {
+      return UnavailableError("connect " + host_port + ": " + std::strerror(err));
+    }
+  }
+  return fd;
+}
+
+// ---------------------------------------------------------------------------------------
+// Requests.
+
+class ReqState final : public Request {
+ public:
+  explicit ReqState(Clock* clock) : clock_(clock) {}
+
+  Status Wait(TimePoint deadline) override {
+    KC_LAYER_ENTRY(Layer::kComm, "tcp_transport");
+    MutexLock lock(&mu_);
+    if (!AwaitWithDeadline(clock_, &cv_, &mu_, deadline,
+                           [&]() KC_REQUIRES(mu_) { return result_.has_value(); })) {
+      return DeadlineExceededError("tcp_transport: request still pending at its deadline");
+    }
+    return *result_;
+  }
+  std::optional<Status> Test() override {
+    MutexLock lock(&mu_);
+    return result_;
+  }
+  // The first completion wins.
+  void Complete(Status s) {
+    MutexLock lock(&mu_);
+    if (result_.has_value()) return;
+    result_ = std::move(s);
+    cv_.SignalAll();
+  }
+
+ private:
+  Clock* const clock_;  // the transport's clock; outlives every request by contract
+  Mutex mu_;
+  CondVar cv_;
+  std::optional<Status> result_ KC_GUARDED_BY(mu_);
+};
+
+// What every chunk of one send carries (WorkItem::payload).
+struct SendPayload {
+  std::shared_ptr<ReqState> req;
+  uint64_t id = 0;
+  uint64_t tag = 0;
+  uint64_t seq = 0;
+  std::span<const std::byte> data;
+  int64_t chunks_written = 0;  // progress thread only
+};
+
+using MsgKey = std::pair<uint64_t, uint64_t>;  // (tag, seq)
+
+struct PostedRecv {
+  std::shared_ptr<ReqState> req;
+  std::span<std::byte> data;
+};
+
+// A message whose first chunk has arrived and whose last has not been consumed.
+struct Incoming {
+  uint64_t size = 0;
+  uint64_t received = 0;
+  std::byte* dest = nullptr;       // where its bytes go; null: discard them
+  std::vector<std::byte> buffer;   // unexpected: owned storage
+  std::optional<PostedRecv> recv;  // the matched Recv, if any
+  bool unexpected = false;
+  bool drop = false;  // a wrong-size Recv claimed it: discard when complete
+};
+
+// One connection to a peer, with the progress thread's read/write state.
+struct Conn {
+  int id = 0;  // index in TcpTransport::conns_ and epoll tag
+  int rank = -1;
+  std::string address;
+  Fd fd;
+  // The peer's send queue, shared by its connections; owned by its Peer, which outlives it.
+  LaneScheduler* scheduler = nullptr;
+  // Send side (progress thread only).
+  std::optional<Chunk> chunk;
+  std::byte out_header[kFrameHeaderBytes];
+  size_t out_done = 0;  // header + payload bytes of `chunk` written
+  bool want_out = false;
+  // Receive side (progress thread only).
+  std::byte in_header[kFrameHeaderBytes];
+  size_t in_header_done = 0;
+  bool in_payload = false;
+  FrameHeader in;
+  std::byte* in_dest = nullptr;  // null: discard
+  uint64_t in_done = 0;
+};
+
+// Per peer: its send queue and connections.
+struct Peer {
+  int rank = -1;
+  std::unique_ptr<LaneScheduler> scheduler;
+  std::vector<std::unique_ptr<Conn>> conns;  // connections_per_peer of them
+};
+
+constexpr uint64_t kWakeId = ~uint64_t{0};  // the eventfd's epoll tag
+
+// A Transport over TCP connections driven by one epoll progress thread. Safe for concurrent
+// use: callers touch only the matching state under mu_ and the (thread-safe) send queues; the
+// sockets and their read/write state belong to the progress thread.
+class TcpTransport final : public Transport {
+ public:
+  TcpTransport(const TcpTransportOptions& o, std::vector<std::unique_ptr<Peer>> peers, Fd epoll_fd,
+               Fd wake_fd)
+      : rank_(o.rank),
+        size_(o.size),
+        clock_(o.clock),
+        max_unexpected_bytes_(o.max_unexpected_bytes),
+        peers_(std::move(peers)),
+        conns_(AllConns(peers_)),
+        epoll_fd_(std::move(epoll_fd)),
+        wake_fd_(std::move(wake_fd)),
+        send_seq_(size_),
+        recv_seq_(size_),
+        posted_(size_),
+        incoming_(size_),
+        thread_([this] { Run(); }) {}
+
+  ~TcpTransport() override {
+    Abort(AbortedError("tcp_transport rank=" + std::to_string(rank_) + ": destroyed"));
+  }
+  TcpTransport(const TcpTransport&) = delete;
+  TcpTransport& operator=(const TcpTransport&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  Clock* clock() const override { return clock_; }
+
+  Result<std::shared_ptr<Request>> Send(int peer, uint64_t tag, std::span<const std::byte> data,
+                                        Lane lane) override {
+    KC_LAYER_ENTRY(Layer::kComm, "tcp_transport");
+    KC_RETURN_IF_ERROR(CheckPeer(peer));
+    auto req = std::make_shared<ReqState>(clock_);
+    auto payload = std::make_shared<SendPayload>();
+    payload->req = req;
+    payload->tag = tag;
+    payload->data = data;
+    {
+      MutexLock lock(&mu_);
+      if (!status_.ok()) return status_;
+      payload->id = next_send_id_++;
+      payload->seq = send_seq_[peer][tag]++;
+      pending_sends_[payload->id] = req;
+    }
+    const uint64_t id = payload->id;
+    Status s =
+        peers_[peer]->scheduler->Enqueue(lane,
+                                         WorkItem{.id = id,
+                                                  .size_bytes = static_cast<int64_t>(data.size()),
+                                                  .payload = std::move(payload)},
+                                         clock_->Now());
+    if (!s.ok()) {
+      // Closed by a failure (which completes the request) or a full queue.
+      Fail(s.code() == ErrorCode::kCancelled
+               ? AbortedError("tcp_transport: send queue closed")
+               : ResourceExhaustedError("tcp_transport: send queue full: " + s.ToString()));
+      MutexLock lock(&mu_);
+      return status_;
+    }
+    Wake();
+    return std::shared_ptr<Request>(std::move(req));
+  }
+
+  Result<std::shared_ptr<Request>> Recv(int peer, uint64_t tag,
+                                        std::span<std::byte> data) override {
+    KC_LAYER_ENTRY(Layer::kComm, "tcp_transport");
+    KC_RETURN_IF_ERROR(CheckPeer(peer));
+    auto req = std::make_shared<ReqState>(clock_);
+    std::vector<std::byte> ready;  // a complete unexpected message to copy out
+    {
+      MutexLock lock(&mu_);
+      if (!status_.ok()) return status_;
+      const MsgKey key{tag, recv_seq_[peer][tag]++};
+      auto it = incoming_[peer].find(key);
+      if (it == incoming_[peer].end()) {
+        posted_[peer][key] = PostedRecv{req, data};
+        return std::shared_ptr<Request>(std::move(req));
+      }
+      Incoming& in = it->second;
+      if (in.size != data.size()) {
+        req->Complete(SizeMismatch(peer, tag, in.size, data.size()));
+        if (in.received == in.size) {
+          unexpected_bytes_ -= static_cast<int64_t>(in.size);
+          incoming_[peer].erase(it);
+        } else {
+          in.drop = true;
+        }
+        return std::shared_ptr<Request>(std::move(req));
+      }
+      if (in.received < in.size) {
+        in.recv = PostedRecv{req, data};  // the progress thread copies it out when complete
+        return std::shared_ptr<Request>(std::move(req));
+      }
+      ready = std::move(in.buffer);
+      unexpected_bytes_ -= static_cast<int64_t>(in.size);
+      incoming_[peer].erase(it);
+    }
+    if (!data.empty()) std::memcpy(data.data(), ready.data(), data.size());
+    req->Complete(OkStatus());
+    return std::shared_ptr<Request>(std::move(req));
+  }
+
+  Status status() const override {
+    MutexLock lock(&mu_);
+    return status_;
+  }
+
+  void Abort(Status reason) override {
+    if (reason.ok()) reason = AbortedError("tcp_transport: aborted");
+    Fail(std::move(reason));
+    // Wait for the progress thread to stop touching the callers' buffers, so that a request
+    // failed by the abort really is finished. Bounded: the thread never blocks in I/O.
+    if (std::this_thread::get_id() != thread_.get_id()) io_stopped_.WaitForNotification();
+  }
+
+ private:
+  Status CheckPeer(int peer) const {
+    if (peer < 0 || peer >= size_ || peer == rank_) {
+      return InvalidArgumentError("tcp_transport: bad peer " + std::to_string(peer) + " (rank " +
+                                  std::to_string(rank_) + " of " + std::to_string(size_) + ")");
+    }
+    return OkStatus();
+  }
+
+  Status SizeMismatch(int peer, uint64_t tag, uint64_t message, size_t posted) const {
+    return InvalidArgumentError("tcp_transport: recv from rank " + std::to_string(peer) + " tag " +
+                                std::to_string(tag) + ": message has " + std::to_string(message) +
+                                " bytes, recv posted " + std::to_string(posted));
+  }
+
+  // Records the first fatal error and wakes the progress thread, which fails every request.
+  void Fail(Status s) {
+    {
+      MutexLock lock(&mu_);
+      if (!status_.ok()) return;
+      status_ = std::move(s);
+    }
+    Wake();
+  }
+
+  void Wake() {
+    const uint64_t one = 1;
+    // Only fails on counter overflow, when the thread is already due to wake.
+    if (write(wake_fd_.get(), &one, sizeof(one)) < 0) return;
+  }
+
+  static std::vector<Conn*> AllConns(const std::vector<std::unique_ptr<Peer>>& peers) {
+    std::vector<Conn*> out;
+    for (const auto& p : peers) {
+      if (p == nullptr) continue;
+      for (const auto& c : p->conns) out.push_back(c.get());
+    }
+    return out;
+  }
+
+  Status PeerLost(const Conn& p, std::string_view what) const {
+    return UnavailableError("tcp_transport rank=" + std::to_string(rank_) +
+                            ": peer rank=" + std::to_string(p.rank) + " address=" + p.address +
+                            ": " + std::string(what));
+  }
+
+  void Run();
+  bool PumpOut(Conn& p);  // false: the connection failed (Fail called)
+  bool PumpIn(Conn& p);
+  bool StartChunk(Conn& p);
+  void FinishChunk(Conn& p);
+  void SetWantOut(Conn& p, bool want);
+  void FailEverything();
+
+  // Immutable after construction.
+  const int rank_;
+  const int size_;
+  Clock* const clock_;  // not owned; outlives the transport (TcpTransportOptions::clock)
+  const int64_t max_unexpected_bytes_;
+  // Indexed by rank; null at rank_. The sockets are used by the progress thread only.
+  std::vector<std::unique_ptr<Peer>> peers_;
+  const std::vector<Conn*> conns_;  // every connection, by Conn::id; owned by peers_
+  const Fd epoll_fd_;
+  const Fd wake_fd_;
+
+  mutable Mutex mu_;
+  Status status_ KC_GUARDED_BY(mu_);
+  uint64_t next_send_id_ KC_GUARDED_BY(mu_) = 0;
+  // Per peer: the next sequence number of each tag (a message's position among its tag).
+  std::vector<std::unordered_map<uint64_t, uint64_t>> send_seq_ KC_GUARDED_BY(mu_);
+  std::vector<std::unordered_map<uint64_t, uint64_t>> recv_seq_ KC_GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, std::shared_ptr<ReqState>> pending_sends_ KC_GUARDED_BY(mu_);
+  std::vector<std::map<MsgKey, PostedRecv>> posted_ KC_GUARDED_BY(mu_);
+  std::vector<std::map<MsgKey, Incoming>> incoming_ KC_GUARDED_BY(mu_);
+  int64_t unexpected_bytes_ KC_GUARDED_BY(mu_) = 0;
+
+  Notification io_stopped_;  // the progress thread has failed every request and stopped
+  std::jthread thread_;      // last: joined before the state it uses is destroyed
+};
+
+void TcpTransport::SetWantOut(Conn& p, bool want) {
+  if (p.want_out == want) return;
+  p.want_out = want;
+  epoll_event ev{};
+  ev.events = EPOLLIN | (want ? EPOLLOUT : 0);
+  ev.data.u64 = static_cast<uint64_t>(p.id);
+  epoll_ctl(epoll_fd_.get(), EPOLL_CTL_MOD, p.fd.get(), &ev);
+}
+
+bool TcpTransport::StartChunk(Conn& p) {
+  Result<Chunk> next = p.scheduler->Next(clock_->Now());
+  if (!next.ok()) return false;
+  p.chunk = *std::move(next);
+  const auto* sp = static_cast<const SendPayload*>(p.chunk->payload.get());
+  EncodeFrame(FrameHeader{.lane = static_cast<uint8_t>(p.chunk->lane),
+                          .tag = sp->tag,
+                          .seq = sp->seq,
+                          .message_bytes = sp->data.size(),
+                          .offset = static_cast<uint64_t>(p.chunk->offset_bytes),
+                          .chunk_bytes = static_cast<uint32_t>(p.chunk->size_bytes)},
+              p.out_header);
+  p.out_done = 0;
+  return true;
+}
+
+void TcpTransport::FinishChunk(Conn& p) {
+  auto* sp = static_cast<SendPayload*>(p.chunk->payload.get());
+  // With several connections a message's chunks finish in any order; count them.
+  if (++sp->chunks_written == p.chunk->count) {
+    {
+      MutexLock lock(&mu_);
+      pending_sends_.erase(sp->id);
+    }
+    sp->req->Complete(OkStatus());
+  }
+  p.chunk.reset();
+}
+
+bool TcpTransport::PumpOut(Conn& p) {
+  while (true) {
+    if (!p.chunk && !StartChunk(p)) {
+      SetWantOut(p, false);
+      return true;
+    }
+    const auto* sp = static_cast<const SendPayload*>(p.chunk->payload.get());
+    const size_t total = kFrameHeaderBytes + static_cast<size_t>(p.chunk->size_bytes);
+    iovec iov[2];
+    int n_iov = 0;
+    if (p.out_done < kFrameHeaderBytes) {
+      iov[n_iov++] = {p.out_header + p.out_done, kFrameHeaderBytes - p.out_done};
+    }
+    const size_t payload_done = p.out_done > kFrameHeaderBytes ? p.out_done - kFrameHeaderBytes : 0;
+    if (p.chunk->size_bytes > 0) {
+      iov[n_iov++] = {
+          const_cast<std::byte*>(sp->data.data()) + p.chunk->offset_bytes + payload_done,
+          static_cast<size_t>(p.chunk->size_bytes) - payload_done};
+    }
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(n_iov);
+    const ssize_t n = sendmsg(p.fd.get(), &msg, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN) {
+        SetWantOut(p, true);
+        return true;
+      }
+      Fail(PeerLost(p, "send: " + Errno()));
+      return false;
+    }
+    p.out_done += static_cast<size_t>(n);
+    if (p.out_done == total) FinishChunk(p);
+  }
+}
+
+bool TcpTransport::PumpIn(Conn& p) {
+  while (true) {
+    if (!p.in_payload) {
+      const ssize_t n =
+          recv(p.fd.get(), p.in_header + p.in_header_done, kFrameHeaderBytes - p.in_header_done, 0);
+      if (n == 0) {
+        Fail(PeerLost(p, "connection closed"));
+        return false;
+      }
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN) return true;
+        Fail(PeerLost(p, "recv: " + Errno()));
+        return false;
+      }
+      p.in_header_done += static_cast<size_t>(n);
+      if (p.in_header_done < kFrameHeaderBytes) continue;
+      p.in_header_done = 0;
+      std::optional<FrameHeader> h = DecodeFrame(p.in_header);
+      if (!h) {
+        Fail(DataLossError("tcp_transport: malformed frame from rank " + std::to_string(p.rank)));
+        return false;
+      }
+      p.in = *h;
+      p.in_done = 0;
+      p.in_payload = true;
+      // Find or start the message this chunk belongs to.
+      bool over_limit = false;
+      {
+        MutexLock lock(&mu_);
+        const MsgKey key{h->tag, h->seq};
+        auto it = incoming_[p.rank].find(key);
+        if (it == incoming_[p.rank].end()) {
+          Incoming in;
+          in.size = h->message_bytes;
+          auto posted = posted_[p.rank].find(key);
+          if (posted != posted_[p.rank].end()) {
+            if (posted->second.data.size() != in.size) {
+              posted->second.req->Complete(
+                  SizeMismatch(p.rank, h->tag, in.size, posted->second.data.size()));
+              in.drop = true;
+            } else {
+              in.dest = posted->second.data.data();
+              in.recv = std::move(posted->second);
+            }
+            posted_[p.rank].erase(posted);
+          } else if (unexpected_bytes_ + static_cast<int64_t>(in.size) > max_unexpected_bytes_) {
+            over_limit = true;
+          } else {
+            in.unexpected = true;
+            unexpected_bytes_ += static_cast<int64_t>(in.size);
+            in.buffer.resize(in.size);
+            in.dest = in.buffer.data();
+          }
+          if (!over_limit) it = incoming_[p.rank].emplace(key, std::move(in)).first;
+        }
+        if (!over_limit) {
+          p.in_dest = it->second.dest == nullptr ? nullptr : it->second.dest + h->offset;
+        }
+      }
+      if (over_limit) {
+        Fail(ResourceExhaustedError(
+            "tcp_transport rank=" + std::to_string(rank_) + ": unexpected messages from rank " +
+            std::to_string(p.rank) +
+            " exceed max_unexpected_bytes=" + std::to_string(max_unexpected_bytes_)));
+        return false;
+      }
+    }
+    // Payload of the current chunk.
+    if (p.in_done < p.in.chunk_bytes) {
+      std::byte scratch[64 * 1024];
+      const size_t want = static_cast<size_t>(p.in.chunk_bytes - p.in_done);
+      std::byte* dst = p.in_dest != nullptr ? p.in_dest + p.in_done : scratch;
+      const ssize_t n =
+          recv(p.fd.get(), dst, p.in_dest != nullptr ? want : std::min(want, sizeof(scratch)), 0);
+      if (n == 0) {
+        Fail(PeerLost(p, "connection closed"));
+        return false;
+      }
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN) return true;
+        Fail(PeerLost(p, "recv: " + Errno()));
+        return false;
+      }
+      p.in_done += static_cast<uint64_t>(n);
+      if (p.in_done < p.in.chunk_bytes) continue;
+    }
+    // The chunk is complete.
+    p.in_payload = false;
+    std::optional<PostedRecv> done;
+    std::vector<std::byte> copy_from;
+    {
+      MutexLock lock(&mu_);
+      auto it = incoming_[p.rank].find(MsgKey{p.in.tag, p.in.seq});
+      Incoming& in = it->second;
+      in.received += p.in.chunk_bytes;
+      if (in.received < in.size) continue;
+      if (in.unexpected && in.recv) {
+        copy_from = std::move(in.buffer);
+        unexpected_bytes_ -= static_cast<int64_t>(in.size);
+      }
+      if (in.recv || in.drop) {
+        if (in.drop && in.unexpected) unexpected_bytes_ -= static_cast<int64_t>(in.size);
+        done = std::move(in.recv);
+        incoming_[p.rank].erase(it);
+      }
+      // Else: a complete unexpected message, waiting for its Recv.
+    }
+    if (done) {
+      if (!copy_from.empty()) std::memcpy(done->data.data(), copy_from.data(), copy_from.size());
+      done->req->Complete(OkStatus());
+    }
+  }
+}
+
+void TcpTransport::FailEverything() {
+  for (Conn* c : conns_) {
+    // Peers see EOF at once, even before the fds are closed at destruction.
+    shutdown(c->fd.get(), SHUT_RDWR);
+    c->chunk.reset();
+  }
+  for (auto& p : peers_) {
+    if (p != nullptr) p->scheduler->Close();
+  }
+  std::vector<std::shared_ptr<ReqState>> reqs;
+  Status s;
+  {
+    MutexLock lock(&mu_);
+    s = status_;
+    for (auto& [id, req] : pending_sends_) reqs.push_back(req);
+    pending_sends_.clear();
+    for (auto& m : posted_) {
+      for (auto& [key, pr] : m) reqs.push_back(pr.req);
+      m.clear();
+    }
+    for (auto& m : incoming_) {
+      for (auto& [key, in] : m) {
+        if (in.recv) reqs.push_back(in.recv->req);
+      }
+      m.clear();
+    }
+  }
+  // Drop the queued chunks: they hold the send payloads.
+  for (auto& p : peers_) {
+    if (p == nullptr) continue;
+    while (p->scheduler->Next(clock_->Now()).ok()) {
+    }
+  }
+  for (auto& r : reqs) r->Complete(s);
+}
+
+void TcpTransport::Run() {
+  epoll_event events[64];
+  while (true) {
+    {
+      MutexLock lock(&mu_);
+      if (!status_.ok()) break;
+    }
+    // Blocks until a socket or the wake eventfd is ready; Fail and Send always wake it.
+    const int n = epoll_wait(epoll_fd_.get(), events, 64, -1);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      Fail(InternalError("tcp_transport: epoll_wait: " + Errno()));
+      break;
+    }
+    bool woken = false;
+    for (int i = 0; i < n; ++i) {
+      const uint64_t id = events[i].data.u64;
+      if (id == kWakeId) {
+        uint64_t v;
+        if (read(wake_fd_.get(), &v, sizeof(v)) < 0) {
+          // EAGAIN: already drained; nothing else can fail on an eventfd.
+        }
+        woken = true;
+        continue;
+      }
+      Conn& p = *conns_[id];
+      if ((events[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP)) != 0 && !PumpIn(p)) break;
+      if ((events[i].events & EPOLLOUT) != 0 && !PumpOut(p)) break;
+    }
+    if (woken) {
+      // New sends may have been queued for any peer.
+      for (Conn* c : conns_) {
+        if (!PumpOut(*c)) break;
+      }
+    }
+  }
+  FailEverything();
+  io_stopped_.Notify();
+}
+
+// ---------------------------------------------------------------------------------------
+// Set-up.
+
+std::string AddressKey(const std::string& group, int rank) {
+  return group + "/tcp_transport/addr/" + std::to_string(rank);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Transport>> CreateTcpTransport(const TcpTransportOptions& o) {
+  KC_LAYER_ENTRY(Layer::kComm, "tcp_transport");
+  if (o.store == nullptr) return InvalidArgumentError("tcp_transport: store is null");
+  if (o.clock == nullptr) return InvalidArgumentError("tcp_transport: clock is null");
+  if (o.size < 1 || o.rank < 0 || o.rank >= o.size) {
+    return InvalidArgumentError("tcp_transport: bad rank " + std::to_string(o.rank) + " of size " +
+                                std::to_string(o.size));
+  }
+  if (o.group.empty() || o.group.size() > kMaxGroupBytes) {
+    return InvalidArgumentError("tcp_transport: group must have 1 to 1024 bytes");
+  }
+  if (o.connections_per_peer < 1 || o.connections_per_peer > kMaxConnectionsPerPeer) {
+    return InvalidArgumentError("tcp_transport: connections_per_peer must be in [1, 64]");
+  }
+  if (o.lanes.chunk_bytes > (int64_t{1} << 31)) {
+    return InvalidArgumentError("tcp_transport: lanes.chunk_bytes over 2 GiB");
+  }
+  LaneOptions lane_options = o.lanes;
+  lane_options.queue_chunks = std::max<int64_t>(lane_options.queue_chunks, int64_t{1} << 40);
+  KC_RETURN_IF_ERROR(ValidateLaneOptions(lane_options));
+
+  const TimePoint real_deadline = std::chrono::steady_clock::now() + o.connect_timeout;
+  const TimePoint store_deadline = o.store->clock()->Now() + o.connect_timeout;
+  const std::string me = "tcp_transport rank=" + std::to_string(o.rank) + ": ";
+
+  int port = 0;
+  KC_ASSIGN_OR_RETURN(Fd listener, Listen(o.bind_address, &port));
+  const std::string my_address =
+      (o.bind_address.find(':') != std::string::npos ? "[" + o.bind_address + "]"
+                                                     : o.bind_address) +
+      ":" + std::to_string(port);
+  KC_RETURN_IF_ERROR(o.store->Set(AddressKey(o.group, o.rank), my_address));
+
+  const int k = o.connections_per_peer;
+  std::vector<std::unique_ptr<Peer>> peers(o.size);
+  for (int r = 0; r < o.size; ++r) {
+    if (r == o.rank) continue;
+    peers[r] = std::make_unique<Peer>();
+    peers[r]->rank = r;
+    peers[r]->conns.resize(k);
+  }
+  auto add_conn = [&](int r, int c, Fd fd, std::string address) {
+    auto conn = std::make_unique<Conn>();
+    conn->rank = r;
+    conn->address = std::move(address);
+    conn->fd = std::move(fd);
+    peers[r]->conns[c] = std::move(conn);
+  };
+  // Connect to every higher rank k times: send our hello, read theirs back.
+  for (int r = o.rank + 1; r < o.size; ++r) {
+    KC_ASSIGN_OR_RETURN(std::string addr, o.store->Get(AddressKey(o.group, r), store_deadline));
+    for (int c = 0; c < k; ++c) {
+      KC_ASSIGN_OR_RETURN(Fd fd, ConnectTo(addr, real_deadline));
+      const std::string what = me + "hello with rank " + std::to_string(r) + " at " + addr;
+      KC_RETURN_IF_ERROR(
+          WriteAll(fd.get(), EncodeHello(o.group, o.rank, o.size, c, k), real_deadline, what));
+      KC_ASSIGN_OR_RETURN(Hello h, ReadHello(fd.get(), real_deadline, what));
+      if (h.group != o.group || h.rank != r || h.size != o.size || h.connection != c ||
+          h.connections != k) {
+        return UnavailableError(what + ": peer answered as another group or rank");
+      }
+      add_conn(r, c, std::move(fd), addr);
+    }
+  }
+  // Accept k connections from every lower rank. A connection whose hello names another
+  // group, generation, size or connection count, a bad rank or connection index, or one
+  // already connected is closed; the wait goes on.
+  int missing = o.rank * k;
+  while (missing > 0) {
+    KC_RETURN_IF_ERROR(WaitFd(listener.get(), POLLIN, real_deadline, me + "accepting peers"));
+    sockaddr_storage addr{};
+    socklen_t len = sizeof(addr);
+    Fd fd(accept4(listener.get(), reinterpret_cast<sockaddr*>(&addr), &len,
+                  SOCK_NONBLOCK | SOCK_CLOEXEC));
+    if (!fd.valid()) {
+      if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) continue;
+      return UnavailableError(me + "accept: " + Errno());
+    }
+    char host[INET6_ADDRSTRLEN] = "?";
+    int peer_port = 0;
+    if (addr.ss_family == AF_INET) {
+      const auto* a = reinterpret_cast<const sockaddr_in*>(&addr);
+      inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
+      peer_port = ntohs(a->sin_port);
+    } else if (addr.ss_family == AF_INET6) {
+      const auto* a = reinterpret_cast<const sockaddr_in6*>(&addr);
+      inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
+      peer_port = ntohs(a->sin6_port);
+    }
+    const std::string peer_addr = std::string(host) + ":" + std::to_string(peer_port);
+    if (!SetNonBlockingAndOptions(fd.get()).ok()) continue;
+    // A stranger gets a bounded time to say hello; one that fails to is dropped. Hellos are
+    // read one connection at a time, so a silent stranger delays set-up by up to that bound.
+    const TimePoint hello_deadline =
+        std::min(real_deadline, std::chrono::steady_clock::now() + kHelloTimeout);
+    Result<Hello> h = ReadHello(fd.get(), hello_deadline, me + "hello from " + peer_addr);
+    if (!h.ok()) continue;
+    if (h->group != o.group || h->size != o.size || h->connections != k || h->rank < 0 ||
+        h->rank >= o.rank || h->connection < 0 || h->connection >= k ||
+        peers[h->rank]->conns[h->connection] != nullptr) {
+      continue;  // refused: the Fd closes it
+    }
+    KC_RETURN_IF_ERROR(WriteAll(fd.get(), EncodeHello(o.group, o.rank, o.size, h->connection, k),
+                                real_deadline, me + "hello to " + peer_addr));
+    add_conn(h->rank, h->connection, std::move(fd), peer_addr);
+    --missing;
+  }
+  listener.Reset();
+
+  Fd epoll_fd(epoll_create1(EPOLL_CLOEXEC));
+  if (!epoll_fd.valid()) return UnavailableError(me + "epoll_create1: " + Errno());
+  Fd wake_fd(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!wake_fd.valid()) return UnavailableError(me + "eventfd: " + Errno());
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kWakeId;
+  if (epoll_ctl(epoll_fd.get(), EPOLL_CTL_ADD, wake_fd.get(), &ev) != 0) {
+    return UnavailableError(me + "epoll_ctl: " + Errno());
+  }
+  int next_id = 0;  // the order of TcpTransport::AllConns
+  for (auto& p : peers) {
+    if (p == nullptr) continue;
+    if (o.make_scheduler) {
+      KC_ASSIGN_OR_RETURN(p->scheduler, o.make_scheduler(lane_options, o.clock));
+    } else {
+      KC_ASSIGN_OR_RETURN(p->scheduler, LaneScheduler::Create(lane_options, o.clock));
+    }
+    for (auto& c : p->conns) {
+      c->id = next_id++;
+      c->scheduler = p->scheduler.get();
+      ev.events = EPOLLIN;
+      ev.data.u64 = static_cast<uint64_t>(c->id);
+      if (epoll_ctl(epoll_fd.get(), EPOLL_CTL_ADD, c->fd.get(), &ev) != 0) {
+        return UnavailableError(me + "epoll_ctl: " + Errno());
+      }
+    }
+  }
+  return std::unique_ptr<Transport>(
+      new TcpTransport(o, std::move(peers), std::move(epoll_fd), std::move(wake_fd)));
+}
+
+}  // namespace kc::comm

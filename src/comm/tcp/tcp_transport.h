@@ -1,0 +1,52 @@
+// The TCP transport: a Transport between hosts over one TCP connection per pair of ranks,
+// with priority lanes on the send side. Wire format: comm/doc/tcp_protocol.md.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "base/clock.h"
+#include "base/status.h"
+#include "comm/lanes.h"
+#include "comm/store.h"
+#include "comm/transport.h"
+
+namespace kc::comm {
+
+struct TcpTransportOptions {
+  // Rendezvous: each rank publishes "host:port" under `group`. Not owned; must outlive
+  // CreateTcpTransport (it is not used afterwards).
+  Store* store = nullptr;
+  // Unique per group and generation; prefixes the store keys and is checked in the hello of
+  // every connection, so a rank of another group or generation is refused.
+  std::string group;
+  int rank = 0;
+  int size = 1;
+  // The (numeric) address to listen on and publish for peers.
+  std::string bind_address = "127.0.0.1";
+  // Request deadlines are measured on it. Not owned; must outlive the transport.
+  Clock* clock = Clock::Real();
+  // Bounds the whole of CreateTcpTransport (store look-ups, connects, hellos).
+  Duration connect_timeout = std::chrono::seconds(30);
+  // TCP connections between each pair of ranks, in [1, 64]. With more than one, every idle
+  // connection takes the peer's next chunk, so a large message is striped over all of them
+  // (each chunk whole on one connection; the receiver places chunks by offset).
+  int connections_per_peer = 1;
+  // Chunking and priority of the send side (one LaneScheduler per peer). queue_chunks is
+  // raised so that Send never blocks; the caller's buffers are the queue.
+  LaneOptions lanes;
+  // Bytes of messages received before their Recv was posted that may be buffered at once,
+  // over all peers. Going over fails the transport with kResourceExhausted.
+  int64_t max_unexpected_bytes = int64_t{1} << 30;
+  // Test seam: builds each peer's send queue (default LaneScheduler::Create).
+  std::function<Result<std::unique_ptr<LaneScheduler>>(const LaneOptions&, Clock*)> make_scheduler;
+};
+
+// Listens on options.bind_address, publishes the address in options.store, connects to the
+// higher ranks and accepts the lower ones. Blocks until every pair is connected, or until
+// connect_timeout: kDeadlineExceeded. kInvalidArgument for bad options, kUnavailable for
+// socket errors.
+Result<std::unique_ptr<Transport>> CreateTcpTransport(const TcpTransportOptions& options);
+
+}  // namespace kc::comm
