@@ -27,6 +27,7 @@
 #include "base/layer_guard.h"
 #include "base/mutex.h"
 #include "base/thread_annotations.h"
+#include "comm/internal/completion_request.h"
 #include "hal/fd.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -183,38 +184,8 @@ Result<Mapping> MapSegment(int fd, int64_t bytes) {
   return Mapping(addr, static_cast<size_t>(bytes));
 }
 
-// A posted Send or Recv. Completed once by the transport.
-class ShmRequest final : public Request {
- public:
-  explicit ShmRequest(Clock* clock) : clock_(clock) {}
-
-  Status Wait(TimePoint deadline) override {
-    KC_LAYER_ENTRY(Layer::kComm, "shm_transport");
-    MutexLock lock(&mu_);
-    if (!AwaitWithDeadline(clock_, &cv_, &mu_, deadline,
-                           [this]() KC_REQUIRES(mu_) { return result_.has_value(); })) {
-      return DeadlineExceededError("shm request still pending");
-    }
-    return *result_;
-  }
-  std::optional<Status> Test() override {
-    MutexLock lock(&mu_);
-    return result_;
-  }
-  // The first call decides the result; later calls are ignored.
-  void Complete(Status s) {
-    MutexLock lock(&mu_);
-    if (result_.has_value()) return;
-    result_ = std::move(s);
-    cv_.SignalAll();
-  }
-
- private:
-  Clock* const clock_;  // the transport's; outlives it (see ShmTransportOptions::clock)
-  Mutex mu_;
-  CondVar cv_;
-  std::optional<Status> result_ KC_GUARDED_BY(mu_);
-};
+// A posted Send or Recv, completed once by the progress thread.
+using ShmRequest = internal::CompletionRequest;
 
 struct PendingSend {
   std::shared_ptr<ShmRequest> request;
@@ -308,7 +279,7 @@ class ShmTransport final : public Transport {
     KC_LAYER_ENTRY(Layer::kComm, "shm_transport");
     KC_RETURN_IF_ERROR(CheckPeer(peer));
     if (static_cast<int>(lane) >= kNumLanes) return InvalidArgumentError("shm send: bad lane");
-    auto request = std::make_shared<ShmRequest>(options_.clock);
+    auto request = std::make_shared<ShmRequest>(options_.clock, "shm_transport");
     {
       MutexLock lock(&mu_);
       if (!error_.ok()) return error_;
@@ -327,7 +298,7 @@ class ShmTransport final : public Transport {
                                         std::span<std::byte> data) override {
     KC_LAYER_ENTRY(Layer::kComm, "shm_transport");
     KC_RETURN_IF_ERROR(CheckPeer(peer));
-    auto request = std::make_shared<ShmRequest>(options_.clock);
+    auto request = std::make_shared<ShmRequest>(options_.clock, "shm_transport");
     {
       MutexLock lock(&mu_);
       if (!error_.ok()) return error_;

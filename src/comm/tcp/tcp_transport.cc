@@ -24,6 +24,7 @@
 #include "base/layer_guard.h"
 #include "base/mutex.h"
 #include "base/notification.h"
+#include "comm/internal/completion_request.h"
 #include "hal/fd.h"
 
 namespace kc::comm {
@@ -271,37 +272,8 @@ Result<Fd> ConnectTo(const std::string& host_port, TimePoint deadline) {
 // ---------------------------------------------------------------------------------------
 // Requests.
 
-class ReqState final : public Request {
- public:
-  explicit ReqState(Clock* clock) : clock_(clock) {}
-
-  Status Wait(TimePoint deadline) override {
-    KC_LAYER_ENTRY(Layer::kComm, "tcp_transport");
-    MutexLock lock(&mu_);
-    if (!AwaitWithDeadline(clock_, &cv_, &mu_, deadline,
-                           [&]() KC_REQUIRES(mu_) { return result_.has_value(); })) {
-      return DeadlineExceededError("tcp_transport: request still pending at its deadline");
-    }
-    return *result_;
-  }
-  std::optional<Status> Test() override {
-    MutexLock lock(&mu_);
-    return result_;
-  }
-  // The first completion wins.
-  void Complete(Status s) {
-    MutexLock lock(&mu_);
-    if (result_.has_value()) return;
-    result_ = std::move(s);
-    cv_.SignalAll();
-  }
-
- private:
-  Clock* const clock_;  // the transport's clock; outlives every request by contract
-  Mutex mu_;
-  CondVar cv_;
-  std::optional<Status> result_ KC_GUARDED_BY(mu_);
-};
+// A posted Send or Recv, completed once by the progress thread.
+using ReqState = internal::CompletionRequest;
 
 // What every chunk of one send carries (WorkItem::payload).
 struct SendPayload {
@@ -397,7 +369,7 @@ class TcpTransport final : public Transport {
                                         Lane lane) override {
     KC_LAYER_ENTRY(Layer::kComm, "tcp_transport");
     KC_RETURN_IF_ERROR(CheckPeer(peer));
-    auto req = std::make_shared<ReqState>(clock_);
+    auto req = std::make_shared<ReqState>(clock_, "tcp_transport");
     auto payload = std::make_shared<SendPayload>();
     payload->req = req;
     payload->tag = tag;
@@ -432,7 +404,7 @@ class TcpTransport final : public Transport {
                                         std::span<std::byte> data) override {
     KC_LAYER_ENTRY(Layer::kComm, "tcp_transport");
     KC_RETURN_IF_ERROR(CheckPeer(peer));
-    auto req = std::make_shared<ReqState>(clock_);
+    auto req = std::make_shared<ReqState>(clock_, "tcp_transport");
     std::vector<std::byte> ready;  // a complete unexpected message to copy out
     {
       MutexLock lock(&mu_);
