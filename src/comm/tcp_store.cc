@@ -28,9 +28,13 @@
 #include "comm/hash_store.h"
 #include "comm/internal/store_wire.h"
 #include "hal/fd.h"
+#include "hal/socket.h"
 
 namespace kc::comm {
 namespace {
+
+using hal::HostPort;
+using hal::PollTimeoutMs;
 
 using hal::Fd;
 using internal::Header;
@@ -41,27 +45,10 @@ using internal::Request;
 
 std::string Errno() { return std::strerror(errno); }
 
-std::string HostPort(std::string_view host, int port) {
-  // IPv6 literals get brackets, as in a URL.
-  if (host.find(':') != std::string_view::npos) {
-    return "[" + std::string(host) + "]:" + std::to_string(port);
-  }
-  return std::string(host) + ":" + std::to_string(port);
-}
-
 struct AddrInfoDeleter {
   void operator()(addrinfo* a) const { freeaddrinfo(a); }
 };
 using AddrInfo = std::unique_ptr<addrinfo, AddrInfoDeleter>;
-
-// Milliseconds from now to `deadline` for poll(), rounded up so that a wait never ends just
-// short of the deadline and spins; 0 once it has passed.
-int PollMs(TimePoint deadline) {
-  const TimePoint now = std::chrono::steady_clock::now();
-  if (deadline <= now) return 0;  // also keeps TimePoint::min() from overflowing below
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now);
-  return static_cast<int>(std::clamp<int64_t>(left.count() + 1, 0, 1 << 30));
-}
 
 // ---------------------------------------------------------------------------------------
 // Server.
@@ -185,7 +172,7 @@ void TcpStoreServerImpl::Serve() {
   std::vector<epoll_event> events(64);
   for (;;) {
     const int timeout_ms =
-        waiters_by_deadline_.empty() ? -1 : PollMs(waiters_by_deadline_.begin()->first);
+        waiters_by_deadline_.empty() ? -1 : PollTimeoutMs(waiters_by_deadline_.begin()->first);
     const int n =
         epoll_wait(epoll_fd_.get(), events.data(), static_cast<int>(events.size()), timeout_ms);
     if (n < 0 && errno != EINTR) {
@@ -515,56 +502,9 @@ void TcpStoreServerImpl::Close(uint64_t id) {
 // ---------------------------------------------------------------------------------------
 // Client.
 
-// Resolves host:port and makes one connection attempt, bounded by `deadline`.
-// kInvalidArgument for a host that does not resolve; kUnavailable when refused or
-// unreachable; kDeadlineExceeded when the attempt is still pending at the deadline.
-Result<Fd> ConnectOnce(const std::string& host, int port, const std::string& peer,
-                       TimePoint deadline) {
-  addrinfo hints = {};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* raw = nullptr;
-  const std::string port_str = std::to_string(port);
-  if (const int rc = getaddrinfo(host.c_str(), port_str.c_str(), &hints, &raw); rc != 0) {
-    const std::string what = "tcp store " + peer + ": cannot resolve the host: " + gai_strerror(rc);
-    if (rc == EAI_NONAME || rc == EAI_SERVICE || rc == EAI_FAMILY) {
-      return InvalidArgumentError(what);
-    }
-    return UnavailableError(what);
-  }
-  AddrInfo addresses(raw);
-  Status last = UnavailableError("tcp store " + peer + ": no address to connect to");
-  for (const addrinfo* a = addresses.get(); a != nullptr; a = a->ai_next) {
-    Fd fd(socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol));
-    if (!fd.valid()) {
-      last = UnavailableError("tcp store " + peer + ": socket: " + Errno());
-      continue;
-    }
-    if (connect(fd.get(), a->ai_addr, a->ai_addrlen) != 0) {
-      if (errno != EINPROGRESS) {
-        last = UnavailableError("tcp store " + peer + ": connect: " + Errno());
-        continue;
-      }
-      pollfd pfd{.fd = fd.get(), .events = POLLOUT, .revents = 0};
-      int r;
-      do {
-        r = poll(&pfd, 1, PollMs(deadline));
-      } while (r < 0 && errno == EINTR);
-      if (r == 0) return DeadlineExceededError("tcp store " + peer + ": connect timed out");
-      int err = 0;
-      socklen_t len = sizeof(err);
-      if (r < 0 || getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
-      if (err != 0) {
-        last = UnavailableError("tcp store " + peer + ": connect: " + std::strerror(err));
-        continue;
-      }
-    }
-    const int one = 1;
-    setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    return fd;
-  }
-  return last;
+// One connection attempt, bounded by `deadline` (hal::ConnectTcp's codes).
+Result<Fd> ConnectOnce(const std::string& host, int port, TimePoint deadline) {
+  return hal::ConnectTcp(host, port, deadline, "tcp store");
 }
 
 class TcpStoreClientImpl final : public TcpStoreClient {
@@ -715,7 +655,7 @@ Status TcpStoreClientImpl::CallLocked(Request& r, TimePoint deadline, std::strin
     return DeadlineExceededError(what + ": the deadline passed before the request was sent");
   }
   if (!fd_.valid()) {
-    Result<Fd> fd = ConnectOnce(host_, port_, peer_, deadline);
+    Result<Fd> fd = ConnectOnce(host_, port_, deadline);
     if (!fd.ok()) {
       if (fd.status().code() == ErrorCode::kDeadlineExceeded) return fd.status();
       return UnavailableError("tcp store " + peer_ +
@@ -764,7 +704,7 @@ Status TcpStoreClientImpl::WriteAll(std::string_view frame, TimePoint deadline) 
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
       pollfd pfd{.fd = fd_.get(), .events = POLLOUT, .revents = 0};
-      const int r = poll(&pfd, 1, PollMs(deadline));
+      const int r = poll(&pfd, 1, PollTimeoutMs(deadline));
       if (r == 0) {
         // Half a request on the wire would put the stream out of step: start over.
         if (sent > 0) fd_.Reset();
@@ -804,7 +744,7 @@ Status TcpStoreClientImpl::ReadReply(const Request& r, TimePoint deadline, std::
       return OkStatus();
     }
     pollfd pfd{.fd = fd_.get(), .events = POLLIN, .revents = 0};
-    const int p = poll(&pfd, 1, PollMs(deadline));
+    const int p = poll(&pfd, 1, PollTimeoutMs(deadline));
     if (p == 0) {
       // The connection stays: a late reply is skipped by its request id.
       return DeadlineExceededError("no reply before the deadline");
@@ -899,7 +839,7 @@ Result<std::unique_ptr<TcpStoreClient>> TcpStoreClient::Connect(
   const std::string host_str(host);
   Duration backoff = options.initial_backoff;
   for (;;) {
-    Result<Fd> fd = ConnectOnce(host_str, port, peer, deadline);
+    Result<Fd> fd = ConnectOnce(host_str, port, deadline);
     if (fd.ok()) {
       return std::unique_ptr<TcpStoreClient>(
           std::make_unique<TcpStoreClientImpl>(host_str, port, peer, *std::move(fd), options));

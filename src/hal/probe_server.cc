@@ -23,6 +23,7 @@
 #include "base/layer_guard.h"
 #include "base/log.h"
 #include "hal/fd.h"
+#include "hal/socket.h"
 
 namespace kc::hal {
 namespace {
@@ -117,25 +118,10 @@ uint64_t RepeatedBlockChecksum(const std::vector<unsigned char>& block, uint64_t
 
 std::string Errno() { return std::strerror(errno); }
 
-std::string HostPort(std::string_view host, int port) {
-  // IPv6 literals get brackets, as in a URL.
-  if (host.find(':') != std::string_view::npos) {
-    return "[" + std::string(host) + "]:" + std::to_string(port);
-  }
-  return std::string(host) + ":" + std::to_string(port);
-}
-
 struct AddrInfoDeleter {
   void operator()(addrinfo* a) const { freeaddrinfo(a); }
 };
 using AddrInfo = std::unique_ptr<addrinfo, AddrInfoDeleter>;
-
-int PollMs(TimePoint deadline) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-      deadline - std::chrono::steady_clock::now());
-  // Round up so a wait never ends just short of the deadline and spins.
-  return static_cast<int>(std::clamp<int64_t>(left.count() + 1, 0, 1 << 30));
-}
 
 // ---------------------------------------------------------------------------------------
 // Server.
@@ -335,7 +321,7 @@ void ProbeServerImpl::Run() {
            .revents = 0});
       next_idle = std::min(next_idle, c->last_active + options_.idle_timeout);
     }
-    const int timeout_ms = next_idle == TimePoint::max() ? -1 : PollMs(next_idle);
+    const int timeout_ms = next_idle == TimePoint::max() ? -1 : PollTimeoutMs(next_idle);
     if (poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) {
       KC_LOG(ERROR) << "probe server poll failed " << log::KV("port", port_) << " "
                     << log::KV("error", Errno());
@@ -424,7 +410,7 @@ class ClientConnection {
       if (std::chrono::steady_clock::now() >= deadline_) {
         return DeadlineExceededError("tcp probe " + peer_ + ": no answer before the deadline");
       }
-      const int r = poll(&pfd, 1, PollMs(deadline_));
+      const int r = poll(&pfd, 1, PollTimeoutMs(deadline_));
       if (r > 0) return OkStatus();  // readable, writable, or an error the next call reports
       if (r < 0 && errno != EINTR) return InternalError("tcp probe: poll: " + Errno());
     }
@@ -436,53 +422,8 @@ class ClientConnection {
 };
 
 Result<ClientConnection> Connect(std::string_view host, int port, TimePoint deadline) {
-  const std::string peer = HostPort(host, port);
-  addrinfo hints = {};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* raw = nullptr;
-  const std::string host_str(host);
-  const std::string port_str = std::to_string(port);
-  if (const int rc = getaddrinfo(host_str.c_str(), port_str.c_str(), &hints, &raw); rc != 0) {
-    const std::string what = "tcp probe " + peer + ": cannot resolve the host: " + gai_strerror(rc);
-    if (rc == EAI_NONAME || rc == EAI_SERVICE || rc == EAI_FAMILY) {
-      return InvalidArgumentError(what);
-    }
-    return UnavailableError(what);
-  }
-  AddrInfo addresses(raw);
-  Status last = UnavailableError("tcp probe " + peer + ": no address to connect to");
-  for (const addrinfo* a = addresses.get(); a != nullptr; a = a->ai_next) {
-    Fd fd(socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol));
-    if (fd.get() < 0) {
-      last = UnavailableError("tcp probe " + peer + ": socket: " + Errno());
-      continue;
-    }
-    if (connect(fd.get(), a->ai_addr, a->ai_addrlen) != 0) {
-      if (errno != EINPROGRESS) {
-        last = UnavailableError("tcp probe " + peer + ": connect: " + Errno());
-        continue;
-      }
-      pollfd pfd{.fd = fd.get(), .events = POLLOUT, .revents = 0};
-      int r;
-      do {
-        r = poll(&pfd, 1, PollMs(deadline));
-      } while (r < 0 && errno == EINTR);
-      if (r == 0) return DeadlineExceededError("tcp probe " + peer + ": connect timed out");
-      int err = 0;
-      socklen_t len = sizeof(err);
-      if (r < 0 || getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
-      if (err != 0) {
-        last = UnavailableError("tcp probe " + peer + ": connect: " + std::strerror(err));
-        continue;
-      }
-    }
-    const int one = 1;
-    setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    return ClientConnection(std::move(fd), peer, deadline);
-  }
-  return last;
+  KC_ASSIGN_OR_RETURN(Fd fd, ConnectTcp(host, port, deadline, "tcp probe"));
+  return ClientConnection(std::move(fd), HostPort(host, port), deadline);
 }
 
 }  // namespace
