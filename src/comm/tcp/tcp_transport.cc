@@ -500,6 +500,9 @@ class TcpTransport final : public Transport {
 
   void Run();
   bool PumpOut(Conn& p);  // false: the connection failed (Fail called)
+  // Reads up to `want` (> 0) bytes from p's socket: the count read, 0 when nothing more is
+  // there for now, or -1 after failing the transport (peer closed, or a socket error).
+  ssize_t ReadSome(Conn& p, void* dst, size_t want);
   bool PumpIn(Conn& p);
   bool StartChunk(Conn& p);
   void FinishChunk(Conn& p);
@@ -607,21 +610,27 @@ bool TcpTransport::PumpOut(Conn& p) {
   }
 }
 
+ssize_t TcpTransport::ReadSome(Conn& p, void* dst, size_t want) {
+  while (true) {
+    const ssize_t n = recv(p.fd.get(), dst, want, 0);
+    if (n > 0) return n;
+    if (n == 0) {
+      Fail(PeerLost(p, "connection closed"));
+      return -1;
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN) return 0;
+    Fail(PeerLost(p, "recv: " + Errno()));
+    return -1;
+  }
+}
+
 bool TcpTransport::PumpIn(Conn& p) {
   while (true) {
     if (!p.in_payload) {
       const ssize_t n =
-          recv(p.fd.get(), p.in_header + p.in_header_done, kFrameHeaderBytes - p.in_header_done, 0);
-      if (n == 0) {
-        Fail(PeerLost(p, "connection closed"));
-        return false;
-      }
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN) return true;
-        Fail(PeerLost(p, "recv: " + Errno()));
-        return false;
-      }
+          ReadSome(p, p.in_header + p.in_header_done, kFrameHeaderBytes - p.in_header_done);
+      if (n <= 0) return n == 0;
       p.in_header_done += static_cast<size_t>(n);
       if (p.in_header_done < kFrameHeaderBytes) continue;
       p.in_header_done = 0;
@@ -681,17 +690,8 @@ bool TcpTransport::PumpIn(Conn& p) {
       const size_t want = static_cast<size_t>(p.in.chunk_bytes - p.in_done);
       std::byte* dst = p.in_dest != nullptr ? p.in_dest + p.in_done : scratch;
       const ssize_t n =
-          recv(p.fd.get(), dst, p.in_dest != nullptr ? want : std::min(want, sizeof(scratch)), 0);
-      if (n == 0) {
-        Fail(PeerLost(p, "connection closed"));
-        return false;
-      }
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN) return true;
-        Fail(PeerLost(p, "recv: " + Errno()));
-        return false;
-      }
+          ReadSome(p, dst, p.in_dest != nullptr ? want : std::min(want, sizeof(scratch)));
+      if (n <= 0) return n == 0;
       p.in_done += static_cast<uint64_t>(n);
       if (p.in_done < p.in.chunk_bytes) continue;
     }
