@@ -1,126 +1,18 @@
 #include "comm/collectives.h"
 
 #include <algorithm>
-#include <cmath>
 #include <memory>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "base/layer_guard.h"
+#include "comm/reduce.h"
 
 namespace kc::comm {
 namespace {
 
-using hal::Bf16;
-using hal::DataType;
-
-// Reduction on host memory with plain loops rather than hal::ReduceInto: that API takes a
-// hal::Stream and DeviceSpans, so it would need a ComputeDevice opened here (one more
-// process-wide object with its own BLAS thread setting) to reduce buffers that are already
-// host memory. Semantics match hal::ReduceInto: integers wrap, min/max propagate NaN, bf16
-// combines in fp32 and rounds once. docs/design/collectives.md.
-template <typename T>
-T Combine(T a, T b, ReduceOp op) {
-  if constexpr (std::is_integral_v<T>) {
-    using U = std::make_unsigned_t<T>;
-    switch (op) {
-      case ReduceOp::kProd:
-        return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
-      case ReduceOp::kMin:
-        return std::min(a, b);
-      case ReduceOp::kMax:
-        return std::max(a, b);
-      default:
-        return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
-    }
-  } else {
-    switch (op) {
-      case ReduceOp::kProd:
-        return a * b;
-      case ReduceOp::kMin:
-        return std::isnan(a) ? a : std::isnan(b) ? b : std::min(a, b);
-      case ReduceOp::kMax:
-        return std::isnan(a) ? a : std::isnan(b) ? b : std::max(a, b);
-      default:
-        return a + b;
-    }
-  }
-}
-
-template <typename T>
-void ReduceTyped(std::byte* dst, const std::byte* src, size_t n, ReduceOp op) {
-  T* d = reinterpret_cast<T*>(dst);
-  const T* s = reinterpret_cast<const T*>(src);
-  if constexpr (std::is_same_v<T, Bf16>) {
-    for (size_t i = 0; i < n; ++i) {
-      d[i] = hal::FloatToBf16(Combine(hal::Bf16ToFloat(d[i]), hal::Bf16ToFloat(s[i]), op));
-    }
-  } else {
-    for (size_t i = 0; i < n; ++i) d[i] = Combine(d[i], s[i], op);
-  }
-}
-
-void Reduce(DataType type, std::byte* dst, const std::byte* src, size_t n, ReduceOp op) {
-  switch (type) {
-    case DataType::kF32:
-      return ReduceTyped<float>(dst, src, n, op);
-    case DataType::kF64:
-      return ReduceTyped<double>(dst, src, n, op);
-    case DataType::kI32:
-      return ReduceTyped<int32_t>(dst, src, n, op);
-    case DataType::kI64:
-      return ReduceTyped<int64_t>(dst, src, n, op);
-    case DataType::kBf16:
-      return ReduceTyped<Bf16>(dst, src, n, op);
-  }
-}
-
-// x *= 1 / size for avg: fp32 and bf16 in fp32, fp64 in fp64 (as hal::Scale).
-void ScaleByInverse(DataType type, std::byte* data, size_t n, int size) {
-  if (type == DataType::kF64) {
-    double* x = reinterpret_cast<double*>(data);
-    for (size_t i = 0; i < n; ++i) x[i] *= 1.0 / size;
-  } else if (type == DataType::kF32) {
-    float* x = reinterpret_cast<float*>(data);
-    for (size_t i = 0; i < n; ++i) x[i] *= 1.0f / static_cast<float>(size);
-  } else if (type == DataType::kBf16) {
-    Bf16* x = reinterpret_cast<Bf16*>(data);
-    for (size_t i = 0; i < n; ++i) {
-      x[i] = hal::FloatToBf16(hal::Bf16ToFloat(x[i]) * (1.0f / static_cast<float>(size)));
-    }
-  }
-}
-
-bool IsFloating(DataType type) {
-  return type == DataType::kF32 || type == DataType::kF64 || type == DataType::kBf16;
-}
-
-Status CheckBuffer(std::string_view name, std::span<std::byte> data, size_t count, DataType dtype) {
-  const size_t esize = hal::DataTypeSize(dtype);
-  if (esize == 0) return InvalidArgumentError(std::string(name) + ": unknown dtype");
-  if (count > data.size() / esize) {
-    return InvalidArgumentError(std::string(name) + ": data holds " + std::to_string(data.size()) +
-                                " bytes, count " + std::to_string(count) + " needs " +
-                                std::to_string(count * esize));
-  }
-  if (count > 0 && reinterpret_cast<uintptr_t>(data.data()) % esize != 0) {
-    return InvalidArgumentError(std::string(name) + ": data is not aligned for " +
-                                std::string(hal::DataTypeName(dtype)));
-  }
-  return OkStatus();
-}
-
 Status CheckReduce(std::string_view name, const AllreduceOptions& o) {
-  KC_RETURN_IF_ERROR(CheckBuffer(name, o.data, o.count, o.dtype));
-  if (static_cast<uint8_t>(o.op) > static_cast<uint8_t>(ReduceOp::kAvg)) {
-    return InvalidArgumentError(std::string(name) + ": unknown op");
-  }
-  if (o.op == ReduceOp::kAvg && !IsFloating(o.dtype)) {
-    return InvalidArgumentError(std::string(name) + ": avg of integer type " +
-                                std::string(hal::DataTypeName(o.dtype)));
-  }
-  return OkStatus();
+  return CheckReduceArgs(name, o.data, o.count, o.dtype, o.op);
 }
 
 // Runs the protocol of one collective call: posts requests, waits with the call's deadline,
@@ -220,7 +112,7 @@ Status RingReduceScatter(Session& session, Transport& t, const AllreduceOptions&
     std::span<std::byte> mine = ChunkBytes(o.data, o.count, n, recv_chunk, esize);
     std::span<std::byte> in = std::span(scratch).first(mine.size());
     KC_RETURN_IF_ERROR(session.Exchange(first_step + s, Mod(r + 1, n), out, Mod(r - 1, n), in));
-    Reduce(o.dtype, mine.data(), in.data(), mine.size() / esize, op);
+    ReduceElements(o.dtype, op, mine.data(), mine.data(), in.data(), mine.size() / esize);
   }
   return OkStatus();
 }
@@ -241,22 +133,6 @@ Status RingAllgather(Session& session, Transport& t, std::span<std::byte> data, 
 }
 
 }  // namespace
-
-std::string_view ReduceOpName(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-      return "sum";
-    case ReduceOp::kProd:
-      return "prod";
-    case ReduceOp::kMin:
-      return "min";
-    case ReduceOp::kMax:
-      return "max";
-    case ReduceOp::kAvg:
-      return "avg";
-  }
-  return "unknown";
-}
 
 ChunkRange ChunkOf(size_t total, int size, int index) {
   const size_t n = static_cast<size_t>(size);

@@ -30,14 +30,11 @@
 #include "base/clock.h"
 #include "base/status.h"
 #include "comm/lanes.h"
+#include "comm/reduce.h"
 #include "comm/transport.h"
 #include "hal/compute.h"
 
 namespace kc::comm {
-
-// kAvg is a sum followed by a scale by 1 / size (floating types only).
-enum class ReduceOp : uint8_t { kSum = 0, kProd = 1, kMin = 2, kMax = 3, kAvg = 4 };
-std::string_view ReduceOpName(ReduceOp op);  // "sum", "prod", "min", "max", "avg"
 
 // Elements [offset, offset + count) of a buffer of `total` elements split into `size` chunks.
 struct ChunkRange {
