@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -42,11 +43,15 @@
 namespace kc::comm {
 namespace {
 
-constexpr uint64_t kMagic = 0x4b43'53484d'0001ull;  // "KC" "SHM" v1
+constexpr uint64_t kMagic = 0x4b43'53484d'0002ull;  // "KC" "SHM" v2: a ring per lane
 constexpr int64_t kSegmentHeaderBytes = 256;
 constexpr int64_t kRingHeaderBytes = 128;
 constexpr int64_t kFrameHeaderBytes = 24;
 constexpr auto kLivenessPeriod = std::chrono::milliseconds(50);
+// Starvation guard: after this many consecutive steps served by strict lane priority, one
+// step serves the lanes lowest first, so the lower lanes together get at least 1/17 of the
+// pieces while a higher lane keeps moving.
+constexpr int kStrictStepsPerGuardStep = 16;
 
 enum SegmentState : uint32_t { kOpen = 0, kClosed = 1, kAborted = 2 };
 
@@ -60,8 +65,8 @@ struct SegmentHeader {
   int32_t rank;
   int32_t size;
   int32_t pid;
-  int32_t reserved;
-  uint64_t ring_bytes;
+  uint32_t lanes;                              // kNumLanes
+  uint64_t ring_bytes[kNumLanes];              // per lane, indexed by the Lane's value
   alignas(64) std::atomic<uint32_t> state;     // SegmentState
   alignas(64) std::atomic<uint32_t> doorbell;  // futex word: bumped on every event for the owner
   std::atomic<uint32_t> sleepers;              // owner's progress thread is (about to be) asleep
@@ -83,13 +88,23 @@ struct FrameHeader {
 };
 static_assert(sizeof(FrameHeader) == kFrameHeaderBytes);
 
-int64_t SegmentBytes(int size, int64_t ring_bytes) {
-  return kSegmentHeaderBytes + int64_t{size} * (kRingHeaderBytes + ring_bytes);
+// Bytes of one sender's rings (all lanes, headers included) in a segment.
+int64_t SenderStride(const ShmLaneBytes& ring_bytes) {
+  int64_t n = 0;
+  for (int64_t b : ring_bytes.bytes) n += kRingHeaderBytes + b;
+  return n;
 }
 
-RingHeader* RingAt(void* base, int sender, int64_t ring_bytes) {
-  return reinterpret_cast<RingHeader*>(static_cast<std::byte*>(base) + kSegmentHeaderBytes +
-                                       int64_t{sender} * (kRingHeaderBytes + ring_bytes));
+int64_t SegmentBytes(int size, const ShmLaneBytes& ring_bytes) {
+  return kSegmentHeaderBytes + int64_t{size} * SenderStride(ring_bytes);
+}
+
+// The ring carrying `lane` from `sender` in a segment: senders in rank order, each with its
+// lanes highest priority first.
+RingHeader* RingAt(void* base, int sender, int lane, const ShmLaneBytes& ring_bytes) {
+  int64_t at = kSegmentHeaderBytes + int64_t{sender} * SenderStride(ring_bytes);
+  for (int l = 0; l < lane; ++l) at += kRingHeaderBytes + ring_bytes.bytes[l];
+  return reinterpret_cast<RingHeader*>(static_cast<std::byte*>(base) + at);
 }
 std::byte* RingData(RingHeader* ring) {
   return reinterpret_cast<std::byte*>(ring) + kRingHeaderBytes;
@@ -187,11 +202,21 @@ Result<Mapping> MapSegment(int fd, int64_t bytes) {
 // A posted Send or Recv, completed once by the progress thread.
 using ShmRequest = internal::CompletionRequest;
 
+// A Send or Recv as the caller posted it, before the progress thread takes it.
+struct PostedOp {
+  std::shared_ptr<ShmRequest> request;
+  int peer = 0;
+  uint64_t tag = 0;
+  bool is_send = false;
+  Lane lane = Lane::kGradient;           // sends only
+  std::span<const std::byte> send_data;  // is_send
+  std::span<std::byte> recv_into;        // !is_send
+};
+
 struct PendingSend {
   std::shared_ptr<ShmRequest> request;
   uint64_t tag;
   std::span<const std::byte> data;
-  Lane lane;
 };
 
 struct PostedRecv {
@@ -203,11 +228,41 @@ struct PostedRecv {
 // A message that arrived before its Recv was posted, buffered in full.
 struct Unexpected {
   uint64_t tag = 0;
-  std::vector<std::byte> bytes;
+  int lane = 0;  // whose max_unexpected_bytes it counts against
+  uint64_t size = 0;
+  std::unique_ptr<std::byte[]> bytes;  // size bytes, not zeroed first
   bool complete = false;
   // Set when a Recv is posted while the bytes are still arriving.
   std::shared_ptr<ShmRequest> claimed;
   std::span<std::byte> into;
+};
+
+// The bytes of a buffered message on their way to the Recv that took it, copied one piece
+// at a time on the message's lane, so a large copy never holds up a higher lane.
+struct CopyJob {
+  std::shared_ptr<Unexpected> from;  // complete
+  std::span<std::byte> into;         // from->size bytes
+  std::shared_ptr<ShmRequest> request;
+  int64_t done_bytes = 0;
+};
+
+// One lane of the stream to a peer.
+struct SendLane {
+  RingHeader* ring = nullptr;  // in the peer's segment; immutable after construction
+  std::deque<PendingSend> queue;
+  bool frame_header_written = false;
+  int64_t sent_bytes = 0;  // of queue.front()'s payload
+};
+
+// One lane of the stream from a peer.
+struct RecvLane {
+  RingHeader* ring = nullptr;  // in this rank's segment; immutable after construction
+  bool receiving = false;      // a frame header was consumed; its payload is arriving
+  uint64_t cur_size = 0;
+  uint64_t cur_received = 0;
+  std::optional<PostedRecv> cur_recv;        // payload goes to a posted Recv
+  std::shared_ptr<Unexpected> cur_buffered;  // or to the unexpected buffer
+  // Neither: payload is discarded (its Recv had the wrong size).
 };
 
 // Everything about one peer. Guarded by ShmTransport::mu_ except the immutable pointers.
@@ -215,26 +270,16 @@ struct Peer {
   // Immutable after construction.
   Mapping mapping;                  // the peer's segment
   SegmentHeader* header = nullptr;  // in `mapping`
-  RingHeader* out = nullptr;        // this rank's ring in the peer's segment
-  RingHeader* in = nullptr;         // the peer's ring in this rank's segment
   pid_t pid = 0;
 
-  // Send side.
-  std::deque<PendingSend> sends;
-  bool frame_header_written = false;
-  int64_t sent_bytes = 0;  // of sends.front()'s payload
+  std::array<SendLane, kNumLanes> out;  // indexed by the Lane's value
+  std::array<RecvLane, kNumLanes> in;
 
-  // Receive side.
+  // Receive side, shared by the lanes: a Recv names no lane.
   std::deque<PostedRecv> posted;
   std::deque<std::shared_ptr<Unexpected>> unexpected;
-  bool receiving = false;  // a frame header was consumed; its payload is arriving
-  uint64_t cur_size = 0;
-  uint64_t cur_received = 0;
-  std::optional<PostedRecv> cur_recv;        // payload goes to a posted Recv
-  std::shared_ptr<Unexpected> cur_buffered;  // or to the unexpected buffer
-  // Neither: payload is discarded (its Recv had the wrong size).
 
-  bool closed = false;  // the peer closed normally and its ring to us is drained
+  bool closed = false;  // the peer closed normally and its rings to us are drained
 };
 
 class ShmTransport final : public Transport {
@@ -280,17 +325,12 @@ class ShmTransport final : public Transport {
     KC_RETURN_IF_ERROR(CheckPeer(peer));
     if (static_cast<int>(lane) >= kNumLanes) return InvalidArgumentError("shm send: bad lane");
     auto request = std::make_shared<ShmRequest>(options_.clock, "shm_transport");
-    {
-      MutexLock lock(&mu_);
-      if (!error_.ok()) return error_;
-      Peer& p = peers_[peer];
-      if (p.closed) {
-        request->Complete(PeerClosed(peer));
-        return std::shared_ptr<Request>(request);
-      }
-      p.sends.push_back({request, tag, data, lane});
-    }
-    Ring(self_header_);
+    KC_RETURN_IF_ERROR(Post({.request = request,
+                             .peer = peer,
+                             .tag = tag,
+                             .is_send = true,
+                             .lane = lane,
+                             .send_data = data}));
     return std::shared_ptr<Request>(request);
   }
 
@@ -299,25 +339,14 @@ class ShmTransport final : public Transport {
     KC_LAYER_ENTRY(Layer::kComm, "shm_transport");
     KC_RETURN_IF_ERROR(CheckPeer(peer));
     auto request = std::make_shared<ShmRequest>(options_.clock, "shm_transport");
-    {
-      MutexLock lock(&mu_);
-      if (!error_.ok()) return error_;
-      Peer& p = peers_[peer];
-      if (!MatchUnexpected(p, request, tag, data)) {
-        if (p.closed) {
-          request->Complete(PeerClosed(peer));
-        } else {
-          p.posted.push_back({request, tag, data});
-        }
-      }
-    }
-    Ring(self_header_);  // a back-pressured frame may match now
+    KC_RETURN_IF_ERROR(
+        Post({.request = request, .peer = peer, .tag = tag, .is_send = false, .recv_into = data}));
     return std::shared_ptr<Request>(request);
   }
 
   Status status() const override {
-    MutexLock lock(&mu_);
-    return error_;
+    MutexLock lock(&post_mu_);
+    return post_error_;
   }
 
   void Abort(Status reason) override {
@@ -342,29 +371,65 @@ class ShmTransport final : public Transport {
     return UnavailableError("shm peer rank " + std::to_string(peer) + " closed its transport");
   }
 
+  // Hands `op` to the progress thread. Only post_mu_ is taken, never mu_, so posting does
+  // not wait for a piece being copied (nor lose the lock to the progress thread's loop).
+  Status Post(PostedOp op) {
+    {
+      MutexLock lock(&post_mu_);
+      if (!post_error_.ok()) return post_error_;
+      posted_ops_.push_back(std::move(op));
+    }
+    Ring(self_header_);
+    return OkStatus();
+  }
+
+  // Moves the ops posted since the last call to their peers, in posting order.
+  void TakePosted() KC_REQUIRES(mu_) {
+    std::vector<PostedOp> ops;
+    {
+      MutexLock lock(&post_mu_);
+      ops.swap(posted_ops_);
+    }
+    for (PostedOp& op : ops) {
+      Peer& p = peers_[op.peer];
+      if (op.is_send) {
+        if (p.closed) {
+          op.request->Complete(PeerClosed(op.peer));
+        } else {
+          p.out[static_cast<size_t>(op.lane)].queue.push_back({op.request, op.tag, op.send_data});
+        }
+      } else if (!MatchUnexpected(p, op.request, op.tag, op.recv_into)) {
+        // A closed peer's buffered messages can still be received; nothing else will come.
+        if (p.closed) {
+          op.request->Complete(PeerClosed(op.peer));
+        } else {
+          p.posted.push_back({op.request, op.tag, op.recv_into});
+        }
+      }
+    }
+  }
+
   // Hands a buffered message with `tag` to a new Recv. False when none is buffered.
   bool MatchUnexpected(Peer& p, const std::shared_ptr<ShmRequest>& request, uint64_t tag,
                        std::span<std::byte> into) KC_REQUIRES(mu_) {
     for (auto it = p.unexpected.begin(); it != p.unexpected.end(); ++it) {
       Unexpected& u = **it;
       if (u.tag != tag || u.claimed != nullptr) continue;
-      if (u.bytes.size() != into.size()) {
-        request->Complete(SizeMismatch(tag, u.bytes.size(), into.size()));
+      if (u.size != into.size()) {
+        request->Complete(SizeMismatch(tag, u.size, into.size()));
+        if (u.complete) {
+          unexpected_bytes_[u.lane] -= static_cast<int64_t>(u.size);
+          p.unexpected.erase(it);
+        } else {
+          u.claimed = request;  // already failed; the bytes are dropped when they finish
+          u.into = {};
+        }
       } else if (u.complete) {
-        if (!into.empty()) std::memcpy(into.data(), u.bytes.data(), into.size());
-        request->Complete(OkStatus());
+        copies_[u.lane].push_back({.from = *it, .into = into, .request = request});
+        p.unexpected.erase(it);
       } else {
         u.claimed = request;
         u.into = into;
-        return true;
-      }
-      // Completed (either way): the buffered message is consumed.
-      if (u.complete) {
-        unexpected_bytes_ -= static_cast<int64_t>(u.bytes.size());
-        p.unexpected.erase(it);
-      } else {
-        u.claimed = request;  // already failed; the bytes are dropped when they finish
-        u.into = {};
       }
       return true;
     }
@@ -388,127 +453,149 @@ class ShmTransport final : public Transport {
     }
   }
 
+  // Fails every request, queued or not yet taken; later posts return `s`.
   void FailPending(const Status& s) KC_REQUIRES(mu_) {
+    std::vector<PostedOp> ops;
+    {
+      MutexLock lock(&post_mu_);
+      post_error_ = s;
+      ops.swap(posted_ops_);
+    }
+    for (PostedOp& op : ops) op.request->Complete(s);
+    for (std::deque<CopyJob>& jobs : copies_) {
+      for (CopyJob& j : jobs) j.request->Complete(s);
+      jobs.clear();
+    }
     for (int i = 0; i < size(); ++i) {
       if (i != rank()) FailPeer(peers_[i], s);
     }
   }
 
   void FailPeer(Peer& p, const Status& s) KC_REQUIRES(mu_) {
-    for (auto& send : p.sends) send.request->Complete(s);
-    p.sends.clear();
+    for (SendLane& out : p.out) {
+      for (auto& send : out.queue) send.request->Complete(s);
+      out.queue.clear();
+    }
     for (auto& recv : p.posted) recv.request->Complete(s);
     p.posted.clear();
-    if (p.cur_recv) p.cur_recv->request->Complete(s);
-    p.cur_recv.reset();
+    for (RecvLane& in : p.in) {
+      if (in.cur_recv) in.cur_recv->request->Complete(s);
+      in.cur_recv.reset();
+    }
     for (auto& u : p.unexpected) {
       if (u->claimed) u->claimed->Complete(s);
     }
   }
 
-  // Moves queued send bytes into the peer's ring. True if anything moved.
-  bool PumpSends(Peer& p) KC_REQUIRES(mu_) {
-    const int64_t cap = options_.ring_bytes;
-    std::byte* data = RingData(p.out);
-    int64_t budget = options_.chunk_bytes;
+  // Moves up to one piece (chunk_bytes of the lane) of queued send bytes into the peer's
+  // ring of `lane`. True if anything moved.
+  bool PumpSends(Peer& p, int lane) KC_REQUIRES(mu_) {
+    SendLane& out = p.out[lane];
+    if (out.queue.empty()) return false;
+    const int64_t cap = options_.ring_bytes.bytes[lane];
+    std::byte* data = RingData(out.ring);
+    int64_t budget = options_.chunk_bytes.bytes[lane];
     bool progressed = false;
-    uint64_t tail = p.out->tail.load(std::memory_order_relaxed);  // we are the only writer
-    while (!p.sends.empty() && budget > 0) {
+    uint64_t tail = out.ring->tail.load(std::memory_order_relaxed);  // we are the only writer
+    while (!out.queue.empty() && budget > 0) {
       // Acquire: the consumer finished reading the bytes before head.
-      const uint64_t head = p.out->head.load(std::memory_order_acquire);
+      const uint64_t head = out.ring->head.load(std::memory_order_acquire);
       int64_t free_bytes = cap - static_cast<int64_t>(tail - head);
-      PendingSend& s = p.sends.front();
-      if (!p.frame_header_written) {
+      PendingSend& s = out.queue.front();
+      if (!out.frame_header_written) {
         if (free_bytes < kFrameHeaderBytes) break;
         const FrameHeader fh{.tag = s.tag,
                              .size_bytes = s.data.size(),
-                             .lane = static_cast<uint32_t>(s.lane),
+                             .lane = static_cast<uint32_t>(lane),
                              .reserved = 0};
         CopyIn(data, cap, tail, reinterpret_cast<const std::byte*>(&fh), kFrameHeaderBytes);
         tail += kFrameHeaderBytes;
         free_bytes -= kFrameHeaderBytes;
-        p.frame_header_written = true;
-        p.sent_bytes = 0;
+        out.frame_header_written = true;
+        out.sent_bytes = 0;
         progressed = true;
       }
       const int64_t n =
-          std::min({free_bytes, budget, static_cast<int64_t>(s.data.size()) - p.sent_bytes});
+          std::min({free_bytes, budget, static_cast<int64_t>(s.data.size()) - out.sent_bytes});
       if (n > 0) {
-        CopyIn(data, cap, tail, s.data.data() + p.sent_bytes, n);
+        CopyIn(data, cap, tail, s.data.data() + out.sent_bytes, n);
         tail += n;
-        p.sent_bytes += n;
+        out.sent_bytes += n;
         budget -= n;
         progressed = true;
       }
-      if (p.sent_bytes == static_cast<int64_t>(s.data.size())) {
+      if (out.sent_bytes == static_cast<int64_t>(s.data.size())) {
         s.request->Complete(OkStatus());
-        p.sends.pop_front();
-        p.frame_header_written = false;
-        p.sent_bytes = 0;
+        out.queue.pop_front();
+        out.frame_header_written = false;
+        out.sent_bytes = 0;
       } else if (n == 0) {
         break;  // ring full
       }
     }
     if (progressed) {
       // Release: the frame bytes are visible before the consumer sees the new tail.
-      p.out->tail.store(tail, std::memory_order_release);
+      out.ring->tail.store(tail, std::memory_order_release);
       Ring(p.header);
     }
     return progressed;
   }
 
-  // Moves bytes from the peer's ring to posted Recvs or the unexpected buffer.
-  bool PumpRecvs(Peer& p) KC_REQUIRES(mu_) {
-    const int64_t cap = options_.ring_bytes;
-    const std::byte* data = RingData(p.in);
-    int64_t budget = options_.chunk_bytes;
+  // Moves up to one piece of the peer's ring of `lane` to posted Recvs or the unexpected
+  // buffer.
+  bool PumpRecvs(Peer& p, int lane) KC_REQUIRES(mu_) {
+    RecvLane& in = p.in[lane];
+    const int64_t cap = options_.ring_bytes.bytes[lane];
+    const std::byte* data = RingData(in.ring);
+    int64_t budget = options_.chunk_bytes.bytes[lane];
     bool progressed = false;
-    uint64_t head = p.in->head.load(std::memory_order_relaxed);  // we are the only writer
+    uint64_t head = in.ring->head.load(std::memory_order_relaxed);  // we are the only writer
     while (budget > 0) {
       // Acquire: the producer's bytes before tail are visible.
-      const uint64_t tail = p.in->tail.load(std::memory_order_acquire);
+      const uint64_t tail = in.ring->tail.load(std::memory_order_acquire);
       const int64_t avail = static_cast<int64_t>(tail - head);
-      if (!p.receiving) {
+      if (!in.receiving) {
         if (avail < kFrameHeaderBytes) break;
         FrameHeader fh;
         CopyOut(data, cap, head, reinterpret_cast<std::byte*>(&fh), kFrameHeaderBytes);
-        if (!StartFrame(p, fh, avail)) break;  // leave it in the ring for now
+        if (!StartFrame(p, lane, fh, avail)) break;  // leave it in the ring for now
         head += kFrameHeaderBytes;
         progressed = true;
         continue;
       }
       const int64_t n =
-          std::min({avail, budget, static_cast<int64_t>(p.cur_size - p.cur_received)});
+          std::min({avail, budget, static_cast<int64_t>(in.cur_size - in.cur_received)});
       if (n > 0) {
         std::byte* dst = nullptr;
-        if (p.cur_recv) {
-          dst = p.cur_recv->into.data() + p.cur_received;
-        } else if (p.cur_buffered) {
-          dst = p.cur_buffered->bytes.data() + p.cur_received;
+        if (in.cur_recv) {
+          dst = in.cur_recv->into.data() + in.cur_received;
+        } else if (in.cur_buffered) {
+          dst = in.cur_buffered->bytes.get() + in.cur_received;
         }
         if (dst != nullptr) CopyOut(data, cap, head, dst, n);
         head += n;
-        p.cur_received += n;
+        in.cur_received += n;
         budget -= n;
         progressed = true;
       }
-      if (p.cur_received == p.cur_size) {
-        FinishFrame(p);
+      if (in.cur_received == in.cur_size) {
+        FinishFrame(p, in);
       } else if (n == 0) {
         break;
       }
     }
     if (progressed) {
       // Release: our reads of the consumed bytes finish before the producer reuses them.
-      p.in->head.store(head, std::memory_order_release);
+      in.ring->head.store(head, std::memory_order_release);
       Ring(p.header);
     }
     return progressed;
   }
 
   // Chooses where a new frame's payload goes. False to leave the frame in the ring.
-  // `avail`: bytes in the ring, the frame header included.
-  bool StartFrame(Peer& p, const FrameHeader& fh, int64_t avail) KC_REQUIRES(mu_) {
+  // `avail`: bytes in the lane's ring, the frame header included.
+  bool StartFrame(Peer& p, int lane, const FrameHeader& fh, int64_t avail) KC_REQUIRES(mu_) {
+    RecvLane& in = p.in[lane];
     for (auto it = p.posted.begin(); it != p.posted.end(); ++it) {
       if (it->tag != fh.tag) continue;
       PostedRecv r = std::move(*it);
@@ -516,51 +603,75 @@ class ShmTransport final : public Transport {
       if (r.into.size() != fh.size_bytes) {
         r.request->Complete(SizeMismatch(fh.tag, fh.size_bytes, r.into.size()));
       } else {
-        p.cur_recv = std::move(r);
+        in.cur_recv = std::move(r);
       }
-      Begin(p, fh.size_bytes);
+      Begin(in, fh.size_bytes);
       return true;
     }
     const int64_t size = static_cast<int64_t>(fh.size_bytes);
     // Unmatched: while the producer can still make progress (the ring has room and the frame
     // is not all in it), wait for a Recv rather than buffer, so the usual case of a Recv
     // posted a little late copies once, straight into its buffer.
-    if (avail - kFrameHeaderBytes < size && avail < options_.ring_bytes) return false;
-    if (unexpected_bytes_ > 0 && unexpected_bytes_ + size > options_.max_unexpected_bytes) {
+    if (avail - kFrameHeaderBytes < size && avail < options_.ring_bytes.bytes[lane]) return false;
+    if (unexpected_bytes_[lane] > 0 &&
+        unexpected_bytes_[lane] + size > options_.max_unexpected_bytes.bytes[lane]) {
       return false;
     }
     auto u = std::make_shared<Unexpected>();
     u->tag = fh.tag;
-    u->bytes.resize(fh.size_bytes);
-    unexpected_bytes_ += size;
+    u->lane = lane;
+    u->size = fh.size_bytes;
+    u->bytes = std::make_unique_for_overwrite<std::byte[]>(fh.size_bytes);
+    unexpected_bytes_[lane] += size;
     p.unexpected.push_back(u);
-    p.cur_buffered = std::move(u);
-    Begin(p, fh.size_bytes);
+    in.cur_buffered = std::move(u);
+    Begin(in, fh.size_bytes);
     return true;
   }
 
-  static void Begin(Peer& p, uint64_t size) {
-    p.receiving = true;
-    p.cur_size = size;
-    p.cur_received = 0;
+  static void Begin(RecvLane& in, uint64_t size) {
+    in.receiving = true;
+    in.cur_size = size;
+    in.cur_received = 0;
   }
 
-  void FinishFrame(Peer& p) KC_REQUIRES(mu_) {
-    if (p.cur_recv) p.cur_recv->request->Complete(OkStatus());
-    if (p.cur_buffered) {
-      Unexpected& u = *p.cur_buffered;
+  void FinishFrame(Peer& p, RecvLane& in) KC_REQUIRES(mu_) {
+    if (in.cur_recv) in.cur_recv->request->Complete(OkStatus());
+    if (in.cur_buffered) {
+      Unexpected& u = *in.cur_buffered;
       u.complete = true;
       if (u.claimed != nullptr) {
-        if (!u.into.empty()) std::memcpy(u.into.data(), u.bytes.data(), u.into.size());
-        u.claimed->Complete(OkStatus());  // no-op if it already failed on its size
-        unexpected_bytes_ -= static_cast<int64_t>(u.bytes.size());
-        std::erase(p.unexpected, p.cur_buffered);
+        if (u.into.empty()) {
+          u.claimed->Complete(OkStatus());  // no-op if it already failed on its size
+          unexpected_bytes_[u.lane] -= static_cast<int64_t>(u.size);
+        } else {
+          copies_[u.lane].push_back(
+              {.from = in.cur_buffered, .into = u.into, .request = u.claimed});
+        }
+        std::erase(p.unexpected, in.cur_buffered);
       }
     }
-    p.cur_recv.reset();
-    p.cur_buffered.reset();
-    p.receiving = false;
-    p.cur_size = p.cur_received = 0;
+    in.cur_recv.reset();
+    in.cur_buffered.reset();
+    in.receiving = false;
+    in.cur_size = in.cur_received = 0;
+  }
+
+  // Moves one piece of the oldest copy of a buffered message on `lane`. True if it did.
+  bool PumpCopies(int lane) KC_REQUIRES(mu_) {
+    std::deque<CopyJob>& jobs = copies_[lane];
+    if (jobs.empty()) return false;
+    CopyJob& j = jobs.front();
+    const int64_t n = std::min(options_.chunk_bytes.bytes[lane],
+                               static_cast<int64_t>(j.into.size()) - j.done_bytes);
+    if (n > 0) std::memcpy(j.into.data() + j.done_bytes, j.from->bytes.get() + j.done_bytes, n);
+    j.done_bytes += n;
+    if (j.done_bytes == static_cast<int64_t>(j.into.size())) {
+      j.request->Complete(OkStatus());
+      unexpected_bytes_[lane] -= static_cast<int64_t>(j.from->size);
+      jobs.pop_front();
+    }
+    return true;
   }
 
   // Notices peers that closed or aborted. Called with mu_ held after the rings were pumped.
@@ -574,9 +685,11 @@ class ShmTransport final : public Transport {
         Fail(AbortedError("shm peer rank " + std::to_string(i) + " aborted its transport"));
       } else if (state == kClosed) {
         // Acquire above: every byte the peer wrote before closing is visible. Deliver what
-        // can be delivered; once nothing moves, the rest (a message cut short, or frames
-        // back-pressured by max_unexpected_bytes) is lost and its Recvs fail.
-        if (!PumpRecvs(p)) {
+        // can be delivered; once nothing moves on any lane, the rest (a message cut short,
+        // or frames back-pressured by max_unexpected_bytes) is lost and its Recvs fail.
+        bool moved = false;
+        for (int lane = 0; lane < kNumLanes; ++lane) moved |= PumpRecvs(p, lane);
+        if (!moved) {
           p.closed = true;
           FailPeer(p, PeerClosed(i));
         }
@@ -597,36 +710,54 @@ class ShmTransport final : public Transport {
     }
   }
 
-  // One pass over every peer. True if any bytes moved.
-  bool Step() KC_REQUIRES(mu_) {
-    if (!error_.ok()) return false;
+  // One step: takes newly posted requests, then serves the highest lane on which anything
+  // can move (sends or receives, one piece per peer) and stops there, so mu_ is released
+  // and the priorities re-checked after every piece. Every kStrictStepsPerGuardStep steps
+  // the lanes are tried lowest first instead (starvation guard). Returns the lane served,
+  // or -1 when nothing moved.
+  int Step() KC_REQUIRES(mu_) {
+    if (!error_.ok()) return -1;
+    TakePosted();
+    const bool guard = strict_steps_ >= kStrictStepsPerGuardStep;
     bool progressed = false;
-    for (int i = 0; i < size(); ++i) {
-      if (i == rank()) continue;
-      progressed |= PumpSends(peers_[i]);
-      progressed |= PumpRecvs(peers_[i]);
+    int served = 0;
+    for (int i = 0; i < kNumLanes && !progressed; ++i) {
+      served = guard ? kNumLanes - 1 - i : i;
+      progressed = PumpCopies(served);
+      for (int k = 0; k < size(); ++k) {
+        // Rotate the first peer so that no peer is always served first.
+        const int peer = (next_peer_ + k) % size();
+        if (peer == rank()) continue;
+        progressed |= PumpSends(peers_[peer], served);
+        progressed |= PumpRecvs(peers_[peer], served);
+      }
+    }
+    next_peer_ = (next_peer_ + 1) % size();
+    if (progressed) {
+      // A step that served the lowest lane owes the lower lanes nothing.
+      strict_steps_ = (guard || served == kNumLanes - 1) ? 0 : strict_steps_ + 1;
     }
     CheckPeerStates();
-    return progressed;
+    return progressed ? served : -1;
   }
 
   void ProgressLoop(std::stop_token stop) {
     int idle = 0;
     auto next_liveness = std::chrono::steady_clock::now() + kLivenessPeriod;
     while (!stop.stop_requested()) {
-      // Read before the pass: any event after it changes the word, so the futex wait below
+      // Read before the step: any event after it changes the word, so the futex wait below
       // returns at once instead of missing it.
       const uint32_t seq = self_header_->doorbell.load(std::memory_order_seq_cst);
-      bool progressed;
+      int served;
       {
         MutexLock lock(&mu_);
-        progressed = Step();
+        served = Step();
         if (std::chrono::steady_clock::now() >= next_liveness) {
           CheckLiveness();
           next_liveness = std::chrono::steady_clock::now() + kLivenessPeriod;
         }
       }
-      if (progressed) {
+      if (served >= 0) {
         idle = 0;
         continue;
       }
@@ -661,12 +792,23 @@ class ShmTransport final : public Transport {
   // lives as long as this object.
   const std::vector<SegmentHeader*> peer_headers_;
 
+  // Held by the progress thread for one step at a time; callers never take it to post.
+  // Lock order: mu_ before post_mu_.
   mutable Mutex mu_;
   // Guarded by mu_ (the peers' queues and cursors too; the vector itself is fixed).
   // Indexed by rank; peers_[rank()] is unused. Its Mappings and pointers never change.
   std::vector<Peer> peers_ KC_GUARDED_BY(mu_);
   Status error_ KC_GUARDED_BY(mu_);
-  int64_t unexpected_bytes_ KC_GUARDED_BY(mu_) = 0;
+  std::array<int64_t, kNumLanes> unexpected_bytes_ KC_GUARDED_BY(mu_) = {};
+  int strict_steps_ KC_GUARDED_BY(mu_) = 0;  // steps since the lower lanes were last served
+  int next_peer_ KC_GUARDED_BY(mu_) = 0;
+  // Copies out of unexpected buffers, per lane, oldest first.
+  std::array<std::deque<CopyJob>, kNumLanes> copies_ KC_GUARDED_BY(mu_);
+
+  // Requests posted but not yet taken by the progress thread.
+  mutable Mutex post_mu_;
+  std::vector<PostedOp> posted_ops_ KC_GUARDED_BY(post_mu_);
+  Status post_error_ KC_GUARDED_BY(post_mu_);  // error_ (or the destroyed status), for posters
 
   std::jthread thread_;  // last: joined before the state it uses goes
 };
@@ -705,15 +847,18 @@ Result<Peer> MapPeer(const ShmTransportOptions& o, int peer, const std::string& 
   }
   KC_ASSIGN_OR_RETURN(Mapping m, MapSegment(fd.get(), bytes));
   SegmentHeader* h = m.header();
-  if (h->magic != kMagic || h->rank != peer || h->size != o.size ||
-      h->ring_bytes != static_cast<uint64_t>(o.ring_bytes)) {
+  bool same_rings = h->lanes == kNumLanes;
+  for (int l = 0; l < kNumLanes && same_rings; ++l) {
+    same_rings = h->ring_bytes[l] == static_cast<uint64_t>(o.ring_bytes.bytes[l]);
+  }
+  if (h->magic != kMagic || h->rank != peer || h->size != o.size || !same_rings) {
     return DataLossError("shm segment " + name + " does not match rank " + std::to_string(peer) +
                          " of this group");
   }
   Peer p;
   p.header = h;
   p.pid = h->pid;
-  p.out = RingAt(m.get(), o.rank, o.ring_bytes);
+  for (int l = 0; l < kNumLanes; ++l) p.out[l].ring = RingAt(m.get(), o.rank, l, o.ring_bytes);
   p.mapping = std::move(m);
   return p;
 }
@@ -722,9 +867,14 @@ Result<Peer> MapPeer(const ShmTransportOptions& o, int peer, const std::string& 
 
 Result<std::unique_ptr<Transport>> CreateShmTransport(const ShmTransportOptions& o) {
   KC_LAYER_ENTRY(Layer::kComm, "shm_transport");
+  bool lanes_ok = true;
+  for (int l = 0; l < kNumLanes; ++l) {
+    lanes_ok = lanes_ok && o.ring_bytes.bytes[l] >= 4096 && o.ring_bytes.bytes[l] % 64 == 0 &&
+               o.ring_bytes.bytes[l] <= (int64_t{1} << 40) && o.chunk_bytes.bytes[l] >= 1 &&
+               o.max_unexpected_bytes.bytes[l] >= 0;
+  }
   if (o.store == nullptr || o.clock == nullptr || o.group.empty() || o.size < 1 || o.rank < 0 ||
-      o.rank >= o.size || o.ring_bytes < 4096 || o.ring_bytes % 64 != 0 || o.chunk_bytes < 1 ||
-      o.spin_iterations < 0 || o.max_unexpected_bytes < 0) {
+      o.rank >= o.size || !lanes_ok || o.spin_iterations < 0) {
     return InvalidArgumentError("shm transport: bad options for group " + o.group + " rank " +
                                 std::to_string(o.rank) + " of " + std::to_string(o.size));
   }
@@ -745,8 +895,12 @@ Result<std::unique_ptr<Transport>> CreateShmTransport(const ShmTransportOptions&
   h->rank = o.rank;
   h->size = o.size;
   h->pid = getpid();
-  h->ring_bytes = static_cast<uint64_t>(o.ring_bytes);
-  for (int s = 0; s < o.size; ++s) new (RingAt(self.get(), s, o.ring_bytes)) RingHeader{};
+  h->lanes = kNumLanes;
+  for (int l = 0; l < kNumLanes; ++l)
+    h->ring_bytes[l] = static_cast<uint64_t>(o.ring_bytes.bytes[l]);
+  for (int s = 0; s < o.size; ++s) {
+    for (int l = 0; l < kNumLanes; ++l) new (RingAt(self.get(), s, l, o.ring_bytes)) RingHeader{};
+  }
 
   // 2. Publish its name, then map every peer's.
   KC_RETURN_IF_ERROR(o.store->Set(Key(o, "seg", o.rank), name));
@@ -755,7 +909,8 @@ Result<std::unique_ptr<Transport>> CreateShmTransport(const ShmTransportOptions&
     if (p == o.rank) continue;
     KC_ASSIGN_OR_RETURN(std::string peer_name, o.store->Get(Key(o, "seg", p), deadline));
     KC_ASSIGN_OR_RETURN(peers[p], MapPeer(o, p, peer_name));
-    peers[p].in = RingAt(self.get(), p, o.ring_bytes);
+    for (int l = 0; l < kNumLanes; ++l)
+      peers[p].in[l].ring = RingAt(self.get(), p, l, o.ring_bytes);
   }
 
   // 3. Once every rank has mapped every segment, nobody needs the names any more.

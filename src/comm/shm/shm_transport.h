@@ -3,6 +3,7 @@
 // layout is in comm/doc/shm_protocol.md.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -10,10 +11,24 @@
 
 #include "base/clock.h"
 #include "base/status.h"
+#include "comm/lanes.h"
 #include "comm/store.h"
 #include "comm/transport.h"
 
 namespace kc::comm {
+
+// A byte count per lane, indexed by the Lane's value. A single integer sets every lane, so
+// `.ring_bytes = 64 << 10` and `.ring_bytes = {1 << 20, 1 << 20, 256 << 10, 256 << 10}`
+// both work. A plain copyable value.
+struct ShmLaneBytes {
+  constexpr ShmLaneBytes(int64_t all)  // NOLINT(google-explicit-constructor): see above
+      : bytes{all, all, all, all} {}
+  constexpr ShmLaneBytes(int64_t gradient, int64_t activation, int64_t control, int64_t telemetry)
+      : bytes{gradient, activation, control, telemetry} {}
+  constexpr int64_t operator[](Lane lane) const { return bytes[static_cast<size_t>(lane)]; }
+
+  std::array<int64_t, kNumLanes> bytes;
+};
 
 struct ShmTransportOptions {
   // Where ranks publish their segment names. Not owned; must outlive CreateShmTransport
@@ -27,17 +42,22 @@ struct ShmTransportOptions {
   Clock* clock = Clock::Real();
   // Bounds the rendezvous in CreateShmTransport (read on store->clock()).
   Duration connect_timeout = std::chrono::seconds(30);
-  // Bytes of each (sender -> receiver) ring; a multiple of 64, at least 4096. Each rank's
-  // segment holds size rings, so the group maps size * size * ring_bytes of /dev/shm.
-  int64_t ring_bytes = 1 << 20;
-  // Most bytes moved to or from one ring before the progress thread turns to another peer.
-  int64_t chunk_bytes = 256 * 1024;
-  // Idle passes the progress thread spins before it sleeps on the futex.
+  // Bytes of each (sender -> receiver, lane) ring; each a multiple of 64, at least 4096.
+  // Every rank's segment holds size x kNumLanes rings, so the group maps
+  // size * size * (sum over lanes of ring_bytes) of /dev/shm: 160 MiB for 8 ranks with the
+  // defaults. A low lane's full ring never holds up a higher lane.
+  ShmLaneBytes ring_bytes = {1 << 20, 1 << 20, 256 << 10, 256 << 10};
+  // Most bytes of a lane copied into or out of one ring in one step of the progress thread.
+  // A message posted on a higher lane waits for at most one such piece of a lower lane
+  // (at each end), so the lower lanes use small pieces.
+  ShmLaneBytes chunk_bytes = {256 << 10, 256 << 10, 32 << 10, 32 << 10};
+  // Idle steps the progress thread spins before it sleeps on the futex.
   int spin_iterations = 2000;
-  // Bytes of messages that arrived before their Recv was posted that are buffered per
-  // transport. Beyond it, a peer's ring is left unread (back-pressure) until a matching Recv
-  // is posted; a single message is always admitted when nothing else is buffered.
-  int64_t max_unexpected_bytes = 64 << 20;
+  // Bytes of messages of each lane that arrived before their Recv was posted that are
+  // buffered per transport. Beyond it, that lane's ring from the peer is left unread
+  // (back-pressure) until a matching Recv is posted; a single message is always admitted
+  // when nothing else of its lane is buffered. Lanes never take from each other's budget.
+  ShmLaneBytes max_unexpected_bytes = 64 << 20;
 };
 
 // Creates rank `options.rank`'s endpoint: maps one segment per rank, publishes its name
@@ -48,8 +68,11 @@ struct ShmTransportOptions {
 // segment cannot be created or mapped; kDataLoss when a peer's segment is malformed.
 //
 // The endpoint moves bytes on its own progress thread, which spins spin_iterations idle
-// passes and then sleeps on a futex. Sends complete once their bytes are in the peer's ring.
-// Messages are not lane-reordered yet (FIFO per peer; see the protocol doc). A peer that
+// steps and then sleeps on a futex. Sends complete once their bytes are in the peer's ring.
+// Each lane has its own ring per pair; the progress threads serve the highest lane that can
+// move first (with a small starvation guard for the lower lanes), so a flood on a low lane
+// does not hold up a higher one. Messages with one tag between two ranks arrive in posting
+// order within a lane; across lanes there is no order (see the protocol doc). A peer that
 // destroys its endpoint fails only the requests to and from it (kUnavailable); a peer that
 // aborts (kAborted) or whose process dies (kUnavailable, noticed within about 50 ms) fails
 // this endpoint, sticky.

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -69,15 +70,18 @@ ShmTransportOptions Options(Store* store, const std::string& group, int rank, in
           .spin_iterations = 100};
 }
 
-// Creates `size` endpoints concurrently (Create blocks until all ranks joined).
-std::vector<std::unique_ptr<Transport>> CreateGroup(Store* store, const std::string& group,
-                                                    int size, Clock* clock = Clock::Real()) {
+// Creates `size` endpoints concurrently (Create blocks until all ranks joined). `tweak`, if
+// set, edits every rank's options.
+std::vector<std::unique_ptr<Transport>> CreateGroup(
+    Store* store, const std::string& group, int size, Clock* clock = Clock::Real(),
+    const std::function<void(ShmTransportOptions&)>& tweak = nullptr) {
   std::vector<std::unique_ptr<Transport>> out(size);
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r) {
     threads.emplace_back([&, r] {
       ShmTransportOptions o = Options(store, group, r, size);
       o.clock = clock;
+      if (tweak) tweak(o);
       auto t = CreateShmTransport(o);
       EXPECT_TRUE(t.ok()) << t.status();
       if (t.ok()) out[r] = std::move(t).value();
@@ -158,6 +162,140 @@ TEST(ShmTransportTest, ManyMessagesWithOneTagArriveInOrder) {
   for (int i = 0; i < kCount; ++i) reqs.push_back(ts[1]->Recv(0, 3, in[i]).value());
   for (auto& r : reqs) ASSERT_TRUE(r->Wait(Soon()).ok());
   for (int i = 0; i < kCount; ++i) EXPECT_TRUE(in[i] == out[i]) << i;
+}
+
+// The seed's §5.1 scenario, made deterministic: rank 1 never posts the Recv of a large
+// telemetry message and its telemetry unexpected-buffer budget is used up, so the message
+// sits in a full telemetry ring and its send cannot complete. A gradient message posted after
+// it to the same peer still goes through.
+TEST(ShmTransportTest, AGradientMessageOvertakesABackPressuredTelemetryBacklog) {
+  HashStore store;
+  auto ts = CreateGroup(&store, UniqueGroup("overtake"), 2, Clock::Real(),
+                        [](ShmTransportOptions& o) { o.max_unexpected_bytes = 4096; });
+  const auto small = Pattern(1, 4096), big = Pattern(2, 4 * kRingBytes), grad = Pattern(3, 4096);
+  auto s_small = ts[0]->Send(1, /*tag=*/10, small, Lane::kTelemetry).value();
+  auto s_big = ts[0]->Send(1, /*tag=*/11, big, Lane::kTelemetry).value();
+  // `small` is buffered at rank 1 (the budget admits one message); `big` then cannot be.
+  ASSERT_TRUE(s_small->Wait(Soon()).ok());
+  auto s_grad = ts[0]->Send(1, /*tag=*/12, grad, Lane::kGradient).value();
+  std::vector<std::byte> in_grad(grad.size());
+  auto r_grad = ts[1]->Recv(0, 12, in_grad).value();
+  ASSERT_TRUE(r_grad->Wait(Soon()).ok());
+  ASSERT_TRUE(s_grad->Wait(Soon()).ok());
+  EXPECT_TRUE(in_grad == grad);
+  EXPECT_FALSE(s_big->Test().has_value()) << "the telemetry backlog cannot have drained";
+
+  // Receiving the telemetry messages releases the backlog.
+  std::vector<std::byte> in_small(small.size()), in_big(big.size());
+  auto r_small = ts[1]->Recv(0, 10, in_small).value();
+  auto r_big = ts[1]->Recv(0, 11, in_big).value();
+  ASSERT_TRUE(r_small->Wait(Soon()).ok());
+  ASSERT_TRUE(r_big->Wait(Soon()).ok());
+  ASSERT_TRUE(s_big->Wait(Soon()).ok());
+  EXPECT_TRUE(in_small == small);
+  EXPECT_TRUE(in_big == big);
+}
+
+// Every lane keeps posting order for one tag, while the lanes interleave (messages bigger
+// than a ring included, so lanes are cut mid-message by higher ones).
+TEST(ShmTransportTest, MessagesWithOneTagArriveInPostingOrderWithinEachLane) {
+  HashStore store;
+  auto ts = CreateGroup(&store, UniqueGroup("lane-order"), 2);
+  constexpr int kPerLane = 120;
+  const std::vector<size_t> sizes = {0, 33, 4096, 3 * kRingBytes + 1, 700};
+  std::vector<std::vector<std::byte>> out, in;
+  std::vector<std::shared_ptr<Request>> sends, recvs;
+  for (int i = 0; i < kPerLane * kNumLanes; ++i) {
+    out.push_back(Pattern(i, sizes[(i / kNumLanes) % sizes.size()]));
+    in.emplace_back(out.back().size());
+  }
+  // Message i goes on lane i % kNumLanes with tag 100 + lane, so each lane's tag sees its
+  // messages in the order of i.
+  for (int i = 0; i < kPerLane * kNumLanes; ++i) {
+    const Lane lane = kAllLanes[i % kNumLanes];
+    sends.push_back(ts[0]->Send(1, 100 + i % kNumLanes, out[i], lane).value());
+  }
+  for (int i = 0; i < kPerLane * kNumLanes; ++i) {
+    recvs.push_back(ts[1]->Recv(0, 100 + i % kNumLanes, in[i]).value());
+  }
+  for (auto& r : recvs) ASSERT_TRUE(r->Wait(Soon()).ok());
+  for (auto& s : sends) ASSERT_TRUE(s->Wait(Soon()).ok());
+  for (size_t i = 0; i < in.size(); ++i) EXPECT_TRUE(in[i] == out[i]) << i;
+}
+
+// The same tag on two lanes: no order between them, but each Recv gets one whole message.
+TEST(ShmTransportTest, OneTagOnTwoLanesDeliversBothMessages) {
+  HashStore store;
+  auto ts = CreateGroup(&store, UniqueGroup("tag-two-lanes"), 2);
+  const auto a = Pattern(1, 2 * kRingBytes), b = Pattern(2, 2 * kRingBytes);
+  auto sa = ts[0]->Send(1, 5, a, Lane::kTelemetry).value();
+  auto sb = ts[0]->Send(1, 5, b, Lane::kGradient).value();
+  std::vector<std::byte> x(a.size()), y(b.size());
+  auto rx = ts[1]->Recv(0, 5, x).value();
+  auto ry = ts[1]->Recv(0, 5, y).value();
+  ASSERT_TRUE(rx->Wait(Soon()).ok());
+  ASSERT_TRUE(ry->Wait(Soon()).ok());
+  ASSERT_TRUE(sa->Wait(Soon()).ok());
+  ASSERT_TRUE(sb->Wait(Soon()).ok());
+  EXPECT_TRUE((x == a && y == b) || (x == b && y == a));
+}
+
+// Three ranks; on every rank one thread per lane sends to and receives from both peers at
+// once. Every message arrives whole and, per (sender, lane), in order.
+TEST(ShmTransportTest, AllLanesDeliverUnderConcurrentMixedTraffic) {
+  constexpr int kRanks = 3;
+  constexpr int kPerPeer = 40;
+  const std::vector<size_t> sizes = {0, 1, 5000, kRingBytes + 7, 3 * kRingBytes, 64};
+  HashStore store;
+  auto ts = CreateGroup(&store, UniqueGroup("mixed"), kRanks);
+  auto seed = [](int from, int to, int lane, int i) {
+    return static_cast<uint64_t>(((from * kRanks + to) * kNumLanes + lane) * 1000 + i);
+  };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    for (int lane = 0; lane < kNumLanes; ++lane) {
+      threads.emplace_back([&, r, lane] {
+        Transport* t = ts[r].get();
+        std::vector<std::vector<std::byte>> out, in;
+        std::vector<uint64_t> expect;
+        out.reserve(2 * kPerPeer);
+        in.reserve(2 * kPerPeer);
+        std::vector<std::shared_ptr<Request>> reqs;
+        for (int i = 0; i < kPerPeer; ++i) {
+          for (int p = 0; p < kRanks; ++p) {
+            if (p == r) continue;
+            const size_t n = sizes[(i + lane) % sizes.size()];
+            out.push_back(Pattern(seed(r, p, lane, i), n));
+            auto s = t->Send(p, /*tag=*/lane, out.back(), kAllLanes[lane]);
+            ASSERT_TRUE(s.ok()) << s.status();
+            reqs.push_back(s.value());
+            in.emplace_back(n);
+            expect.push_back(seed(p, r, lane, i));
+            auto rv = t->Recv(p, /*tag=*/lane, in.back());
+            ASSERT_TRUE(rv.ok()) << rv.status();
+            reqs.push_back(rv.value());
+          }
+        }
+        for (auto& q : reqs) EXPECT_TRUE(q->Wait(Soon()).ok());
+        for (size_t j = 0; j < in.size(); ++j) {
+          EXPECT_TRUE(in[j] == Pattern(expect[j], in[j].size()))
+              << "rank " << r << " lane " << lane << " message " << j;
+        }
+      });
+    }
+  }
+  for (auto& t : threads) t.join();
+  for (auto& t : ts) EXPECT_TRUE(t->status().ok());
+}
+
+TEST(ShmTransportTest, EveryLanesRingSizeIsValidated) {
+  HashStore store;
+  ShmTransportOptions o = Options(&store, UniqueGroup("badring"), 0, 1);
+  o.ring_bytes = {1 << 16, 1 << 16, 1000, 1 << 16};
+  EXPECT_EQ(CreateShmTransport(o).status().code(), ErrorCode::kInvalidArgument);
+  o.ring_bytes = 1 << 16;
+  o.chunk_bytes = {1, 1, 0, 1};
+  EXPECT_EQ(CreateShmTransport(o).status().code(), ErrorCode::kInvalidArgument);
 }
 
 TEST(ShmTransportTest, DifferentTagsCanBeReceivedOutOfPostingOrder) {
