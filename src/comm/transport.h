@@ -32,6 +32,8 @@ class Request {
   // kInvalidArgument: a receive whose posted size differs from the message's.
   // kUnavailable / kAborted: the peer was lost or the transport aborted (sticky: every
   // pending and later request of the transport fails with it).
+  // kUnavailable, not sticky: the peer closed (destroyed) its transport; only requests to and
+  // from that peer fail, after what it sent before closing has been received.
   virtual Status Wait(TimePoint deadline) = 0;
   // nullopt while pending; else what Wait would return.
   virtual std::optional<Status> Test() = 0;

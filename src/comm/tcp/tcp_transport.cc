@@ -34,6 +34,7 @@ using hal::Fd;
 
 constexpr uint32_t kHelloMagic = 0x3150434b;  // "KCP1"
 constexpr uint32_t kFrameMagic = 0x3146434b;  // "KCF1"
+constexpr uint32_t kCloseMagic = 0x3143434b;  // "KCC1"
 constexpr uint32_t kVersion = 1;
 constexpr size_t kMaxGroupBytes = 1024;
 constexpr int kMaxConnectionsPerPeer = 64;
@@ -105,6 +106,18 @@ void EncodeFrame(const FrameHeader& h, std::byte* p) {
   PutU32(p + 44, 0);
 }
 
+// The close frame: the close magic, then zeros.
+void EncodeClose(std::byte* p) {
+  std::memset(p, 0, kFrameHeaderBytes);
+  PutU32(p, kCloseMagic);
+}
+
+bool IsCloseFrame(const std::byte* p) {
+  if (GetU32(p) != kCloseMagic) return false;
+  return std::all_of(p + 4, p + kFrameHeaderBytes, [](std::byte b) { return b == std::byte{0}; });
+}
+
+// A data frame's header; nullopt for a malformed one.
 std::optional<FrameHeader> DecodeFrame(const std::byte* p) {
   if (GetU32(p) != kFrameMagic || GetU32(p + 4) >= kNumLanes || GetU32(p + 44) != 0) {
     return std::nullopt;
@@ -314,8 +327,10 @@ struct Conn {
   // Send side (progress thread only).
   std::optional<Chunk> chunk;
   std::byte out_header[kFrameHeaderBytes];
-  size_t out_done = 0;  // header + payload bytes of `chunk` written
+  size_t out_done = 0;         // header + payload bytes of `chunk` (or of our close frame) written
+  bool sending_close = false;  // out_header holds our close frame
   bool want_out = false;
+  bool write_done = false;  // our side is shut (SHUT_WR) or given up; nothing more is written
   // Receive side (progress thread only).
   std::byte in_header[kFrameHeaderBytes];
   size_t in_header_done = 0;
@@ -323,6 +338,9 @@ struct Conn {
   FrameHeader in;
   std::byte* in_dest = nullptr;  // null: discard
   uint64_t in_done = 0;
+  bool close_read = false;  // the peer's close frame arrived; only EOF may follow
+  bool read_done = false;   // EOF (or an error) after which nothing more is read
+  bool in_epoll = true;     // removed once both directions are done
 };
 
 // Per peer: its send queue and connections.
@@ -330,7 +348,13 @@ struct Peer {
   int rank = -1;
   std::unique_ptr<LaneScheduler> scheduler;
   std::vector<std::unique_ptr<Conn>> conns;  // connections_per_peer of them
+  int close_frames = 0;                      // progress thread only
 };
+
+// A peer's transport as far as this rank knows. A closing peer's close frame has arrived on
+// some of its connections (it reads nothing more), a closed one's on all of them (everything
+// it sent before closing has been received).
+enum class PeerState : uint8_t { kOpen, kClosing, kClosed };
 
 constexpr uint64_t kWakeId = ~uint64_t{0};  // the eventfd's epoll tag
 
@@ -345,18 +369,28 @@ class TcpTransport final : public Transport {
         size_(o.size),
         clock_(o.clock),
         max_unexpected_bytes_(o.max_unexpected_bytes),
+        close_timeout_(o.close_timeout),
         peers_(std::move(peers)),
         conns_(AllConns(peers_)),
         epoll_fd_(std::move(epoll_fd)),
         wake_fd_(std::move(wake_fd)),
+        peer_state_(size_, PeerState::kOpen),
         send_seq_(size_),
         recv_seq_(size_),
         posted_(size_),
         incoming_(size_),
         thread_([this] { Run(); }) {}
 
+  // Closes gracefully unless already failed: the progress thread writes what is queued and
+  // a close frame on every connection, then waits for each peer to close its end (bounded by
+  // close_timeout; see CloseGracefully).
   ~TcpTransport() override {
-    Abort(AbortedError("tcp_transport rank=" + std::to_string(rank_) + ": destroyed"));
+    {
+      MutexLock lock(&mu_);
+      closing_ = true;
+    }
+    Wake();
+    io_stopped_.WaitForNotification();
   }
   TcpTransport(const TcpTransport&) = delete;
   TcpTransport& operator=(const TcpTransport&) = delete;
@@ -377,6 +411,10 @@ class TcpTransport final : public Transport {
     {
       MutexLock lock(&mu_);
       if (!status_.ok()) return status_;
+      if (peer_state_[peer] != PeerState::kOpen) {
+        req->Complete(PeerClosed(peer));
+        return std::shared_ptr<Request>(std::move(req));
+      }
       payload->id = next_send_id_++;
       payload->seq = send_seq_[peer][tag]++;
       pending_sends_[payload->id] = req;
@@ -389,6 +427,15 @@ class TcpTransport final : public Transport {
                                                   .payload = std::move(payload)},
                                          clock_->Now());
     if (!s.ok()) {
+      if (s.code() == ErrorCode::kCancelled) {
+        MutexLock lock(&mu_);
+        if (status_.ok() && peer_state_[peer] != PeerState::kOpen) {
+          // The peer closed after the check above; its queue was closed and drained.
+          pending_sends_.erase(id);
+          req->Complete(PeerClosed(peer));
+          return std::shared_ptr<Request>(std::move(req));
+        }
+      }
       // Closed by a failure (which completes the request) or a full queue.
       Fail(s.code() == ErrorCode::kCancelled
                ? AbortedError("tcp_transport: send queue closed")
@@ -412,7 +459,11 @@ class TcpTransport final : public Transport {
       const MsgKey key{tag, recv_seq_[peer][tag]++};
       auto it = incoming_[peer].find(key);
       if (it == incoming_[peer].end()) {
-        posted_[peer][key] = PostedRecv{req, data};
+        if (peer_state_[peer] == PeerState::kClosed) {
+          req->Complete(PeerClosed(peer));
+        } else {
+          posted_[peer][key] = PostedRecv{req, data};
+        }
         return std::shared_ptr<Request>(std::move(req));
       }
       Incoming& in = it->second;
@@ -498,15 +549,31 @@ class TcpTransport final : public Transport {
                             ": " + std::string(what));
   }
 
+  Status PeerClosed(int peer) const {
+    return UnavailableError("tcp_transport rank=" + std::to_string(rank_) +
+                            ": peer rank=" + std::to_string(peer) + " closed its transport");
+  }
+
   void Run();
-  bool PumpOut(Conn& p);  // false: the connection failed (Fail called)
+  // Writes what p's peer has queued. False after failing the transport (a socket error);
+  // while closing, an error only gives the connection up.
+  bool PumpOut(Conn& p);
   // Reads up to `want` (> 0) bytes from p's socket: the count read, 0 when nothing more is
-  // there for now, or -1 after failing the transport (peer closed, or a socket error).
+  // there for now, or -1 when reading ended: EOF or an error after the peer's close frame
+  // (p.read_done), else after failing the transport.
   ssize_t ReadSome(Conn& p, void* dst, size_t want);
-  bool PumpIn(Conn& p);
+  bool PumpIn(Conn& p);  // false: the transport failed (Fail called)
   bool StartChunk(Conn& p);
   void FinishChunk(Conn& p);
   void SetWantOut(Conn& p, bool want);
+  void UpdateEpoll(Conn& p);
+  // The peer's close frame arrived on p: the first one stops the sends to the peer, the
+  // last one (one per connection) fails what is still expected from it.
+  void OnCloseFrame(Conn& p);
+  // The destructor's close: see TcpTransportOptions::close_timeout.
+  void CloseGracefully();
+  void DrainIn(Conn& p);  // while closing: reads and drops until EOF
+  void GiveUp(Conn& p);   // while closing: abandons the connection
   void FailEverything();
 
   // Immutable after construction.
@@ -514,14 +581,20 @@ class TcpTransport final : public Transport {
   const int size_;
   Clock* const clock_;  // not owned; outlives the transport (TcpTransportOptions::clock)
   const int64_t max_unexpected_bytes_;
+  const Duration close_timeout_;
   // Indexed by rank; null at rank_. The sockets are used by the progress thread only.
   std::vector<std::unique_ptr<Peer>> peers_;
   const std::vector<Conn*> conns_;  // every connection, by Conn::id; owned by peers_
   const Fd epoll_fd_;
   const Fd wake_fd_;
 
+  // Progress thread only: set by CloseGracefully.
+  bool closing_phase_ = false;
+
   mutable Mutex mu_;
   Status status_ KC_GUARDED_BY(mu_);
+  bool closing_ KC_GUARDED_BY(mu_) = false;               // the destructor has started
+  std::vector<PeerState> peer_state_ KC_GUARDED_BY(mu_);  // by rank
   uint64_t next_send_id_ KC_GUARDED_BY(mu_) = 0;
   // Per peer: the next sequence number of each tag (a message's position among its tag).
   std::vector<std::unordered_map<uint64_t, uint64_t>> send_seq_ KC_GUARDED_BY(mu_);
@@ -538,8 +611,19 @@ class TcpTransport final : public Transport {
 void TcpTransport::SetWantOut(Conn& p, bool want) {
   if (p.want_out == want) return;
   p.want_out = want;
+  UpdateEpoll(p);
+}
+
+void TcpTransport::UpdateEpoll(Conn& p) {
+  if (!p.in_epoll) return;
+  if (p.read_done && p.write_done) {
+    // Nothing more to do on it; a shut socket would report EPOLLHUP forever.
+    epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, p.fd.get(), nullptr);
+    p.in_epoll = false;
+    return;
+  }
   epoll_event ev{};
-  ev.events = EPOLLIN | (want ? EPOLLOUT : 0);
+  ev.events = (p.read_done ? 0 : EPOLLIN) | (p.want_out ? EPOLLOUT : 0);
   ev.data.u64 = static_cast<uint64_t>(p.id);
   epoll_ctl(epoll_fd_.get(), EPOLL_CTL_MOD, p.fd.get(), &ev);
 }
@@ -575,22 +659,35 @@ void TcpTransport::FinishChunk(Conn& p) {
 
 bool TcpTransport::PumpOut(Conn& p) {
   while (true) {
-    if (!p.chunk && !StartChunk(p)) {
+    if (p.write_done) {
       SetWantOut(p, false);
       return true;
     }
-    const auto* sp = static_cast<const SendPayload*>(p.chunk->payload.get());
-    const size_t total = kFrameHeaderBytes + static_cast<size_t>(p.chunk->size_bytes);
+    if (!p.chunk && !p.sending_close && !StartChunk(p)) {
+      if (!closing_phase_) {
+        SetWantOut(p, false);
+        return true;
+      }
+      // Closing, and every chunk of this peer's queue is taken: the close frame follows the
+      // chunks written on this connection.
+      EncodeClose(p.out_header);
+      p.sending_close = true;
+      p.out_done = 0;
+    }
+    const SendPayload* sp =
+        p.sending_close ? nullptr : static_cast<const SendPayload*>(p.chunk->payload.get());
+    const size_t chunk_bytes = p.sending_close ? 0 : static_cast<size_t>(p.chunk->size_bytes);
+    const size_t total = kFrameHeaderBytes + chunk_bytes;
     iovec iov[2];
     int n_iov = 0;
     if (p.out_done < kFrameHeaderBytes) {
       iov[n_iov++] = {p.out_header + p.out_done, kFrameHeaderBytes - p.out_done};
     }
     const size_t payload_done = p.out_done > kFrameHeaderBytes ? p.out_done - kFrameHeaderBytes : 0;
-    if (p.chunk->size_bytes > 0) {
+    if (chunk_bytes > 0) {
       iov[n_iov++] = {
           const_cast<std::byte*>(sp->data.data()) + p.chunk->offset_bytes + payload_done,
-          static_cast<size_t>(p.chunk->size_bytes) - payload_done};
+          chunk_bytes - payload_done};
     }
     msghdr msg{};
     msg.msg_iov = iov;
@@ -602,11 +699,23 @@ bool TcpTransport::PumpOut(Conn& p) {
         SetWantOut(p, true);
         return true;
       }
+      if (closing_phase_) {
+        GiveUp(p);
+        return true;
+      }
       Fail(PeerLost(p, "send: " + Errno()));
       return false;
     }
     p.out_done += static_cast<size_t>(n);
-    if (p.out_done == total) FinishChunk(p);
+    if (p.out_done < total) continue;
+    if (p.sending_close) {
+      // The peer reads our data, the close frame, then EOF.
+      shutdown(p.fd.get(), SHUT_WR);
+      p.sending_close = false;
+      p.write_done = true;
+    } else {
+      FinishChunk(p);
+    }
   }
 }
 
@@ -614,19 +723,32 @@ ssize_t TcpTransport::ReadSome(Conn& p, void* dst, size_t want) {
   while (true) {
     const ssize_t n = recv(p.fd.get(), dst, want, 0);
     if (n > 0) return n;
-    if (n == 0) {
-      Fail(PeerLost(p, "connection closed"));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) return 0;
+    if (p.close_read) {
+      // After its close frame the peer sends nothing; a reset only loses our bytes to it,
+      // which it drops anyway.
+      p.read_done = true;
+      UpdateEpoll(p);
       return -1;
     }
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN) return 0;
-    Fail(PeerLost(p, "recv: " + Errno()));
+    // Without a close frame the peer crashed or aborted: what it sent may be cut short.
+    Fail(PeerLost(p, n == 0 ? "connection closed" : "recv: " + Errno()));
     return -1;
   }
 }
 
 bool TcpTransport::PumpIn(Conn& p) {
   while (true) {
+    if (p.read_done) return true;
+    if (p.close_read) {
+      std::byte extra;
+      const ssize_t n = ReadSome(p, &extra, 1);
+      if (n <= 0) return n == 0 || p.read_done;
+      Fail(DataLossError("tcp_transport: data after the close frame from rank " +
+                         std::to_string(p.rank)));
+      return false;
+    }
     if (!p.in_payload) {
       const ssize_t n =
           ReadSome(p, p.in_header + p.in_header_done, kFrameHeaderBytes - p.in_header_done);
@@ -634,6 +756,11 @@ bool TcpTransport::PumpIn(Conn& p) {
       p.in_header_done += static_cast<size_t>(n);
       if (p.in_header_done < kFrameHeaderBytes) continue;
       p.in_header_done = 0;
+      if (IsCloseFrame(p.in_header)) {
+        p.close_read = true;
+        OnCloseFrame(p);
+        continue;
+      }
       std::optional<FrameHeader> h = DecodeFrame(p.in_header);
       if (!h) {
         Fail(DataLossError("tcp_transport: malformed frame from rank " + std::to_string(p.rank)));
@@ -723,6 +850,157 @@ bool TcpTransport::PumpIn(Conn& p) {
   }
 }
 
+void TcpTransport::OnCloseFrame(Conn& c) {
+  Peer& peer = *peers_[c.rank];
+  ++peer.close_frames;
+  std::vector<std::shared_ptr<ReqState>> failed;
+  if (peer.close_frames == 1) {
+    // The peer reads nothing more: stop writing to it and fail the sends to it.
+    {
+      MutexLock lock(&mu_);
+      peer_state_[c.rank] = PeerState::kClosing;
+    }
+    // A Send that passed its check before the state changed either queued its chunks before
+    // this Close (they are drained below) or gets kCancelled and fails its own request.
+    peer.scheduler->Close();
+    std::vector<uint64_t> ids;
+    auto fail_chunk = [&](const Chunk& chunk) {
+      const auto* sp = static_cast<const SendPayload*>(chunk.payload.get());
+      ids.push_back(sp->id);
+      failed.push_back(sp->req);
+    };
+    for (auto& conn : peer.conns) {
+      if (conn->chunk) fail_chunk(*conn->chunk);
+      conn->chunk.reset();
+      conn->sending_close = false;
+      // Our FIN tells the closing peer that it may close its socket without losing data.
+      shutdown(conn->fd.get(), SHUT_WR);
+      conn->write_done = true;
+      conn->want_out = false;
+      UpdateEpoll(*conn);
+    }
+    for (Result<Chunk> next = peer.scheduler->Next(clock_->Now()); next.ok();
+         next = peer.scheduler->Next(clock_->Now())) {
+      fail_chunk(*next);
+    }
+    MutexLock lock(&mu_);
+    for (uint64_t id : ids) pending_sends_.erase(id);
+  }
+  if (peer.close_frames == static_cast<int>(peer.conns.size())) {
+    // Every chunk the peer wrote has arrived (each connection is read in order), so what is
+    // still awaited from it never comes. Complete messages stay for their Recvs.
+    MutexLock lock(&mu_);
+    peer_state_[c.rank] = PeerState::kClosed;
+    for (auto& [key, pr] : posted_[c.rank]) failed.push_back(pr.req);
+    posted_[c.rank].clear();
+    auto& incoming = incoming_[c.rank];
+    for (auto it = incoming.begin(); it != incoming.end();) {
+      Incoming& in = it->second;
+      if (in.received == in.size && !in.drop) {
+        ++it;
+        continue;
+      }
+      if (in.recv) failed.push_back(in.recv->req);
+      if (in.unexpected) unexpected_bytes_ -= static_cast<int64_t>(in.size);
+      it = incoming.erase(it);
+    }
+  }
+  const Status s = PeerClosed(c.rank);
+  for (auto& r : failed) r->Complete(s);
+}
+
+void TcpTransport::DrainIn(Conn& p) {
+  while (!p.read_done) {
+    std::byte scratch[64 * 1024];
+    const ssize_t n = recv(p.fd.get(), scratch, sizeof(scratch), 0);
+    if (n > 0) continue;
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) return;
+    if (n < 0) {
+      GiveUp(p);
+      return;
+    }
+    p.read_done = true;  // EOF: the peer has read all it wanted and closed its end
+    UpdateEpoll(p);
+  }
+}
+
+void TcpTransport::GiveUp(Conn& p) {
+  shutdown(p.fd.get(), SHUT_RDWR);
+  p.chunk.reset();  // its request is failed by FailEverything
+  p.sending_close = false;
+  p.write_done = true;
+  p.read_done = true;
+  UpdateEpoll(p);
+}
+
+void TcpTransport::CloseGracefully() {
+  closing_phase_ = true;
+  const TimePoint deadline = std::chrono::steady_clock::now() + close_timeout_;
+  const Status destroyed =
+      AbortedError("tcp_transport rank=" + std::to_string(rank_) + ": destroyed");
+  // Recvs cannot complete any more: fail them. From here on the progress thread reads only
+  // to drop (DrainIn), so it no longer touches their buffers.
+  std::vector<std::shared_ptr<ReqState>> recvs;
+  {
+    MutexLock lock(&mu_);
+    for (auto& m : posted_) {
+      for (auto& [key, pr] : m) recvs.push_back(pr.req);
+      m.clear();
+    }
+    for (auto& m : incoming_) {
+      for (auto& [key, in] : m) {
+        if (in.recv) recvs.push_back(in.recv->req);
+      }
+      m.clear();
+    }
+    unexpected_bytes_ = 0;
+  }
+  for (auto& r : recvs) r->Complete(destroyed);
+  // Next hands out what is queued, then kCancelled: PumpOut then writes the close frame.
+  for (auto& p : peers_) {
+    if (p != nullptr) p->scheduler->Close();
+  }
+  auto all_done = [&] {
+    return std::all_of(conns_.begin(), conns_.end(),
+                       [](const Conn* c) { return c->read_done && c->write_done; });
+  };
+  for (Conn* c : conns_) {
+    DrainIn(*c);
+    PumpOut(*c);
+  }
+  epoll_event events[64];
+  while (!all_done()) {
+    // Every step: write the queue and the close frame, drop what arrives, await each EOF.
+    // At close_timeout FailEverything shuts down what is left (a peer that keeps the socket
+    // busy must not hold the close open).
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    const int n = epoll_wait(epoll_fd_.get(), events, 64, PollMs(deadline));
+    if (n == 0) break;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    for (int i = 0; i < n; ++i) {
+      const uint64_t id = events[i].data.u64;
+      if (id == kWakeId) {
+        uint64_t v;
+        if (read(wake_fd_.get(), &v, sizeof(v)) < 0) {
+          // EAGAIN: already drained.
+        }
+        continue;
+      }
+      Conn& c = *conns_[id];
+      if ((events[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP)) != 0) DrainIn(c);
+      if ((events[i].events & EPOLLOUT) != 0) PumpOut(c);
+      // A reset or an error with nothing left to read: what is unwritten cannot go out.
+      if ((events[i].events & (EPOLLERR | EPOLLHUP)) != 0 && c.read_done) GiveUp(c);
+    }
+  }
+  MutexLock lock(&mu_);
+  if (status_.ok()) status_ = destroyed;
+}
+
 void TcpTransport::FailEverything() {
   for (Conn* c : conns_) {
     // Peers see EOF at once, even before the fds are closed at destruction.
@@ -762,9 +1040,15 @@ void TcpTransport::FailEverything() {
 void TcpTransport::Run() {
   epoll_event events[64];
   while (true) {
+    bool close = false;
     {
       MutexLock lock(&mu_);
       if (!status_.ok()) break;
+      close = closing_;
+    }
+    if (close) {
+      CloseGracefully();
+      break;
     }
     // Blocks until a socket or the wake eventfd is ready; Fail and Send always wake it.
     const int n = epoll_wait(epoll_fd_.get(), events, 64, -1);

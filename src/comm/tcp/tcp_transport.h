@@ -1,5 +1,10 @@
 // The TCP transport: a Transport between hosts over one TCP connection per pair of ranks,
 // with priority lanes on the send side. Wire format: comm/doc/tcp_protocol.md.
+//
+// Closing: destroying a transport closes it gracefully. Its peers receive everything it
+// sent, then fail only the requests to and from it with kUnavailable ("peer rank=p closed")
+// and stay usable for the other ranks. Abort, a fatal error or a crashed process instead
+// fails every peer's whole transport (sticky kUnavailable).
 #pragma once
 
 #include <functional>
@@ -29,6 +34,10 @@ struct TcpTransportOptions {
   Clock* clock = Clock::Real();
   // Bounds the whole of CreateTcpTransport (store look-ups, connects, hellos).
   Duration connect_timeout = std::chrono::seconds(30);
+  // Bounds the graceful close in the destructor (real time): writing what is still queued,
+  // the close frames, and waiting for each peer to shut its end in answer. A live peer
+  // answers at once; connections still open at the timeout are shut down as by Abort.
+  Duration close_timeout = std::chrono::seconds(1);
   // TCP connections between each pair of ranks, in [1, 64]. With more than one, every idle
   // connection takes the peer's next chunk, so a large message is striped over all of them
   // (each chunk whole on one connection; the receiver places chunks by offset).

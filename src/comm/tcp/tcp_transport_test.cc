@@ -7,9 +7,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -281,20 +283,102 @@ TEST(TcpTransportTest, BadPeerIsInvalidArgument) {
   EXPECT_EQ(t[0]->Recv(-1, 1, b).status().code(), ErrorCode::kInvalidArgument);
 }
 
-TEST(TcpTransportTest, DestroyedPeerFailsPendingRecvWithUnavailableSticky) {
+// Connections per peer.
+class TcpTransportCloseTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(TcpTransportCloseTest, DestroyedRankDeliversItsLastMessageAndFailsOnlyItsOwnRequests) {
+  // Before the transports: a send's buffer must outlive it. Several chunks, so that with
+  // more than one connection the message is striped.
+  const std::vector<std::byte> last = Pattern(0, 1, 3 * 1024 * 1024 + 5, 8);
+  std::vector<std::byte> got(last.size()), never(10), late(10), to_closed(10);
   HashStore store;
-  Transports t = CreateGroup(&store, "peer-loss", 3);
+  TcpTransportOptions base;
+  base.connections_per_peer = GetParam();
+  base.close_timeout = std::chrono::seconds(60);  // never reached: the peers answer at once
+  Transports t = CreateGroup(&store, "close", 3, base);
   ASSERT_NE(t[2], nullptr);
-  std::vector<std::byte> got(10);
-  auto r = t[1]->Recv(0, 1, got);
-  ASSERT_TRUE(r.ok());
+  // Posted before rank 0 closes; rank 0 never sends tag 2.
+  auto never_sent = t[1]->Recv(0, 2, never);
+  ASSERT_TRUE(never_sent.ok());
+  // Rank 0's last message, not waited for: the destructor writes it before the close frame.
+  auto last_send = t[0]->Send(1, 1, last);
+  ASSERT_TRUE(last_send.ok());
   t[0].reset();
-  const Status s = (*r)->Wait(Far());
+  ASSERT_TRUE((*last_send)->Test().has_value());
+  EXPECT_TRUE((*last_send)->Test()->ok()) << *(*last_send)->Test();
+
+  // Rank 1 still receives it, though its Recv is posted after the close.
+  auto last_recv = t[1]->Recv(0, 1, got);
+  ASSERT_TRUE(last_recv.ok());
+  EXPECT_TRUE((*last_recv)->Wait(Far()).ok());
+  EXPECT_TRUE(got == last);
+
+  // Requests from and to rank 0 fail with kUnavailable naming it; the transport stays OK.
+  Status s = (*never_sent)->Wait(Far());
   EXPECT_EQ(s.code(), ErrorCode::kUnavailable) << s;
-  EXPECT_EQ(t[1]->status().code(), ErrorCode::kUnavailable);
-  EXPECT_EQ(t[1]->Send(2, 1, got).status().code(), ErrorCode::kUnavailable);
-  EXPECT_EQ(t[1]->Recv(2, 1, got).status().code(), ErrorCode::kUnavailable);
+  EXPECT_NE(s.message().find("peer rank=0 closed"), std::string::npos) << s;
+  auto late_recv = t[1]->Recv(0, 1, late);  // the second message of tag 1: never sent
+  ASSERT_TRUE(late_recv.ok());
+  s = (*late_recv)->Wait(Far());
+  EXPECT_EQ(s.code(), ErrorCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find("peer rank=0 closed"), std::string::npos) << s;
+  auto send_to_closed = t[1]->Send(0, 1, to_closed);
+  ASSERT_TRUE(send_to_closed.ok());
+  s = (*send_to_closed)->Wait(Far());
+  EXPECT_EQ(s.code(), ErrorCode::kUnavailable) << s;
+  EXPECT_TRUE(t[1]->status().ok()) << t[1]->status();
+  EXPECT_TRUE(t[2]->status().ok()) << t[2]->status();
+
+  // Ranks 1 and 2 still talk, both ways.
+  for (int src : {1, 2}) {
+    const int dst = 3 - src;
+    std::vector<std::byte> msg = Pattern(src, dst, 300 * 1024, 9), in(msg.size());
+    auto r = t[dst]->Recv(src, 5, in);
+    auto w = t[src]->Send(dst, 5, msg);
+    ASSERT_TRUE(r.ok() && w.ok());
+    EXPECT_TRUE((*w)->Wait(Far()).ok());
+    EXPECT_TRUE((*r)->Wait(Far()).ok());
+    EXPECT_TRUE(in == msg) << src << "->" << dst;
+  }
+  EXPECT_TRUE(t[1]->status().ok()) << t[1]->status();
+  EXPECT_TRUE(t[2]->status().ok()) << t[2]->status();
 }
+
+TEST_P(TcpTransportCloseTest, RanksDestroyedTogetherCloseWithoutFailingEachOther) {
+  HashStore store;
+  TcpTransportOptions base;
+  base.connections_per_peer = GetParam();
+  base.close_timeout = std::chrono::seconds(60);
+  Transports t = CreateGroup(&store, "close-together", 3, base);
+  ASSERT_NE(t[2], nullptr);
+  // Every rank has one message in flight to every other when all are destroyed at once.
+  std::vector<std::vector<std::byte>> msgs;
+  std::vector<std::shared_ptr<Request>> sends;
+  for (int src = 0; src < 3; ++src) msgs.push_back(Pattern(src, 0, 1024 * 1024, 10));
+  for (int src = 0; src < 3; ++src) {
+    for (int dst = 0; dst < 3; ++dst) {
+      if (src == dst) continue;
+      auto w = t[src]->Send(dst, 1, msgs[src]);
+      ASSERT_TRUE(w.ok());
+      sends.push_back(*w);
+    }
+  }
+  {
+    std::vector<std::jthread> closers;
+    for (auto& x : t) closers.emplace_back([&x] { x.reset(); });
+  }
+  // Each send was written before its rank's close frame, or failed because its peer had
+  // closed first; no rank saw a lost connection (that would fail the rest sticky).
+  for (auto& w : sends) {
+    const std::optional<Status> s = w->Test();
+    ASSERT_TRUE(s.has_value());
+    if (s->ok()) continue;
+    EXPECT_EQ(s->code(), ErrorCode::kUnavailable) << *s;
+    EXPECT_NE(s->message().find("closed its transport"), std::string::npos) << *s;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(TcpConnections, TcpTransportCloseTest, ::testing::Values(1, 3));
 
 TEST(TcpTransportTest, AbortFailsPendingRequestsAndPeersSeeTheClose) {
   HashStore store;
@@ -310,6 +394,29 @@ TEST(TcpTransportTest, AbortFailsPendingRequestsAndPeersSeeTheClose) {
   EXPECT_EQ(t[0]->status().code(), ErrorCode::kAborted);
   EXPECT_EQ(t[0]->Send(1, 1, got0).status().code(), ErrorCode::kAborted);
   EXPECT_EQ((*r1)->Wait(Far()).code(), ErrorCode::kUnavailable);
+}
+
+TEST(TcpTransportTest, AbortedRankFailsEveryPeerSticky) {
+  HashStore store;
+  Transports t = CreateGroup(&store, "abort-sticky", 3);
+  ASSERT_NE(t[2], nullptr);
+  std::vector<std::byte> got1(10), got2(10), b(10);
+  auto r1 = t[1]->Recv(0, 1, got1);
+  auto r2 = t[2]->Recv(0, 1, got2);
+  ASSERT_TRUE(r1.ok() && r2.ok());
+  t[0]->Abort(OkStatus());
+  // Unlike a close, an abort fails the peers' whole transports.
+  for (int r : {1, 2}) {
+    const Status s = (r == 1 ? *r1 : *r2)->Wait(Far());
+    EXPECT_EQ(s.code(), ErrorCode::kUnavailable) << s;
+    EXPECT_EQ(t[r]->status().code(), ErrorCode::kUnavailable) << t[r]->status();
+    const int other = 3 - r;
+    EXPECT_EQ(t[r]->Send(other, 1, b).status().code(), ErrorCode::kUnavailable);
+    EXPECT_EQ(t[r]->Recv(other, 1, b).status().code(), ErrorCode::kUnavailable);
+  }
+  // Destroying an aborted transport changes nothing for the peers.
+  t[0].reset();
+  EXPECT_EQ(t[1]->status().code(), ErrorCode::kUnavailable);
 }
 
 TEST(TcpTransportTest, HelloWithWrongGroupIsRefusedWithoutDisturbingTheGroup) {
@@ -357,6 +464,62 @@ TEST(TcpTransportTest, HelloWithWrongGroupIsRefusedWithoutDisturbingTheGroup) {
   EXPECT_TRUE((*r)->Wait(Far()).ok());
   EXPECT_TRUE(got == msg);
   EXPECT_TRUE((*s)->Wait(Far()).ok());
+}
+
+TEST(TcpTransportTest, DestructorWritesACloseFrameAndGivesUpOnAPeerThatNeverAnswers) {
+  HashStore store;
+  const std::string group = "close-wire";
+  // A fake rank 1 on a plain blocking socket: it says hello, then never reads or closes.
+  hal::Fd listener(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  ASSERT_TRUE(listener.valid());
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(listener.get(), reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
+  ASSERT_EQ(listen(listener.get(), 4), 0);
+  socklen_t len = sizeof(sa);
+  ASSERT_EQ(getsockname(listener.get(), reinterpret_cast<sockaddr*>(&sa), &len), 0);
+  ASSERT_TRUE(
+      store.Set(group + "/tcp_transport/addr/1", "127.0.0.1:" + std::to_string(ntohs(sa.sin_port)))
+          .ok());
+  Result<std::unique_ptr<Transport>> t0 = InvalidArgumentError("not created");
+  std::jthread rank0([&] {
+    t0 = CreateTcpTransport({.store = &store,
+                             .group = group,
+                             .rank = 0,
+                             .size = 2,
+                             .close_timeout = std::chrono::milliseconds(100)});
+  });
+  hal::Fd fd(accept(listener.get(), nullptr, nullptr));
+  ASSERT_TRUE(fd.valid());
+  auto read_exactly = [&](size_t n) {
+    std::vector<unsigned char> out(n);
+    size_t done = 0;
+    while (done < n) {
+      const ssize_t got = recv(fd.get(), out.data() + done, n - done, 0);
+      if (got <= 0) break;
+      done += static_cast<size_t>(got);
+    }
+    out.resize(done);
+    return out;
+  };
+  // Rank 0's hello (comm/doc/tcp_protocol.md), answered as rank 1.
+  std::vector<unsigned char> hello = read_exactly(28 + group.size());
+  ASSERT_EQ(hello.size(), 28 + group.size());
+  hello[8] = 1;  // rank
+  ASSERT_EQ(send(fd.get(), hello.data(), hello.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(hello.size()));
+  rank0.join();
+  ASSERT_TRUE(t0.ok()) << t0.status();
+  // Returns although the fake never shuts its end: close_timeout bounds the wait.
+  t0->reset();
+  // On the wire: the close frame ("KCC1", then 44 zero bytes), then EOF.
+  std::vector<unsigned char> close = read_exactly(48);
+  ASSERT_EQ(close.size(), 48u);
+  EXPECT_EQ(std::string(close.begin(), close.begin() + 4), "KCC1");
+  EXPECT_TRUE(std::all_of(close.begin() + 4, close.end(), [](unsigned char c) { return c == 0; }));
+  char c;
+  EXPECT_EQ(recv(fd.get(), &c, 1, 0), 0);
 }
 
 TEST(TcpTransportTest, TooManyUnexpectedBytesFailTheTransport) {
