@@ -1,12 +1,15 @@
 #include "comm/collectives.h"
 
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/layer_guard.h"
 #include "comm/reduce.h"
+#include "comm/subgroup_transport.h"
 
 namespace kc::comm {
 namespace {
@@ -132,19 +135,8 @@ Status RingAllgather(Session& session, Transport& t, std::span<std::byte> data, 
   return OkStatus();
 }
 
-}  // namespace
-
-ChunkRange ChunkOf(size_t total, int size, int index) {
-  const size_t n = static_cast<size_t>(size);
-  const size_t i = static_cast<size_t>(index);
-  const size_t base = total / n;
-  const size_t extra = total % n;
-  return {.offset = i * base + std::min(i, extra), .count = base + (i < extra ? 1 : 0)};
-}
-
-Status Allreduce(Transport& transport, const AllreduceOptions& options) {
-  KC_LAYER_ENTRY(Layer::kComm, "communicator");
-  KC_RETURN_IF_ERROR(CheckReduce("allreduce", options));
+// The ring allreduce (Allreduce's body, after argument checks).
+Status RingAllreduce(Transport& transport, const AllreduceOptions& options) {
   const int n = transport.size();
   if (n == 1 || options.count == 0) return OkStatus();
   Session session(transport, "allreduce", options.deadline, options.tag, options.lane);
@@ -158,6 +150,290 @@ Status Allreduce(Transport& transport, const AllreduceOptions& options) {
   }
   // Steps n-1 .. 2n-3: all-gather the reduced chunks.
   return RingAllgather(session, transport, options.data, options.count, esize, n - 1);
+}
+
+// AllreduceRecursiveDoubling's body, after argument checks.
+Status RecursiveDoublingAllreduce(Transport& transport, const AllreduceOptions& o) {
+  const int n = transport.size();
+  if (n == 1 || o.count == 0) return OkStatus();
+  Session session(transport, "allreduce_rd", o.deadline, o.tag, o.lane);
+  const int r = transport.rank();
+  const size_t esize = hal::DataTypeSize(o.dtype);
+  const ReduceOp op = o.op == ReduceOp::kAvg ? ReduceOp::kSum : o.op;
+  std::span<std::byte> data = o.data.first(o.count * esize);
+  std::vector<std::byte> scratch(data.size());
+  int p = 1;  // participants: the largest power of two <= n
+  int rounds = 0;
+  while (p * 2 <= n) {
+    p *= 2;
+    ++rounds;
+  }
+  const int extra = n - p;
+  // Participant index v stands for ranks {2v, 2v+1} when v < extra, else for rank v + extra:
+  // v's block of ranks is contiguous and ordered like v, so "lower v first" is "lower ranks
+  // first".
+  const auto rank_of = [extra](int v) { return v < extra ? 2 * v + 1 : v + extra; };
+  int v = r >= 2 * extra ? r - extra : (r % 2 == 1 ? r / 2 : -1);
+  // Step 0: among ranks < 2 * extra, even rank 2i hands its data to 2i + 1, which combines
+  // (2i's operand first) and stands for both from here on.
+  if (r < 2 * extra) {
+    if (v < 0) {
+      KC_RETURN_IF_ERROR(session.SendTo(0, r + 1, data));
+      KC_RETURN_IF_ERROR(session.WaitSends(0));
+    } else {
+      KC_RETURN_IF_ERROR(session.RecvFrom(0, r - 1, scratch));
+      ReduceElements(o.dtype, op, data.data(), scratch.data(), data.data(), o.count);
+    }
+  }
+  if (v >= 0) {
+    for (int mask = 1, step = 1; mask < p; mask <<= 1, ++step) {
+      // Step k: swap whole buffers with the participant differing in bit k; both combine the
+      // lower participant's operand first, so both hold the same bits afterwards.
+      const int peer = rank_of(v ^ mask);
+      KC_RETURN_IF_ERROR(session.Exchange(step, peer, data, peer, scratch));
+      if ((v & mask) == 0) {
+        ReduceElements(o.dtype, op, data.data(), data.data(), scratch.data(), o.count);
+      } else {
+        ReduceElements(o.dtype, op, data.data(), scratch.data(), data.data(), o.count);
+      }
+    }
+    if (o.op == ReduceOp::kAvg) ScaleByInverse(o.dtype, data.data(), o.count, n);
+  }
+  // Last step: 2i + 1 hands the result back to 2i.
+  const int last = rounds + 1;
+  if (r < 2 * extra) {
+    if (v < 0) {
+      KC_RETURN_IF_ERROR(session.RecvFrom(last, r + 1, data));
+    } else {
+      KC_RETURN_IF_ERROR(session.SendTo(last, r - 1, data));
+      KC_RETURN_IF_ERROR(session.WaitSends(last));
+    }
+  }
+  return OkStatus();
+}
+
+Status CheckReduceRoot(std::string_view name, const ReduceOptions& o, int size) {
+  KC_RETURN_IF_ERROR(CheckReduceArgs(name, o.data, o.count, o.dtype, o.op));
+  if (o.root < 0 || o.root >= size) {
+    return InvalidArgumentError(std::string(name) + ": root " + std::to_string(o.root) +
+                                " outside [0, " + std::to_string(size) + ")");
+  }
+  return OkStatus();
+}
+
+// Reduce's body, after argument checks. With preserve_input false a non-root's data may be
+// left holding a partial result (saves a copy when the caller overwrites it anyway).
+Status BinomialReduce(Transport& transport, const ReduceOptions& o, bool preserve_input) {
+  const int n = transport.size();
+  if (n == 1 || o.count == 0) return OkStatus();
+  Session session(transport, "reduce", o.deadline, o.tag, o.lane);
+  const size_t esize = hal::DataTypeSize(o.dtype);
+  const ReduceOp op = o.op == ReduceOp::kAvg ? ReduceOp::kSum : o.op;
+  const int vr = Mod(transport.rank() - o.root, n);  // rank relative to the root
+  std::span<std::byte> acc = o.data.first(o.count * esize);
+  std::vector<std::byte> acc_copy;
+  std::vector<std::byte> scratch;
+  for (int mask = 1, step = 0; mask < n; mask <<= 1, ++step) {
+    if ((vr & mask) != 0) {
+      // Done: acc holds relative ranks [vr, vr + mask); hand it to the parent vr - mask.
+      KC_RETURN_IF_ERROR(session.SendTo(step, Mod(vr - mask + o.root, n), acc));
+      return session.WaitSends(step);
+    }
+    const int child = vr + mask;
+    if (child >= n) continue;
+    if (scratch.empty()) {
+      scratch.resize(acc.size());
+      if (vr != 0 && preserve_input) {
+        acc_copy.assign(acc.begin(), acc.end());
+        acc = acc_copy;
+      }
+    }
+    // Step: fold in the child's block [child, child + mask), after ours (lower ranks first).
+    KC_RETURN_IF_ERROR(session.RecvFrom(step, Mod(child + o.root, n), scratch));
+    ReduceElements(o.dtype, op, acc.data(), acc.data(), scratch.data(), o.count);
+  }
+  // Only the root gets here.
+  if (o.op == ReduceOp::kAvg) ScaleByInverse(o.dtype, acc.data(), o.count, n);
+  return OkStatus();
+}
+
+// Binomial broadcast's body, after argument checks.
+Status BinomialBroadcast(Transport& transport, const BroadcastOptions& options) {
+  const int n = transport.size();
+  if (n == 1 || options.data.empty()) return OkStatus();
+  Session session(transport, "broadcast", options.deadline, options.tag, options.lane);
+  const int vr = Mod(transport.rank() - options.root, n);  // rank relative to the root
+  // Receive: a non-root rank gets the data from its parent, vr minus its lowest set bit.
+  int mask = 1;
+  int step = 0;
+  while (mask < n) {
+    if ((vr & mask) != 0) {
+      KC_RETURN_IF_ERROR(session.RecvFrom(step, Mod(vr - mask + options.root, n), options.data));
+      break;
+    }
+    mask <<= 1;
+    ++step;
+  }
+  // Forward: send to children vr + mask for every lower bit, largest subtree first.
+  for (mask >>= 1; mask > 0; mask >>= 1) {
+    ++step;
+    if (vr + mask < n) {
+      KC_RETURN_IF_ERROR(session.SendTo(step, Mod(vr + mask + options.root, n), options.data));
+    }
+  }
+  return session.WaitSends(step);
+}
+
+// Salts of AllreduceHierarchical's sub-group views, one per phase (documented in the header).
+constexpr uint16_t kSaltHostReduce = 0xFFF1;
+constexpr uint16_t kSaltLeaders = 0xFFF2;
+constexpr uint16_t kSaltHostBroadcast = 0xFFF3;
+// kAuto for the leaders' allreduce: recursive doubling up to this many bytes, ring above.
+constexpr size_t kAutoRecursiveDoublingMaxBytes = 64 << 10;
+
+}  // namespace
+
+ChunkRange ChunkOf(size_t total, int size, int index) {
+  const size_t n = static_cast<size_t>(size);
+  const size_t i = static_cast<size_t>(index);
+  const size_t base = total / n;
+  const size_t extra = total % n;
+  return {.offset = i * base + std::min(i, extra), .count = base + (i < extra ? 1 : 0)};
+}
+
+Status Allreduce(Transport& transport, const AllreduceOptions& options) {
+  KC_LAYER_ENTRY(Layer::kComm, "communicator");
+  KC_RETURN_IF_ERROR(CheckReduce("allreduce", options));
+  return RingAllreduce(transport, options);
+}
+
+Status AllreduceRecursiveDoubling(Transport& transport, const AllreduceOptions& options) {
+  KC_LAYER_ENTRY(Layer::kComm, "communicator");
+  KC_RETURN_IF_ERROR(CheckReduce("allreduce_rd", options));
+  return RecursiveDoublingAllreduce(transport, options);
+}
+
+std::string_view AlgorithmName(Algorithm algorithm) {
+  switch (algorithm) {
+    case Algorithm::kAuto:
+      return "auto";
+    case Algorithm::kRing:
+      return "ring";
+    case Algorithm::kRecursiveDoubling:
+      return "recursive_doubling";
+    case Algorithm::kHierarchical:
+      return "hierarchical";
+    case Algorithm::kDirect:
+      return "direct";
+  }
+  return "unknown";
+}
+
+std::optional<Algorithm> AlgorithmFromName(std::string_view name) {
+  for (Algorithm a : {Algorithm::kAuto, Algorithm::kRing, Algorithm::kRecursiveDoubling,
+                      Algorithm::kHierarchical, Algorithm::kDirect}) {
+    if (name == AlgorithmName(a)) return a;
+  }
+  if (name == "rd") return Algorithm::kRecursiveDoubling;
+  if (name == "hier") return Algorithm::kHierarchical;
+  return std::nullopt;
+}
+
+Status AllreduceHierarchical(Transport& transport, std::span<const int> host_of_rank,
+                             const AllreduceOptions& options, Algorithm leaders) {
+  KC_LAYER_ENTRY(Layer::kComm, "communicator");
+  constexpr std::string_view kName = "allreduce_hierarchical";
+  KC_RETURN_IF_ERROR(CheckReduce(kName, options));
+  const int n = transport.size();
+  const int r = transport.rank();
+  if (host_of_rank.size() != static_cast<size_t>(n)) {
+    return InvalidArgumentError(std::string(kName) + ": host_of_rank has " +
+                                std::to_string(host_of_rank.size()) + " entries, want " +
+                                std::to_string(n));
+  }
+  if (options.tag > kMaxSubgroupTag) {
+    return InvalidArgumentError(std::string(kName) + ": tag does not fit in 48 bits");
+  }
+  const size_t bytes = options.count * hal::DataTypeSize(options.dtype);
+  if (leaders == Algorithm::kAuto) {
+    leaders =
+        bytes <= kAutoRecursiveDoublingMaxBytes ? Algorithm::kRecursiveDoubling : Algorithm::kRing;
+  }
+  if (leaders != Algorithm::kRing && leaders != Algorithm::kRecursiveDoubling) {
+    return InvalidArgumentError(std::string(kName) + ": leaders must be ring or recursive " +
+                                "doubling, not " + std::string(AlgorithmName(leaders)));
+  }
+  // This rank's host, in ascending rank order (the leader first), and every host's leader
+  // (its lowest rank), ascending. Every rank derives the same lists from host_of_rank.
+  std::vector<int> host_ranks;
+  std::map<int, int> leader_of_host;
+  for (int q = 0; q < n; ++q) {
+    if (host_of_rank[q] == host_of_rank[r]) host_ranks.push_back(q);
+    leader_of_host.try_emplace(host_of_rank[q], q);
+  }
+  std::vector<int> leader_ranks;
+  for (const auto& [host, leader] : leader_of_host) leader_ranks.push_back(leader);
+  std::sort(leader_ranks.begin(), leader_ranks.end());
+  const bool is_leader = host_ranks.front() == r;
+
+  // The views borrow `transport`, which outlives them: they are destroyed before we return.
+  std::shared_ptr<Transport> self(&transport, [](Transport*) {});
+  KC_ASSIGN_OR_RETURN(std::unique_ptr<Transport> host_reduce,
+                      CreateSubgroupTransport(self, host_ranks, kSaltHostReduce));
+  KC_ASSIGN_OR_RETURN(std::unique_ptr<Transport> host_broadcast,
+                      CreateSubgroupTransport(self, host_ranks, kSaltHostBroadcast));
+  std::unique_ptr<Transport> leader_group;
+  if (is_leader) {
+    KC_ASSIGN_OR_RETURN(leader_group, CreateSubgroupTransport(self, leader_ranks, kSaltLeaders));
+  }
+  if (n == 1 || options.count == 0) return OkStatus();
+
+  const auto context = [&](int phase) {
+    return std::string(kName) + " step=" + std::to_string(phase) + " rank=" + std::to_string(r);
+  };
+  const ReduceOp sum_op = options.op == ReduceOp::kAvg ? ReduceOp::kSum : options.op;
+  // Phase 1: reduce inside the host to its leader (host sub-rank 0). Non-leaders' data is
+  // overwritten in phase 3, so it need not be preserved.
+  if (Status s = BinomialReduce(*host_reduce,
+                                {.data = options.data,
+                                 .count = options.count,
+                                 .dtype = options.dtype,
+                                 .op = sum_op,
+                                 .root = 0,
+                                 .deadline = options.deadline,
+                                 .tag = options.tag,
+                                 .lane = options.lane},
+                                /*preserve_input=*/false);
+      !s.ok()) {
+    return s.WithContext(context(1));
+  }
+  if (is_leader) {
+    // Phase 2: the leaders allreduce the per-host results; avg scales once, by the whole n.
+    AllreduceOptions across = options;
+    across.op = sum_op;
+    Status s = leaders == Algorithm::kRing ? RingAllreduce(*leader_group, across)
+                                           : RecursiveDoublingAllreduce(*leader_group, across);
+    if (!s.ok()) return s.WithContext(context(2));
+    if (options.op == ReduceOp::kAvg) {
+      ScaleByInverse(options.dtype, options.data.data(), options.count, n);
+    }
+  }
+  // Phase 3: each leader broadcasts the result inside its host.
+  if (Status s = BinomialBroadcast(*host_broadcast, {.data = options.data.first(bytes),
+                                                     .root = 0,
+                                                     .deadline = options.deadline,
+                                                     .tag = options.tag,
+                                                     .lane = options.lane});
+      !s.ok()) {
+    return s.WithContext(context(3));
+  }
+  return OkStatus();
+}
+
+Status Reduce(Transport& transport, const ReduceOptions& options) {
+  KC_LAYER_ENTRY(Layer::kComm, "communicator");
+  KC_RETURN_IF_ERROR(CheckReduceRoot("reduce", options, transport.size()));
+  return BinomialReduce(transport, options, /*preserve_input=*/true);
 }
 
 Status ReduceScatter(Transport& transport, const ReduceScatterOptions& options) {
@@ -192,28 +468,7 @@ Status Broadcast(Transport& transport, const BroadcastOptions& options) {
     return InvalidArgumentError("broadcast: root " + std::to_string(options.root) +
                                 " outside [0, " + std::to_string(n) + ")");
   }
-  if (n == 1 || options.data.empty()) return OkStatus();
-  Session session(transport, "broadcast", options.deadline, options.tag, options.lane);
-  const int vr = Mod(transport.rank() - options.root, n);  // rank relative to the root
-  // Receive: a non-root rank gets the data from its parent, vr minus its lowest set bit.
-  int mask = 1;
-  int step = 0;
-  while (mask < n) {
-    if ((vr & mask) != 0) {
-      KC_RETURN_IF_ERROR(session.RecvFrom(step, Mod(vr - mask + options.root, n), options.data));
-      break;
-    }
-    mask <<= 1;
-    ++step;
-  }
-  // Forward: send to children vr + mask for every lower bit, largest subtree first.
-  for (mask >>= 1; mask > 0; mask >>= 1) {
-    ++step;
-    if (vr + mask < n) {
-      KC_RETURN_IF_ERROR(session.SendTo(step, Mod(vr + mask + options.root, n), options.data));
-    }
-  }
-  return session.WaitSends(step);
+  return BinomialBroadcast(transport, options);
 }
 
 Status Barrier(Transport& transport, const BarrierOptions& options) {

@@ -1,5 +1,7 @@
-// Ring collectives over a Transport (as gloo's allreduce_ring.h): blocking free functions,
-// each taking an options struct and returning Status (STYLE.md §2).
+// Collectives over a Transport (as gloo's allreduce_ring.h): blocking free functions, each
+// taking an options struct and returning Status (STYLE.md §2). Allreduce comes as ring
+// (bandwidth-optimal), recursive doubling (latency-optimal) and hierarchical (per host, then
+// across hosts); see docs/design/collectives.md for when to use which.
 //
 //   KC_RETURN_IF_ERROR(Allreduce(*transport, {.data = std::as_writable_bytes(std::span(grad)),
 //                                             .count = grad.size(),
@@ -24,6 +26,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string_view>
 
@@ -57,6 +60,45 @@ struct AllreduceOptions {
 // kInvalidArgument: a bad dtype or op, avg of an integer type, data too small or misaligned.
 Status Allreduce(Transport& transport, const AllreduceOptions& options);
 
+// Recursive doubling: every rank exchanges its whole buffer with partner rank ^ 2^k for
+// k < log2(p), p the largest power of two <= size; the size - p extra ranks first fold their
+// data into a partner and get the result back at the end (2 more steps). ceil(log2 size)
+// (+2) steps of count elements each: for small messages. Operands are always combined
+// lower-rank block first, so every rank's result is bit-identical (floats included), though
+// it may differ in the last bits from Allreduce's (the ring sums in another order). Avg:
+// every rank scales the full sum by 1/size. Same arguments and errors as Allreduce.
+Status AllreduceRecursiveDoubling(Transport& transport, const AllreduceOptions& options);
+
+// Allreduce algorithms, for configs and dispatch by name. kDirect (the shared-memory path) is
+// named here for config parsing only; no function in this file implements it.
+enum class Algorithm : uint8_t {
+  kAuto = 0,
+  kRing = 1,
+  kRecursiveDoubling = 2,
+  kHierarchical = 3,
+  kDirect = 4,
+};
+// "auto", "ring", "recursive_doubling", "hierarchical", "direct".
+std::string_view AlgorithmName(Algorithm algorithm);
+// The inverse of AlgorithmName; also accepts "rd" and "hier". nullopt for any other string.
+std::optional<Algorithm> AlgorithmFromName(std::string_view name);
+
+// Three phases over sub-group views of `transport` (comm/subgroup_transport.h):
+//   1. Reduce inside each host to its leader (the host's lowest rank; binomial tree),
+//   2. the leaders allreduce among themselves with `leaders` (kRing, kRecursiveDoubling, or
+//      kAuto: recursive doubling up to 64 KiB of data, ring above),
+//   3. each leader broadcasts the result inside its host.
+// host_of_rank[r] is rank r's host id (any int; size() entries, equal on every rank). Avg
+// scales once, on the leaders after phase 2, by the whole group's size. Results equal the
+// flat Allreduce's up to float rounding order, and are bit-identical on every rank.
+// kInvalidArgument (nothing sent): Allreduce's, plus host_of_rank.size() != size(),
+// options.tag > kMaxSubgroupTag, `leaders` not one of the three above, or a transport that
+// is itself a sub-group view. Messages use options.tag under salts 0xFFF1..0xFFF3 (one per
+// phase), which callers' own sub-group views must not reuse. Failures abort `transport`
+// with context "allreduce_hierarchical step=<phase> rank=R: <inner context>: ...".
+Status AllreduceHierarchical(Transport& transport, std::span<const int> host_of_rank,
+                             const AllreduceOptions& options, Algorithm leaders = Algorithm::kRing);
+
 // Same fields as Allreduce. Afterwards this rank's chunk (ChunkOf(count, size, rank)) of
 // data holds op over all ranks' inputs of that chunk; the other chunks hold partial sums.
 using ReduceScatterOptions = AllreduceOptions;
@@ -83,6 +125,23 @@ struct BroadcastOptions {
 };
 // Binomial tree: ceil(log2(size)) rounds. Every rank passes a buffer of the same size.
 Status Broadcast(Transport& transport, const BroadcastOptions& options);
+
+struct ReduceOptions {
+  std::span<std::byte> data;  // at least count elements of dtype, aligned for it
+  size_t count = 0;
+  hal::DataType dtype = hal::DataType::kF32;
+  ReduceOp op = ReduceOp::kSum;
+  int root = 0;
+  TimePoint deadline;  // on transport.clock()
+  uint64_t tag = 0;
+  Lane lane = Lane::kGradient;
+};
+// Binomial tree to `root`: ceil(log2(size)) rounds. Afterwards the root's data holds op over
+// all ranks' inputs (avg: scaled by 1/size on the root only); every other rank's data is
+// unchanged (inner tree nodes combine in a scratch copy). Operands are combined in the
+// order of rank relative to the root. kInvalidArgument: Allreduce's, or root outside
+// [0, size).
+Status Reduce(Transport& transport, const ReduceOptions& options);
 
 struct BarrierOptions {
   TimePoint deadline;
