@@ -42,6 +42,7 @@ function(kc_test)
   cmake_parse_arguments(KC "" "NAME" "LABELS;SOURCES;LIBS" ${ARGN})
   add_executable(${KC_NAME} ${KC_SOURCES})
   target_link_libraries(${KC_NAME} PRIVATE ${KC_LIBS} GTest::gmock GTest::gtest_main)
+  target_include_directories(${KC_NAME} PRIVATE ${PROJECT_SOURCE_DIR})  # tests/support/
   kc_set_warnings(${KC_NAME})
   gtest_discover_tests(${KC_NAME} PROPERTIES LABELS "${KC_LABELS}" DISCOVERY_TIMEOUT 60)
 endfunction()

@@ -4,6 +4,7 @@
 #include <iostream>
 #include <string>
 
+#include "apps/kc/bench_command.h"
 #include "apps/kc/command.h"
 #include "apps/kc/topo_command.h"
 #include "base/settings.h"
@@ -57,6 +58,7 @@ int main(int argc, char** argv) {
   Action action;
   AddTopoCommand(app, &action);
   AddConfigCommand(app, &action);
+  AddBenchCommand(app, &action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {

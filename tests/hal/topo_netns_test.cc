@@ -12,60 +12,13 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "tests/support/netns.h"
+
 namespace {
 
-int Sh(const std::string& cmd) {
-  const int status = std::system((cmd + " >/dev/null 2>&1").c_str());
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-std::string Capture(const std::string& cmd, int* exit_code) {
-  FILE* pipe = popen(cmd.c_str(), "r");
-  std::string out;
-  if (pipe == nullptr) return out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  *exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return out;
-}
-
-// Namespaces a and b, veth a<->b, 10.213.N.1 and 10.213.N.2; torn down in the destructor.
-class TwoHosts {
- public:
-  TwoHosts() {
-    const int id = static_cast<int>(getpid() % 200) + 20;
-    a_ = "kct_a" + std::to_string(getpid());
-    b_ = "kct_b" + std::to_string(getpid());
-    ip_a_ = "10.213." + std::to_string(id) + ".1";
-    ip_b_ = "10.213." + std::to_string(id) + ".2";
-    const std::string va = "kva" + std::to_string(getpid() % 100000);
-    const std::string vb = "kvb" + std::to_string(getpid() % 100000);
-    dev_b_ = vb;
-    ok_ = Sh("ip netns add " + a_) == 0 && Sh("ip netns add " + b_) == 0 &&
-          Sh("ip link add " + va + " netns " + a_ + " type veth peer name " + vb + " netns " +
-             b_) == 0 &&
-          Sh("ip -n " + a_ + " addr add " + ip_a_ + "/24 dev " + va) == 0 &&
-          Sh("ip -n " + b_ + " addr add " + ip_b_ + "/24 dev " + vb) == 0 &&
-          Sh("ip -n " + a_ + " link set " + va + " up") == 0 &&
-          Sh("ip -n " + b_ + " link set " + vb + " up") == 0 &&
-          Sh("ip -n " + a_ + " link set lo up") == 0 && Sh("ip -n " + b_ + " link set lo up") == 0;
-  }
-  ~TwoHosts() {
-    Sh("ip netns del " + a_);  // deleting a namespace removes its end of the veth pair
-    Sh("ip netns del " + b_);
-  }
-  bool ok() const { return ok_; }
-  const std::string& a() const { return a_; }
-  const std::string& b() const { return b_; }
-  const std::string& ip_a() const { return ip_a_; }
-  const std::string& dev_b() const { return dev_b_; }
-
- private:
-  std::string a_, b_, ip_a_, ip_b_, dev_b_;
-  bool ok_ = false;
-};
+using kc::testing::Capture;
+using kc::testing::Sh;
+using kc::testing::TwoHosts;
 
 // `kc topo serve` inside namespace `ns`; SIGTERM and reaped in the destructor.
 class ServeIn {

@@ -1,0 +1,106 @@
+// `kc bench comm` end to end: it starts its rank processes, checks each result and prints
+// the nccl-tests table or JSON Lines; bad arguments exit 2 naming the argument.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/support/netns.h"
+
+namespace {
+
+using kc::testing::Capture;
+
+std::vector<nlohmann::json> JsonLines(const std::string& out) {
+  std::vector<nlohmann::json> rows;
+  std::istringstream in(out);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty()) rows.push_back(nlohmann::json::parse(line));
+  }
+  return rows;
+}
+
+std::string Kc(const std::string& args, int* rc) {
+  return Capture(std::string(KC_BINARY) + " bench comm " + args + " 2>&1", rc);
+}
+
+TEST(KcBenchCommTest, EveryOperationChecksOutOnEveryTransport) {
+  for (const std::string transport : {"auto", "tcp"}) {
+    int rc = -1;
+    const std::string out =
+        Kc("--ranks 3 --op all --sizes 0,4K,100001 --iters 2 --warmup 1 "
+           "--format json --transport " +
+               transport,
+           &rc);
+    ASSERT_EQ(rc, 0) << out;
+    const std::vector<nlohmann::json> rows = JsonLines(out);
+    ASSERT_EQ(rows.size(), 7u * 3u) << out;  // 7 operations x 3 sizes
+    for (const nlohmann::json& r : rows) {
+      EXPECT_NE(r["check"], "WRONG") << r.dump();
+      EXPECT_EQ(r["ranks"], 3);
+      EXPECT_GE(r["time_us"].get<double>(), 0.0);
+      if (r["op"] == "allreduce" && r["size"].get<int64_t>() > 0) {
+        // nccl-tests: busbw = algbw * 2 (n - 1) / n.
+        EXPECT_NEAR(r["busbw"].get<double>(), r["algbw"].get<double>() * 4.0 / 3.0,
+                    1e-9 + 1e-6 * r["busbw"].get<double>());
+      }
+    }
+  }
+}
+
+TEST(KcBenchCommTest, RegisteredBuffersAndForcedAlgorithmsCheckOut) {
+  for (const std::string algo : {"direct", "ring", "recursive_doubling"}) {
+    int rc = -1;
+    const std::string out =
+        Kc("--ranks 4 --sizes 1K,300000 --iters 2 --warmup 0 --format json "
+           "--buffers registered --redop avg --algo " +
+               algo,
+           &rc);
+    ASSERT_EQ(rc, 0) << out;
+    for (const nlohmann::json& r : JsonLines(out)) {
+      EXPECT_EQ(r["check"], "ok") << r.dump();
+      EXPECT_EQ(r["algo"], algo);
+    }
+  }
+}
+
+TEST(KcBenchCommTest, SimulatedHostsUseTheHierarchicalAlgorithm) {
+  int rc = -1;
+  const std::string out = Kc("--ranks 4 --hosts a,a,b,b --sizes 64K --iters 2 --format json", &rc);
+  ASSERT_EQ(rc, 0) << out;
+  const std::vector<nlohmann::json> rows = JsonLines(out);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0]["algo"], "hierarchical");
+  EXPECT_EQ(rows[0]["check"], "ok");
+}
+
+TEST(KcBenchCommTest, TablePrintsTheNcclTestsColumns) {
+  int rc = -1;
+  const std::string out = Kc("--ranks 2 --sizes 1K --iters 1", &rc);
+  ASSERT_EQ(rc, 0) << out;
+  for (const char* col :
+       {"size", "count", "type", "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)"}) {
+    EXPECT_NE(out.find(col), std::string::npos) << col << "\n" << out;
+  }
+  EXPECT_NE(out.find(" ok"), std::string::npos) << out;
+}
+
+TEST(KcBenchCommTest, BadArgumentsExitTwoNamingTheArgument) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--sizes 4Q", "--sizes"},          {"--op allreduse", "--op"},
+      {"--dtype f16", "--dtype"},         {"--algo fastest", "--algo"},
+      {"--transport ib", "--transport"},  {"--buffers pinned", "--buffers"},
+      {"--ranks 2 --hosts a", "--hosts"}, {"--dtype i32 --redop avg", "--redop"},
+  };
+  for (const auto& [args, named] : cases) {
+    int rc = -1;
+    const std::string out = Kc(args, &rc);
+    EXPECT_EQ(rc, 2) << args << "\n" << out;
+    EXPECT_NE(out.find(named), std::string::npos) << args << "\n" << out;
+  }
+}
+
+}  // namespace

@@ -1,0 +1,72 @@
+// Two hosts as network namespaces joined by a veth pair shaped with tc, two ranks on each:
+// `kc bench comm` runs ranks 0-1 in one namespace and 2-3 in the other, over the TCP
+// transport between them and shared memory inside each. Needs root and iproute2; skips
+// itself otherwise. Every namespace and process it makes, it removes.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <future>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/support/netns.h"
+
+namespace {
+
+using kc::testing::Capture;
+using kc::testing::Sh;
+using kc::testing::TwoHosts;
+
+struct BenchRun {
+  int rc = -1;
+  std::string out;
+};
+
+// Ranks [first, first + 2) of 4 inside namespace `ns`, bound to `ip`, store at store_ip.
+BenchRun BenchIn(const std::string& ns, const std::string& ip, const std::string& store_ip,
+                 int first, const std::string& extra) {
+  BenchRun r;
+  r.out = Capture("ip netns exec " + ns + " " + KC_BINARY +
+                      " bench comm --ranks 2 --world 4 --first-rank " + std::to_string(first) +
+                      " --hosts a,a,b,b --bind " + ip + " --store " + store_ip +
+                      ":29411 --group netns-" + std::to_string(getpid()) +
+                      " --format json --timeout 60 " + extra + " 2>&1",
+                  &r.rc);
+  return r;
+}
+
+TEST(KcCommNetnsTest, FlatAndHierarchicalAllreduceAcrossTwoShapedHosts) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root for network namespaces";
+  TwoHosts hosts;
+  if (!hosts.ok()) GTEST_SKIP() << "cannot create network namespaces and veth here";
+  for (const auto& [ns, dev] : {std::pair{hosts.a(), hosts.dev_a()}, {hosts.b(), hosts.dev_b()}}) {
+    ASSERT_EQ(Sh("ip netns exec " + ns + " tc qdisc add dev " + dev +
+                 " root tbf rate 1gbit burst 256kb latency 50ms"),
+              0);
+  }
+  for (const std::string algo : {"ring", "hierarchical"}) {
+    const std::string extra = "--sizes 4K,1M --iters 2 --warmup 0 --algo " + algo;
+    // Rank 0's run serves the store; rank 2's connects to it (retrying until it is up).
+    auto a = std::async(std::launch::async,
+                        [&] { return BenchIn(hosts.a(), hosts.ip_a(), hosts.ip_a(), 0, extra); });
+    BenchRun b = BenchIn(hosts.b(), hosts.ip_b(), hosts.ip_a(), 2, extra);
+    BenchRun ra = a.get();
+    ASSERT_EQ(ra.rc, 0) << ra.out;
+    ASSERT_EQ(b.rc, 0) << b.out;
+    std::istringstream in(ra.out);
+    std::string line;
+    int rows = 0;
+    while (std::getline(in, line)) {
+      const nlohmann::json r = nlohmann::json::parse(line);
+      EXPECT_EQ(r["check"], "ok") << line;
+      EXPECT_EQ(r["algo"], algo) << line;
+      EXPECT_EQ(r["ranks"], 4);
+      ++rows;
+    }
+    EXPECT_EQ(rows, 2) << ra.out;
+  }
+}
+
+}  // namespace
