@@ -305,12 +305,57 @@ struct PostedRecv {
   std::span<std::byte> data;
 };
 
+// Storage for messages that arrive before their Recv, reused across messages: a fresh
+// large buffer per message would be mapped, zeroed and faulted in every time, which costs
+// more than receiving it (ring steps of a large all-reduce are often unexpected by a few
+// microseconds). Not thread-safe; the transport guards it with its mutex.
+class BufferPool {
+ public:
+  struct Block {
+    std::unique_ptr<std::byte[]> data;
+    size_t capacity = 0;
+  };
+
+  // A block of at least `bytes`: the smallest free one that fits, else a new one.
+  Block Take(size_t bytes) {
+    auto best = free_.end();
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (it->capacity >= bytes && (best == free_.end() || it->capacity < best->capacity)) {
+        best = it;
+      }
+    }
+    if (best == free_.end()) {
+      return {.data = std::unique_ptr<std::byte[]>(new std::byte[std::max<size_t>(bytes, 1)]),
+              .capacity = bytes};
+    }
+    Block b = std::move(*best);
+    free_.erase(best);
+    return b;
+  }
+
+  // Keeps the kMaxFree largest blocks.
+  void Give(Block b) {
+    if (b.data == nullptr) return;
+    free_.push_back(std::move(b));
+    if (free_.size() > kMaxFree) {
+      auto smallest =
+          std::min_element(free_.begin(), free_.end(),
+                           [](const Block& x, const Block& y) { return x.capacity < y.capacity; });
+      free_.erase(smallest);
+    }
+  }
+
+ private:
+  static constexpr size_t kMaxFree = 4;
+  std::vector<Block> free_;
+};
+
 // A message whose first chunk has arrived and whose last has not been consumed.
 struct Incoming {
   uint64_t size = 0;
   uint64_t received = 0;
   std::byte* dest = nullptr;       // where its bytes go; null: discard them
-  std::vector<std::byte> buffer;   // unexpected: owned storage
+  BufferPool::Block buffer;        // unexpected: owned storage
   std::optional<PostedRecv> recv;  // the matched Recv, if any
   bool unexpected = false;
   bool drop = false;  // a wrong-size Recv claimed it: discard when complete
@@ -452,7 +497,7 @@ class TcpTransport final : public Transport {
     KC_LAYER_ENTRY(Layer::kComm, "tcp_transport");
     KC_RETURN_IF_ERROR(CheckPeer(peer));
     auto req = std::make_shared<ReqState>(clock_, "tcp_transport");
-    std::vector<std::byte> ready;  // a complete unexpected message to copy out
+    BufferPool::Block ready;  // a complete unexpected message to copy out
     {
       MutexLock lock(&mu_);
       if (!status_.ok()) return status_;
@@ -485,8 +530,12 @@ class TcpTransport final : public Transport {
       unexpected_bytes_ -= static_cast<int64_t>(in.size);
       incoming_[peer].erase(it);
     }
-    if (!data.empty()) std::memcpy(data.data(), ready.data(), data.size());
+    if (!data.empty()) std::memcpy(data.data(), ready.data.get(), data.size());
     req->Complete(OkStatus());
+    {
+      MutexLock lock(&mu_);
+      pool_.Give(std::move(ready));
+    }
     return std::shared_ptr<Request>(std::move(req));
   }
 
@@ -603,6 +652,7 @@ class TcpTransport final : public Transport {
   std::vector<std::map<MsgKey, PostedRecv>> posted_ KC_GUARDED_BY(mu_);
   std::vector<std::map<MsgKey, Incoming>> incoming_ KC_GUARDED_BY(mu_);
   int64_t unexpected_bytes_ KC_GUARDED_BY(mu_) = 0;
+  BufferPool pool_ KC_GUARDED_BY(mu_);
 
   Notification io_stopped_;  // the progress thread has failed every request and stopped
   std::jthread thread_;      // last: joined before the state it uses is destroyed
@@ -794,8 +844,8 @@ bool TcpTransport::PumpIn(Conn& p) {
           } else {
             in.unexpected = true;
             unexpected_bytes_ += static_cast<int64_t>(in.size);
-            in.buffer.resize(in.size);
-            in.dest = in.buffer.data();
+            in.buffer = pool_.Take(in.size);
+            in.dest = in.buffer.data.get();
           }
           if (!over_limit) it = incoming_[p.rank].emplace(key, std::move(in)).first;
         }
@@ -825,7 +875,7 @@ bool TcpTransport::PumpIn(Conn& p) {
     // The chunk is complete.
     p.in_payload = false;
     std::optional<PostedRecv> done;
-    std::vector<std::byte> copy_from;
+    BufferPool::Block copy_from;
     {
       MutexLock lock(&mu_);
       auto it = incoming_[p.rank].find(MsgKey{p.in.tag, p.in.seq});
@@ -844,8 +894,14 @@ bool TcpTransport::PumpIn(Conn& p) {
       // Else: a complete unexpected message, waiting for its Recv.
     }
     if (done) {
-      if (!copy_from.empty()) std::memcpy(done->data.data(), copy_from.data(), copy_from.size());
+      if (copy_from.data != nullptr && !done->data.empty()) {
+        std::memcpy(done->data.data(), copy_from.data.get(), done->data.size());
+      }
       done->req->Complete(OkStatus());
+    }
+    if (copy_from.data != nullptr) {
+      MutexLock lock(&mu_);
+      pool_.Give(std::move(copy_from));
     }
   }
 }
