@@ -1,6 +1,7 @@
 #include "comm/collectives.h"
 
 #include <algorithm>
+#include <array>
 #include <map>
 #include <memory>
 #include <string>
@@ -94,6 +95,25 @@ std::span<std::byte> ChunkBytes(std::span<std::byte> data, size_t count, int siz
   return data.subspan(c.offset * esize, c.count * esize);
 }
 
+// Scratch for received blocks, kept per thread and reused by every call (a thread runs one
+// collective at a time; slot 0 and 1 are two buffers one call may use at once). Allocating
+// per call would map large buffers afresh each time: on hosts where fresh pages fault in
+// slowly (VMs that hand memory back to the host) that costs more than the collective. The
+// memory stays with the thread, as large as the largest block it received.
+std::span<std::byte> Scratch(int slot, size_t bytes) {
+  struct Buffer {
+    std::unique_ptr<std::byte[]> data;
+    size_t capacity = 0;
+  };
+  thread_local std::array<Buffer, 2> buffers;
+  Buffer& b = buffers[static_cast<size_t>(slot)];
+  if (b.capacity < bytes) {
+    b.data.reset(new std::byte[bytes]);  // uninitialised: every use writes before reading
+    b.capacity = bytes;
+  }
+  return {b.data.get(), bytes};
+}
+
 // Ring reduce-scatter, steps [first_step, first_step + size - 1). Afterwards rank r holds
 // the reduced chunk r.
 Status RingReduceScatter(Session& session, Transport& t, const AllreduceOptions& o,
@@ -102,9 +122,8 @@ Status RingReduceScatter(Session& session, Transport& t, const AllreduceOptions&
   const int r = t.rank();
   const size_t esize = hal::DataTypeSize(o.dtype);
   const ReduceOp op = o.op == ReduceOp::kAvg ? ReduceOp::kSum : o.op;
-  // One scratch buffer per call, as large as the largest chunk (chunk 0). Allocating per call
-  // is a known cost; a communicator-owned arena is the follow-up.
-  std::vector<std::byte> scratch(ChunkOf(o.count, n, 0).count * esize);
+  // As large as the largest chunk (chunk 0).
+  std::span<std::byte> scratch = Scratch(0, ChunkOf(o.count, n, 0).count * esize);
   for (int s = 0; s < n - 1; ++s) {
     // Step s: send our partial chunk r-s-1 to the right neighbour, receive the left
     // neighbour's partial chunk r-s-2 and fold it into ours. After n-1 steps, chunk r has
@@ -113,7 +132,7 @@ Status RingReduceScatter(Session& session, Transport& t, const AllreduceOptions&
     const int recv_chunk = Mod(r - s - 2, n);
     std::span<std::byte> out = ChunkBytes(o.data, o.count, n, send_chunk, esize);
     std::span<std::byte> mine = ChunkBytes(o.data, o.count, n, recv_chunk, esize);
-    std::span<std::byte> in = std::span(scratch).first(mine.size());
+    std::span<std::byte> in = scratch.first(mine.size());
     KC_RETURN_IF_ERROR(session.Exchange(first_step + s, Mod(r + 1, n), out, Mod(r - 1, n), in));
     ReduceElements(o.dtype, op, mine.data(), mine.data(), in.data(), mine.size() / esize);
   }
@@ -161,7 +180,7 @@ Status RecursiveDoublingAllreduce(Transport& transport, const AllreduceOptions& 
   const size_t esize = hal::DataTypeSize(o.dtype);
   const ReduceOp op = o.op == ReduceOp::kAvg ? ReduceOp::kSum : o.op;
   std::span<std::byte> data = o.data.first(o.count * esize);
-  std::vector<std::byte> scratch(data.size());
+  std::span<std::byte> scratch = Scratch(0, data.size());
   int p = 1;  // participants: the largest power of two <= n
   int rounds = 0;
   while (p * 2 <= n) {
@@ -231,8 +250,7 @@ Status BinomialReduce(Transport& transport, const ReduceOptions& o, bool preserv
   const ReduceOp op = o.op == ReduceOp::kAvg ? ReduceOp::kSum : o.op;
   const int vr = Mod(transport.rank() - o.root, n);  // rank relative to the root
   std::span<std::byte> acc = o.data.first(o.count * esize);
-  std::vector<std::byte> acc_copy;
-  std::vector<std::byte> scratch;
+  std::span<std::byte> scratch;
   for (int mask = 1, step = 0; mask < n; mask <<= 1, ++step) {
     if ((vr & mask) != 0) {
       // Done: acc holds relative ranks [vr, vr + mask); hand it to the parent vr - mask.
@@ -241,11 +259,12 @@ Status BinomialReduce(Transport& transport, const ReduceOptions& o, bool preserv
     }
     const int child = vr + mask;
     if (child >= n) continue;
-    if (scratch.empty()) {
-      scratch.resize(acc.size());
+    if (scratch.data() == nullptr) {
+      scratch = Scratch(0, acc.size());
       if (vr != 0 && preserve_input) {
-        acc_copy.assign(acc.begin(), acc.end());
-        acc = acc_copy;
+        std::span<std::byte> copy = Scratch(1, acc.size());
+        std::copy(acc.begin(), acc.end(), copy.begin());
+        acc = copy;
       }
     }
     // Step: fold in the child's block [child, child + mask), after ours (lower ranks first).
