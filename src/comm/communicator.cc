@@ -38,6 +38,10 @@ constexpr int kSaltsPerGroup = 3;
 constexpr int kFirstSplitSalt = kSaltsPerGroup;
 // Salts from here up are AllreduceHierarchical's (comm/collectives.h).
 constexpr int kSaltLimit = 0xFFF0;
+// The worker's poll period while operations keep coming, and how long after the last one it
+// goes to sleep (see OpQueue).
+constexpr auto kPollPeriod = std::chrono::milliseconds(1);
+constexpr auto kIdleAfter = std::chrono::milliseconds(20);
 // How long Wait() waits past an operation's deadline for the operation to report its own
 // (more precise) error before it gives up with a generic one.
 constexpr auto kWaitGrace = std::chrono::seconds(1);
@@ -54,6 +58,12 @@ struct Op {
 // FIFO of operations run one at a time, by the worker thread or by a thread waiting on an
 // operation (which then runs the queue's front itself: a blocking caller pays no thread
 // hand-off).
+//
+// The worker is not woken per operation: waking a thread per call costs more than a small
+// collective on shared memory, and on a small host the woken thread preempts a rank in the
+// middle of one. While operations keep coming the worker polls every kPollPeriod and takes
+// an operation that stayed unclaimed for a whole period (nobody is waiting on it: an
+// asynchronous caller); after kIdleAfter without operations it sleeps until the next push.
 class OpQueue {
  public:
   explicit OpQueue(Clock* clock) : clock_(clock), worker_([this] { WorkerLoop(); }) {}
@@ -67,7 +77,8 @@ class OpQueue {
       stop_ = true;
       for (const auto& op : queue_) op->result = CancelledError("communicator destroyed");
       queue_.clear();
-      cv_.SignalAll();
+      done_.SignalAll();
+      worker_cv_.Signal();
     }
     if (worker_.joinable()) worker_.join();
   }
@@ -79,7 +90,8 @@ class OpQueue {
       return;
     }
     queue_.push_back(std::move(op));
-    cv_.SignalAll();
+    last_push_ = std::chrono::steady_clock::now();
+    if (worker_idle_) worker_cv_.Signal();
   }
 
   // Waits until `op` completes or `deadline` passes (nullopt). With run_queued, runs queued
@@ -93,7 +105,7 @@ class OpQueue {
         continue;
       }
       if (clock_->Now() >= deadline) return std::nullopt;
-      clock_->WaitUntil(&cv_, &mu_, deadline);
+      clock_->WaitUntil(&done_, &mu_, deadline);
     }
     return op->result;
   }
@@ -104,12 +116,29 @@ class OpQueue {
   }
 
  private:
+  // Real time throughout: the communicator's clock may be a fake one.
   void WorkerLoop() {
     MutexLock lock(&mu_);
-    while (true) {
-      while (!stop_ && (running_ || queue_.empty())) cv_.Wait(&mu_);
-      if (stop_) return;
-      RunFront();
+    const Op* seen = nullptr;  // the unclaimed front at the previous poll
+    while (!stop_) {
+      const auto now = std::chrono::steady_clock::now();
+      if (!running_ && !queue_.empty()) {
+        if (queue_.front().get() == seen) {  // unclaimed for a whole period
+          seen = nullptr;
+          RunFront();
+          continue;
+        }
+        seen = queue_.front().get();
+      } else {
+        seen = nullptr;
+      }
+      if (queue_.empty() && !running_ && now - last_push_ > kIdleAfter) {
+        worker_idle_ = true;
+        while (!stop_ && queue_.empty()) worker_cv_.Wait(&mu_);
+        worker_idle_ = false;
+        continue;  // a push: poll from now
+      }
+      worker_cv_.WaitUntil(&mu_, now + kPollPeriod);
     }
   }
 
@@ -124,15 +153,18 @@ class OpQueue {
     mu_.Lock();
     running_ = false;
     op->result = std::move(s);
-    cv_.SignalAll();
+    done_.SignalAll();
   }
 
   Clock* const clock_;
   Mutex mu_;
-  CondVar cv_;
+  CondVar done_;       // an operation completed (waiters)
+  CondVar worker_cv_;  // a push to an idle worker, or shutdown
   std::deque<std::shared_ptr<Op>> queue_ KC_GUARDED_BY(mu_);
   bool running_ KC_GUARDED_BY(mu_) = false;
   bool stop_ KC_GUARDED_BY(mu_) = false;
+  bool worker_idle_ KC_GUARDED_BY(mu_) = false;
+  std::chrono::steady_clock::time_point last_push_ KC_GUARDED_BY(mu_);
   std::thread worker_;  // last: starts after the fields above exist
 };
 
