@@ -4,6 +4,7 @@
 #include "apps/kc/bench_command.h"
 
 #include <fmt/format.h>
+#include <sched.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -55,8 +56,10 @@ struct BenchArgs {
   int first_rank = 0;
   std::string bind = "127.0.0.1";
   std::string group;
-  int worker_rank = -1;  // internal: this process is that rank
-  std::string flood;     // size of a telemetry-lane all-reduce kept running meanwhile
+  int worker_rank = -1;           // internal: this process is that rank
+  std::string flood;              // size of a telemetry-lane all-reduce kept running meanwhile
+  std::string cpu_bind = "core";  // core: pin each rank to one CPU when they fit (as mpirun)
+  int local_rank = 0;             // internal: index of this worker among this run's ranks
 };
 
 const std::vector<std::string> kOps = {"allreduce", "reduce_scatter", "allgather", "broadcast",
@@ -182,6 +185,9 @@ Result<Plan> Check(const BenchArgs& a) {
     }
   }
   if (a.iters < 1 || a.warmup < 0) return InvalidArgumentError("--iters >= 1, --warmup >= 0");
+  if (a.cpu_bind != "core" && a.cpu_bind != "none") {
+    return InvalidArgumentError("--cpu-bind: \"" + a.cpu_bind + "\" is not core or none");
+  }
   if (a.format != "table" && a.format != "json") {
     return InvalidArgumentError("--format: \"" + a.format + "\" is not table or json");
   }
@@ -548,7 +554,25 @@ class Worker {
   Status flood_status_;  // written by flood_thread_ before it ends
 };
 
+// --cpu-bind core: with no more local ranks than CPUs, pin each rank to its own CPU, as
+// mpirun does by default; spinning ranks that share a CPU wait on each other's time slices.
+void BindToCpu(const BenchArgs& a) {
+  if (a.cpu_bind != "core") return;
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return;
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+  }
+  if (a.ranks > static_cast<int>(cpus.size())) return;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cpus[a.local_rank % cpus.size()], &one);
+  sched_setaffinity(0, sizeof(one), &one);
+}
+
 int RunWorker(const BenchArgs& a, const Plan& p) {
+  BindToCpu(a);
   std::string host;
   int port = 0;
   if (Status s = ParseHostPort(a.store, &host, &port); !s.ok()) {
@@ -608,7 +632,13 @@ std::vector<std::string> WorkerArgv(const BenchArgs& a, int rank, const std::str
                                 "--group",
                                 a.group,
                                 "--worker-rank",
-                                std::to_string(rank)};
+                                std::to_string(rank),
+                                "--ranks",
+                                std::to_string(a.ranks),
+                                "--local-rank",
+                                std::to_string(rank - a.first_rank),
+                                "--cpu-bind",
+                                a.cpu_bind};
   if (!a.hosts.empty()) {
     v.push_back("--hosts");
     v.push_back(a.hosts);
@@ -738,6 +768,10 @@ void AddBenchCommand(CLI::App& app, Action* action) {
   c->add_option("--flood", a->flood,
                 "Keep a telemetry-lane ring all-reduce of this size running on the same links "
                 "while measuring (the priority-lane check)");
+  c->add_option("--cpu-bind", a->cpu_bind,
+                "core: pin each rank to its own CPU when the ranks fit (as mpirun does); none")
+      ->capture_default_str();
+  c->add_option("--local-rank", a->local_rank)->group("");    // internal
   c->add_option("--worker-rank", a->worker_rank)->group("");  // internal: run as this rank
   c->callback([action, a] { *action = [a] { return RunBench(*a); }; });
 }
