@@ -23,6 +23,12 @@ OPS = ["allreduce", "reduce_scatter", "allgather", "broadcast", "reduce"]
 GLOO_OPS = {"allreduce", "allgather", "broadcast", "reduce"}  # What gloo_bench implements.
 SMALL_BYTES = 64 << 10  # Sizes up to this get a latency ratio.
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+# Every program (ours and the baselines) runs with glibc's mmap threshold raised, so large
+# temporary buffers are reused from the heap instead of being mapped fresh per call. On VMs
+# whose fresh pages are slow to fault in (this one: Open MPI's 64 MiB all-reduce drops from
+# ~3 GB/s to ~0.2 GB/s without it) the per-call page faults would otherwise dominate.
+# --no-malloc-tunable measures the defaults instead.
+MALLOC_ENV = {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=4294967296"}
 
 
 def log(msg):
@@ -146,7 +152,8 @@ class Config:
 def command(cfg, args, bins, ranks, op, size, iters, warmup, gloo_algos=""):
     s = str(size)
     if cfg.impl == "openmpi":
-        return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks),
+        forward = ["-x", "GLIBC_TUNABLES"] if "GLIBC_TUNABLES" in MPI_ENV else []
+        return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks)] + forward + [
                 bins["openmpi"], "--op", op, "--sizes", s, "--iters", str(iters),
                 "--warmup", str(warmup),
                 "--buffers", "alloc" if cfg.buffers == "registered" else "user"]
@@ -261,6 +268,8 @@ def print_tables(agg, args, kc_state, vers, load):
         print(f"#   Open MPI in use: {vers['mpi_stack']}")
     if "gloo" in vers:
         print("#   Gloo: transport tcp on 127.0.0.1, user buffers")
+    print("#   malloc: " + (MPI_ENV.get("GLIBC_TUNABLES", "glibc defaults") +
+                             " for every program (see MALLOC_ENV in compare.py)"))
     print(f"#   kc: {kc_state}")
     print(f"#   load average during runs: min {min(load):.1f} max {max(load):.1f} "
           f"on {os.cpu_count()} cpus" + ("  (NOISY: load > cpus)" if max(load) > os.cpu_count()
@@ -364,7 +373,11 @@ def main():
                     "(default 2)")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per program run")
     ap.add_argument("--json-out", help="write every sample and the aggregated rows here")
+    ap.add_argument("--no-malloc-tunable", action="store_true",
+                    help="run every program with glibc's default mmap threshold")
     args = ap.parse_args()
+    if not args.no_malloc_tunable:
+        MPI_ENV.update(MALLOC_ENV)  # the environment of every program run below
     args.ranks = [int(x) for x in args.ranks.split(",") if x]
     args.sizes = [parse_size(x) for x in args.sizes.split(",") if x]
     args.ops = [x for x in args.ops.split(",") if x]
