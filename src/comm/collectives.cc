@@ -57,6 +57,18 @@ class Session {
     pending_.push_back(*std::move(s));
     return OkStatus();
   }
+  // Posts a receive without waiting; Await it later.
+  Result<std::shared_ptr<Request>> PostRecv(int step, int from, std::span<std::byte> in) {
+    Result<std::shared_ptr<Request>> r = t_.Recv(from, tag_, in);
+    if (!r.ok()) return Fail(step, r.status());
+    return r;
+  }
+  Status Await(int step, const std::shared_ptr<Request>& r) {
+    if (r == nullptr) return OkStatus();
+    if (Status s = r->Wait(deadline_); !s.ok()) return Fail(step, s);
+    return OkStatus();
+  }
+
   Status RecvFrom(int step, int from, std::span<std::byte> in) {
     Result<std::shared_ptr<Request>> r = t_.Recv(from, tag_, in);
     if (!r.ok()) return Fail(step, r.status());
@@ -154,21 +166,62 @@ Status RingAllgather(Session& session, Transport& t, std::span<std::byte> data, 
   return OkStatus();
 }
 
-// The ring allreduce (Allreduce's body, after argument checks).
-Status RingAllreduce(Transport& transport, const AllreduceOptions& options) {
+// The ring allreduce (Allreduce's body, after argument checks): ring reduce-scatter then
+// ring all-gather, with every receive of both phases posted before the first send, so that
+// the neighbour's data lands in place as it arrives instead of being buffered by the
+// transport as an early (unexpected) message and copied again. Posting the all-gather's
+// receives early is safe: the final value of a chunk can only arrive after this rank has
+// sent its own contribution to that chunk, so nothing still to be sent is overwritten.
+Status RingAllreduce(Transport& transport, const AllreduceOptions& o) {
   const int n = transport.size();
-  if (n == 1 || options.count == 0) return OkStatus();
-  Session session(transport, "allreduce", options.deadline, options.tag, options.lane);
-  // Steps 0 .. n-2: reduce-scatter, leaving rank r with the reduced chunk r.
-  KC_RETURN_IF_ERROR(RingReduceScatter(session, transport, options, 0));
-  const size_t esize = hal::DataTypeSize(options.dtype);
-  // Avg: scale only the chunk this rank owns, so each element is scaled exactly once.
-  if (options.op == ReduceOp::kAvg) {
-    std::span<std::byte> mine = ChunkBytes(options.data, options.count, n, transport.rank(), esize);
-    ScaleByInverse(options.dtype, mine.data(), mine.size() / esize, n);
+  if (n == 1 || o.count == 0) return OkStatus();
+  Session session(transport, "allreduce", o.deadline, o.tag, o.lane);
+  const int r = transport.rank();
+  const int left = Mod(r - 1, n);
+  const int right = Mod(r + 1, n);
+  const size_t esize = hal::DataTypeSize(o.dtype);
+  const ReduceOp op = o.op == ReduceOp::kAvg ? ReduceOp::kSum : o.op;
+  const size_t slot = ChunkOf(o.count, n, 0).count * esize;  // the largest chunk
+  std::span<std::byte> scratch = Scratch(0, static_cast<size_t>(n - 1) * slot);
+  auto chunk = [&](int index) { return ChunkBytes(o.data, o.count, n, Mod(index, n), esize); };
+  // Steps 0 .. n-2 (reduce-scatter) receive the left neighbour's partial chunk r-s-2 into
+  // scratch slot s; steps n-1 .. 2n-3 (all-gather) receive the final chunk r-s-1 in place.
+  std::vector<std::shared_ptr<Request>> recvs(2 * static_cast<size_t>(n - 1));
+  for (int s = 0; s < n - 1; ++s) {
+    std::span<std::byte> in = scratch.subspan(s * slot, chunk(r - s - 2).size());
+    if (!in.empty()) {
+      KC_ASSIGN_OR_RETURN(recvs[s], session.PostRecv(s, left, in));
+    }
   }
-  // Steps n-1 .. 2n-3: all-gather the reduced chunks.
-  return RingAllgather(session, transport, options.data, options.count, esize, n - 1);
+  for (int s = 0; s < n - 1; ++s) {
+    std::span<std::byte> in = chunk(r - s - 1);
+    if (!in.empty()) {
+      KC_ASSIGN_OR_RETURN(recvs[n - 1 + s], session.PostRecv(n - 1 + s, left, in));
+    }
+  }
+  for (int s = 0; s < n - 1; ++s) {
+    // Send the partial chunk r-s-1 (reduced in the previous step), fold in chunk r-s-2.
+    if (std::span<std::byte> out = chunk(r - s - 1); !out.empty()) {
+      KC_RETURN_IF_ERROR(session.SendTo(s, right, out));
+    }
+    KC_RETURN_IF_ERROR(session.Await(s, recvs[s]));
+    std::span<std::byte> mine = chunk(r - s - 2);
+    ReduceElements(o.dtype, op, mine.data(), mine.data(), scratch.data() + s * slot,
+                   mine.size() / esize);
+  }
+  // Avg: scale only the chunk this rank owns, so each element is scaled exactly once.
+  if (o.op == ReduceOp::kAvg) {
+    std::span<std::byte> mine = chunk(r);
+    ScaleByInverse(o.dtype, mine.data(), mine.size() / esize, n);
+  }
+  for (int s = 0; s < n - 1; ++s) {
+    // Forward chunk r-s (ours, then the one just received) and take chunk r-s-1.
+    if (std::span<std::byte> out = chunk(r - s); !out.empty()) {
+      KC_RETURN_IF_ERROR(session.SendTo(n - 1 + s, right, out));
+    }
+    KC_RETURN_IF_ERROR(session.Await(n - 1 + s, recvs[n - 1 + s]));
+  }
+  return session.WaitSends(2 * n - 3);
 }
 
 // AllreduceRecursiveDoubling's body, after argument checks.
