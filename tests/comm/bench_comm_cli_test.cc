@@ -77,6 +77,19 @@ TEST(KcBenchCommTest, SimulatedHostsUseTheHierarchicalAlgorithm) {
   EXPECT_EQ(rows[0]["check"], "ok");
 }
 
+TEST(KcBenchCommTest, MeasuresUnderATelemetryLaneFlood) {
+  int rc = -1;
+  const std::string out =
+      Kc("--ranks 2 --sizes 4K --algo recursive_doubling --transport shm "
+         "--flood 1M --iters 5 --warmup 1 --format json",
+         &rc);
+  ASSERT_EQ(rc, 0) << out;
+  const std::vector<nlohmann::json> rows = JsonLines(out);
+  ASSERT_EQ(rows.size(), 1u) << out;
+  EXPECT_EQ(rows[0]["check"], "ok");
+  EXPECT_EQ(rows[0]["flood"], 1 << 20);
+}
+
 TEST(KcBenchCommTest, TablePrintsTheNcclTestsColumns) {
   int rc = -1;
   const std::string out = Kc("--ranks 2 --sizes 1K --iters 1", &rc);
@@ -90,10 +103,11 @@ TEST(KcBenchCommTest, TablePrintsTheNcclTestsColumns) {
 
 TEST(KcBenchCommTest, BadArgumentsExitTwoNamingTheArgument) {
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"--sizes 4Q", "--sizes"},          {"--op allreduse", "--op"},
-      {"--dtype f16", "--dtype"},         {"--algo fastest", "--algo"},
-      {"--transport ib", "--transport"},  {"--buffers pinned", "--buffers"},
-      {"--ranks 2 --hosts a", "--hosts"}, {"--dtype i32 --redop avg", "--redop"},
+      {"--sizes 4Q", "--sizes"},           {"--op allreduse", "--op"},
+      {"--dtype f16", "--dtype"},          {"--algo fastest", "--algo"},
+      {"--transport ib", "--transport"},   {"--buffers pinned", "--buffers"},
+      {"--ranks 2 --hosts a", "--hosts"},  {"--dtype i32 --redop avg", "--redop"},
+      {"--cpu-bind socket", "--cpu-bind"}, {"--flood 1Q", "--flood"},
   };
   for (const auto& [args, named] : cases) {
     int rc = -1;
