@@ -3,13 +3,7 @@
 // per rank per Allocate. Synchronisation is a counter barrier on per-rank cache lines.
 #include "comm/shm/shm_direct.h"
 
-#include <fcntl.h>
-#include <linux/futex.h>
 #include <sched.h>
-#include <signal.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,7 +13,6 @@
 #include <cstring>
 #include <limits>
 #include <new>
-#include <random>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -28,7 +21,7 @@
 #include "base/mutex.h"
 #include "base/thread_annotations.h"
 #include "comm/collectives.h"
-#include "hal/fd.h"
+#include "comm/internal/shm_segment.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -128,136 +121,17 @@ int64_t SegmentBytes(int64_t small_bytes, int64_t staging_bytes) {
   return StagingOffset(small_bytes) + RoundUp(staging_bytes, kPageBytes);
 }
 
-uint32_t* FutexWord(std::atomic<uint32_t>* a) { return reinterpret_cast<uint32_t*>(a); }
-
-void FutexWakeAll(std::atomic<uint32_t>* word) {
-  syscall(SYS_futex, FutexWord(word), FUTEX_WAKE, std::numeric_limits<int>::max(), nullptr, nullptr,
-          0);
-}
-
-// An mmap'd segment, unmapped when the owner goes. Move-only.
-class Mapping {
- public:
-  Mapping() = default;
-  Mapping(void* addr, size_t bytes) : addr_(addr), bytes_(bytes) {}
-  Mapping(Mapping&& o) noexcept
-      : addr_(std::exchange(o.addr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
-  Mapping& operator=(Mapping&& o) noexcept {
-    if (this != &o) {
-      Reset();
-      addr_ = std::exchange(o.addr_, nullptr);
-      bytes_ = std::exchange(o.bytes_, 0);
-    }
-    return *this;
-  }
-  Mapping(const Mapping&) = delete;
-  Mapping& operator=(const Mapping&) = delete;
-  ~Mapping() { Reset(); }
-  std::byte* get() const { return static_cast<std::byte*>(addr_); }
-  SegmentHeader* header() const { return static_cast<SegmentHeader*>(addr_); }
-
- private:
-  void Reset() {
-    if (addr_ != nullptr) munmap(addr_, bytes_);
-    addr_ = nullptr;
-  }
-  void* addr_ = nullptr;
-  size_t bytes_ = 0;
-};
-
-// Unlinks a /dev/shm name when it goes out of scope, unless already unlinked.
-class UnlinkGuard {
- public:
-  explicit UnlinkGuard(std::string name) : name_(std::move(name)) {}
-  ~UnlinkGuard() { Unlink(); }
-  UnlinkGuard(const UnlinkGuard&) = delete;
-  UnlinkGuard& operator=(const UnlinkGuard&) = delete;
-  void Unlink() {
-    if (!name_.empty()) shm_unlink(name_.c_str());
-    name_.clear();
-  }
-
- private:
-  std::string name_;
-};
-
-Status ErrnoStatus(std::string_view what, int err) {
-  std::string msg = std::string(what) + ": " + std::strerror(err);
-  if (err == ENOMEM || err == ENOSPC || err == EMFILE || err == ENFILE) {
-    return ResourceExhaustedError(msg);
-  }
-  return UnavailableError(msg);
-}
+using internal::CreateSegment;
+using internal::FutexWait;
+using internal::FutexWakeAll;
+using internal::MapExisting;
+using internal::Mapping;
+using internal::NewSegment;
+using internal::ProcessDead;
+using internal::RandomHex;
 
 std::string SegmentPrefix(std::string_view group) {
-  std::string out = "/kc-shmd-";
-  for (char c : group.substr(0, 96)) {
-    const bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
-    out += plain ? c : '_';
-  }
-  return out + "-";
-}
-
-std::string RandomHex() {
-  std::random_device rd;
-  const uint64_t v = (uint64_t{rd()} << 32) ^ rd();
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
-// Creates, sizes and maps a new segment under an unguessable name. The guard unlinks it.
-struct NewSegment {
-  std::string name;
-  std::unique_ptr<UnlinkGuard> unlink;
-  Mapping mapping;
-};
-Result<NewSegment> CreateSegment(const std::string& name, int64_t bytes) {
-  hal::Fd fd(shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600));
-  if (!fd.valid()) return ErrnoStatus("shm_open " + name, errno);
-  auto unlink = std::make_unique<UnlinkGuard>(name);
-  if (ftruncate(fd.get(), bytes) != 0) return ErrnoStatus("ftruncate " + name, errno);
-  void* addr =
-      mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-  if (addr == MAP_FAILED) return ErrnoStatus("mmap " + name, errno);
-  return NewSegment{name, std::move(unlink), Mapping(addr, static_cast<size_t>(bytes))};
-}
-
-// Maps a peer's segment, which must hold exactly `bytes`.
-Result<Mapping> MapExisting(const std::string& name, int peer, int64_t bytes) {
-  hal::Fd fd(shm_open(name.c_str(), O_RDWR, 0));
-  if (!fd.valid()) {
-    return ErrnoStatus("shm_open " + name + " of rank " + std::to_string(peer), errno);
-  }
-  struct stat st;
-  if (fstat(fd.get(), &st) != 0) return ErrnoStatus("fstat " + name, errno);
-  if (st.st_size != bytes) {
-    return DataLossError("shm segment " + name + " of rank " + std::to_string(peer) + " has " +
-                         std::to_string(st.st_size) + " bytes, expected " + std::to_string(bytes));
-  }
-  void* addr =
-      mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-  if (addr == MAP_FAILED) return ErrnoStatus("mmap " + name, errno);
-  return Mapping(addr, static_cast<size_t>(bytes));
-}
-
-// True when process `pid` is gone: no such process, or a zombie not yet reaped by its parent
-// (a forked rank whose parent is itself a rank blocked in a collective).
-bool ProcessDead(pid_t pid) {
-  if (kill(pid, 0) == 0 || errno != ESRCH) {
-    char path[64];
-    std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
-    hal::Fd fd(open(path, O_RDONLY | O_CLOEXEC));
-    if (!fd.valid()) return false;
-    char buf[512];
-    const ssize_t n = read(fd.get(), buf, sizeof buf - 1);
-    if (n <= 0) return false;
-    buf[n] = '\0';
-    const char* paren = std::strrchr(buf, ')');  // the command name may hold anything
-    if (paren == nullptr || paren[1] != ' ') return false;
-    return paren[2] == 'Z' || paren[2] == 'X';
-  }
-  return true;
+  return internal::SegmentPrefix("/kc-shmd-", group);
 }
 
 // This rank's view of one allocation: every rank's copy mapped.
@@ -415,7 +289,7 @@ class ShmDirectImpl final : public ShmDirectGroup {
  private:
   static std::vector<SegmentHeader*> HeadersOf(const std::vector<Mapping>& maps) {
     std::vector<SegmentHeader*> out;
-    for (const Mapping& m : maps) out.push_back(m.header());
+    for (const Mapping& m : maps) out.push_back(m.as<SegmentHeader>());
     return out;
   }
 
@@ -556,8 +430,7 @@ class ShmDirectImpl final : public ShmDirectGroup {
         auto sleep = std::chrono::duration_cast<std::chrono::nanoseconds>(kMaxSleep);
         const auto left = o.deadline - options_.clock->Now();
         if (left < sleep) sleep = std::max<std::chrono::nanoseconds>(left, 100us);
-        const timespec timeout{.tv_sec = 0, .tv_nsec = sleep.count()};
-        syscall(SYS_futex, FutexWord(&wake_->wake_word), FUTEX_WAIT, word, &timeout, nullptr, 0);
+        FutexWait(&wake_->wake_word, word, sleep.count());
       }
       wake_->sleepers.fetch_sub(1, std::memory_order_seq_cst);
       if (arrived()) return OkStatus();
@@ -1004,7 +877,7 @@ Result<std::unique_ptr<ShmDirectGroup>> ShmDirectGroup::Create(const ShmDirectOp
     if (p == o.rank) continue;
     KC_ASSIGN_OR_RETURN(std::string peer_name, o.store->Get(key("seg", p), deadline));
     KC_ASSIGN_OR_RETURN(maps[p], MapExisting(peer_name, p, bytes));
-    const SegmentHeader* ph = maps[p].header();
+    const SegmentHeader* ph = maps[p].as<SegmentHeader>();
     if (ph->magic != kMagic || ph->rank != p || ph->size != o.size ||
         ph->staging_bytes != o.staging_bytes || ph->small_bytes != o.small_bytes) {
       return DataLossError("shm segment " + peer_name + " does not match rank " +

@@ -2,24 +2,16 @@
 // and one progress thread per endpoint moving bytes between posted requests and the rings.
 #include "comm/shm/shm_transport.h"
 
-#include <fcntl.h>
-#include <linux/futex.h>
-#include <signal.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <limits>
 #include <new>
-#include <random>
 #include <string_view>
 #include <thread>
 #include <utility>
@@ -29,7 +21,7 @@
 #include "base/mutex.h"
 #include "base/thread_annotations.h"
 #include "comm/internal/completion_request.h"
-#include "hal/fd.h"
+#include "comm/internal/shm_segment.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -110,17 +102,12 @@ std::byte* RingData(RingHeader* ring) {
   return reinterpret_cast<std::byte*>(ring) + kRingHeaderBytes;
 }
 
-uint32_t* FutexWord(std::atomic<uint32_t>* a) { return reinterpret_cast<uint32_t*>(a); }
-
 // Wakes the segment owner's progress thread. The seq_cst bump followed by the seq_cst load of
 // sleepers pairs with the sleeper's seq_cst increment of sleepers followed by its seq_cst
 // load of doorbell: either we see the sleeper, or it sees the new doorbell value.
 void Ring(SegmentHeader* h) {
   h->doorbell.fetch_add(1, std::memory_order_seq_cst);
-  if (h->sleepers.load(std::memory_order_seq_cst) != 0) {
-    syscall(SYS_futex, FutexWord(&h->doorbell), FUTEX_WAKE, std::numeric_limits<int>::max(),
-            nullptr, nullptr, 0);
-  }
+  if (h->sleepers.load(std::memory_order_seq_cst) != 0) internal::FutexWakeAll(&h->doorbell);
 }
 
 // Copies between a flat buffer and ring positions [pos, pos + n), wrapping at `cap`.
@@ -137,67 +124,8 @@ void CopyOut(const std::byte* ring, int64_t cap, uint64_t pos, std::byte* dst, i
   if (n > first) std::memcpy(dst + first, ring, n - first);
 }
 
-// An mmap'd segment, unmapped when the owner goes. Move-only.
-class Mapping {
- public:
-  Mapping() = default;
-  Mapping(void* addr, size_t bytes) : addr_(addr), bytes_(bytes) {}
-  Mapping(Mapping&& o) noexcept
-      : addr_(std::exchange(o.addr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
-  Mapping& operator=(Mapping&& o) noexcept {
-    if (this != &o) {
-      Reset();
-      addr_ = std::exchange(o.addr_, nullptr);
-      bytes_ = std::exchange(o.bytes_, 0);
-    }
-    return *this;
-  }
-  Mapping(const Mapping&) = delete;
-  Mapping& operator=(const Mapping&) = delete;
-  ~Mapping() { Reset(); }
-  void* get() const { return addr_; }
-  SegmentHeader* header() const { return static_cast<SegmentHeader*>(addr_); }
-
- private:
-  void Reset() {
-    if (addr_ != nullptr) munmap(addr_, bytes_);
-    addr_ = nullptr;
-  }
-  void* addr_ = nullptr;
-  size_t bytes_ = 0;
-};
-
-// Unlinks a /dev/shm name when it goes out of scope, unless released.
-class UnlinkGuard {
- public:
-  explicit UnlinkGuard(std::string name) : name_(std::move(name)) {}
-  ~UnlinkGuard() {
-    if (!name_.empty()) shm_unlink(name_.c_str());
-  }
-  UnlinkGuard(const UnlinkGuard&) = delete;
-  UnlinkGuard& operator=(const UnlinkGuard&) = delete;
-  void Unlink() {
-    if (!name_.empty()) shm_unlink(name_.c_str());
-    name_.clear();
-  }
-
- private:
-  std::string name_;
-};
-
-Status ErrnoStatus(std::string_view what, int err) {
-  std::string msg = std::string(what) + ": " + std::strerror(err);
-  if (err == ENOMEM || err == ENOSPC || err == EMFILE || err == ENFILE) {
-    return ResourceExhaustedError(msg);
-  }
-  return UnavailableError(msg);
-}
-
-Result<Mapping> MapSegment(int fd, int64_t bytes) {
-  void* addr = mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (addr == MAP_FAILED) return ErrnoStatus("mmap", errno);
-  return Mapping(addr, static_cast<size_t>(bytes));
-}
+using internal::ErrnoStatus;
+using internal::Mapping;
 
 // A posted Send or Recv, completed once by the progress thread.
 using ShmRequest = internal::CompletionRequest;
@@ -287,7 +215,7 @@ class ShmTransport final : public Transport {
   ShmTransport(const ShmTransportOptions& options, Mapping self, std::vector<Peer> peers)
       : options_(options),
         self_(std::move(self)),
-        self_header_(self_.header()),
+        self_header_(self_.as<SegmentHeader>()),
         peer_headers_(HeadersOf(peers)),
         peers_(std::move(peers)) {
     thread_ = std::jthread([this](std::stop_token stop) { ProgressLoop(stop); });
@@ -702,7 +630,7 @@ class ShmTransport final : public Transport {
     for (int i = 0; i < size() && error_.ok(); ++i) {
       if (i == rank() || peers_[i].closed) continue;
       const Peer& p = peers_[i];
-      if (kill(p.pid, 0) == -1 && errno == ESRCH &&
+      if (internal::ProcessDead(p.pid) &&
           p.header->state.load(std::memory_order_acquire) == kOpen) {
         Fail(UnavailableError("shm peer rank " + std::to_string(i) + " (pid " +
                               std::to_string(p.pid) + ") died"));
@@ -774,10 +702,8 @@ class ShmTransport final : public Transport {
       // Sleep until rung, or for one liveness period.
       self_header_->sleepers.fetch_add(1, std::memory_order_seq_cst);
       if (self_header_->doorbell.load(std::memory_order_seq_cst) == seq && !stop.stop_requested()) {
-        const timespec timeout{.tv_sec = 0,
-                               .tv_nsec = std::chrono::nanoseconds(kLivenessPeriod).count()};
-        syscall(SYS_futex, FutexWord(&self_header_->doorbell), FUTEX_WAIT, seq, &timeout, nullptr,
-                0);
+        internal::FutexWait(&self_header_->doorbell, seq,
+                            std::chrono::nanoseconds(kLivenessPeriod).count());
       }
       self_header_->sleepers.fetch_sub(1, std::memory_order_seq_cst);
       idle = 0;
@@ -814,20 +740,7 @@ class ShmTransport final : public Transport {
 };
 
 std::string SegmentPrefix(std::string_view group) {
-  std::string out = "/kc-shm-";
-  for (char c : group.substr(0, 96)) {
-    const bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
-    out += plain ? c : '_';
-  }
-  return out + "-";
-}
-
-std::string RandomHex() {
-  std::random_device rd;
-  const uint64_t v = (uint64_t{rd()} << 32) ^ rd();
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
+  return internal::SegmentPrefix("/kc-shm-", group);
 }
 
 std::string Key(const ShmTransportOptions& o, std::string_view what, int rank) {
@@ -835,18 +748,9 @@ std::string Key(const ShmTransportOptions& o, std::string_view what, int rank) {
 }
 
 Result<Peer> MapPeer(const ShmTransportOptions& o, int peer, const std::string& name) {
-  hal::Fd fd(shm_open(name.c_str(), O_RDWR, 0));
-  if (!fd.valid())
-    return ErrnoStatus("shm_open " + name + " of rank " + std::to_string(peer), errno);
-  struct stat st;
-  const int64_t bytes = SegmentBytes(o.size, o.ring_bytes);
-  if (fstat(fd.get(), &st) != 0) return ErrnoStatus("fstat " + name, errno);
-  if (st.st_size != bytes) {
-    return DataLossError("shm segment " + name + " has " + std::to_string(st.st_size) +
-                         " bytes, expected " + std::to_string(bytes));
-  }
-  KC_ASSIGN_OR_RETURN(Mapping m, MapSegment(fd.get(), bytes));
-  SegmentHeader* h = m.header();
+  KC_ASSIGN_OR_RETURN(Mapping m,
+                      internal::MapExisting(name, peer, SegmentBytes(o.size, o.ring_bytes)));
+  SegmentHeader* h = m.as<SegmentHeader>();
   bool same_rings = h->lanes == kNumLanes;
   for (int l = 0; l < kNumLanes && same_rings; ++l) {
     same_rings = h->ring_bytes[l] == static_cast<uint64_t>(o.ring_bytes.bytes[l]);
@@ -883,13 +787,9 @@ Result<std::unique_ptr<Transport>> CreateShmTransport(const ShmTransportOptions&
 
   // 1. Create and initialise this rank's segment under an unguessable name.
   const std::string name =
-      SegmentPrefix(o.group) + "r" + std::to_string(o.rank) + "-" + RandomHex();
-  hal::Fd fd(shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600));
-  if (!fd.valid()) return ErrnoStatus("shm_open " + name, errno);
-  UnlinkGuard unlink(name);
-  if (ftruncate(fd.get(), bytes) != 0) return ErrnoStatus("ftruncate " + name, errno);
-  KC_ASSIGN_OR_RETURN(Mapping self, MapSegment(fd.get(), bytes));
-  fd.Reset();
+      SegmentPrefix(o.group) + "r" + std::to_string(o.rank) + "-" + internal::RandomHex();
+  KC_ASSIGN_OR_RETURN(internal::NewSegment seg, internal::CreateSegment(name, bytes));
+  Mapping self = std::move(seg.mapping);
   SegmentHeader* h = new (self.get()) SegmentHeader{};
   h->magic = kMagic;
   h->rank = o.rank;
@@ -918,7 +818,7 @@ Result<std::unique_ptr<Transport>> CreateShmTransport(const ShmTransportOptions&
   std::vector<std::string> mapped;
   for (int p = 0; p < o.size; ++p) mapped.push_back(Key(o, "mapped", p));
   KC_RETURN_IF_ERROR(o.store->Wait(mapped, deadline));
-  unlink.Unlink();
+  seg.unlink->Unlink();
   return std::unique_ptr<Transport>(
       std::make_unique<ShmTransport>(o, std::move(self), std::move(peers)));
 }
