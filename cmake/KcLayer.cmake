@@ -31,6 +31,7 @@ function(kc_layer)
     add_executable(${KC_NAME}_test ${tests})
     target_link_libraries(${KC_NAME}_test PRIVATE ${KC_NAME} ${KC_TEST_DEPS}
       GTest::gmock GTest::gtest_main)
+    target_include_directories(${KC_NAME}_test PRIVATE ${PROJECT_SOURCE_DIR})  # tests/support/
     kc_set_warnings(${KC_NAME}_test)
     gtest_discover_tests(${KC_NAME}_test PROPERTIES LABELS unit DISCOVERY_TIMEOUT 60)
   endif()

@@ -22,6 +22,7 @@
 #include "comm/collectives.h"
 #include "comm/hash_store.h"
 #include "comm/tcp_store.h"
+#include "tests/support/child_guard.h"
 
 namespace kc::comm {
 namespace {
@@ -475,28 +476,7 @@ TEST(ShmDirectTest, ADestroyedMemberFailsItsPeersNextCollective) {
   EXPECT_NE(s.message().find("rank 1"), std::string::npos) << s;
 }
 
-// Kills and reaps a child process on scope exit unless already reaped.
-class ChildGuard {
- public:
-  explicit ChildGuard(pid_t pid) : pid_(pid) {}
-  ~ChildGuard() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-  ChildGuard(const ChildGuard&) = delete;
-  ChildGuard& operator=(const ChildGuard&) = delete;
-  int Reap() {
-    int wstatus = 0;
-    waitpid(pid_, &wstatus, 0);
-    pid_ = -1;
-    return wstatus;
-  }
-
- private:
-  pid_t pid_;
-};
+using kc::testing::ChildGuard;
 
 constexpr size_t kForkCount = (1 << 20) + 3;  // f32, over staging: sliced
 

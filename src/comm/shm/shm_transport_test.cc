@@ -19,6 +19,7 @@
 #include "base/clock.h"
 #include "comm/hash_store.h"
 #include "comm/tcp_store.h"
+#include "tests/support/child_guard.h"
 
 namespace kc::comm {
 namespace {
@@ -412,30 +413,7 @@ TEST(ShmTransportTest, ConnectTimesOutWhenAPeerNeverJoins) {
   EXPECT_EQ(ShmEntries(group), 0);
 }
 
-// Kills and reaps a child process on scope exit unless already reaped.
-class ChildGuard {
- public:
-  explicit ChildGuard(pid_t pid) : pid_(pid) {}
-  ~ChildGuard() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-  ChildGuard(const ChildGuard&) = delete;
-  ChildGuard& operator=(const ChildGuard&) = delete;
-  // Kills the child and returns its wait status.
-  int KillAndReap() {
-    kill(pid_, SIGKILL);
-    int wstatus = 0;
-    waitpid(pid_, &wstatus, 0);
-    pid_ = -1;
-    return wstatus;
-  }
-
- private:
-  pid_t pid_;
-};
+using kc::testing::ChildGuard;
 
 // The child rank of the fork test: connects to the store whose port arrives on `port_fd`,
 // sends `hello`, reports on `ready_fd`, then waits to be killed. Never returns.
