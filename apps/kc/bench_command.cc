@@ -56,10 +56,12 @@ struct BenchArgs {
   int first_rank = 0;
   std::string bind = "127.0.0.1";
   std::string group;
-  int worker_rank = -1;           // internal: this process is that rank
-  std::string flood;              // size of a telemetry-lane all-reduce kept running meanwhile
-  std::string cpu_bind = "core";  // core: pin each rank to one CPU when they fit (as mpirun)
-  int local_rank = 0;             // internal: index of this worker among this run's ranks
+  int worker_rank = -1;  // internal: this process is that rank
+  std::string flood;     // size of a telemetry-lane all-reduce kept running meanwhile
+  // core: pin each rank to one CPU when they fit (as mpirun); auto: only on the direct
+  // shared-memory path, where no progress thread needs a CPU of its own; none.
+  std::string cpu_bind = "auto";
+  int local_rank = 0;  // internal: index of this worker among this run's ranks
 };
 
 const std::vector<std::string> kOps = {"allreduce", "reduce_scatter", "allgather", "broadcast",
@@ -185,8 +187,8 @@ Result<Plan> Check(const BenchArgs& a) {
     }
   }
   if (a.iters < 1 || a.warmup < 0) return InvalidArgumentError("--iters >= 1, --warmup >= 0");
-  if (a.cpu_bind != "core" && a.cpu_bind != "none") {
-    return InvalidArgumentError("--cpu-bind: \"" + a.cpu_bind + "\" is not core or none");
+  if (a.cpu_bind != "auto" && a.cpu_bind != "core" && a.cpu_bind != "none") {
+    return InvalidArgumentError("--cpu-bind: \"" + a.cpu_bind + "\" is not auto, core or none");
   }
   if (a.format != "table" && a.format != "json") {
     return InvalidArgumentError("--format: \"" + a.format + "\" is not table or json");
@@ -556,8 +558,19 @@ class Worker {
 
 // --cpu-bind core: with no more local ranks than CPUs, pin each rank to its own CPU, as
 // mpirun does by default; spinning ranks that share a CPU wait on each other's time slices.
-void BindToCpu(const BenchArgs& a) {
-  if (a.cpu_bind != "core") return;
+// auto does so only where ranks work on the direct shared-memory path (one host, shared
+// memory allowed, algorithm auto or direct): elsewhere each rank's transport progress thread
+// needs a CPU besides the rank's own thread.
+void BindToCpu(const BenchArgs& a, const Plan& p) {
+  if (a.cpu_bind == "none") return;
+  if (a.cpu_bind == "auto") {
+    std::vector<std::string> hosts = p.hosts;
+    std::sort(hosts.begin(), hosts.end());
+    const bool one_host = std::unique(hosts.begin(), hosts.end()) - hosts.begin() <= 1;
+    const bool direct = p.transport != TransportKind::kTcp && one_host &&
+                        (p.algo == Algorithm::kAuto || p.algo == Algorithm::kDirect);
+    if (!direct) return;
+  }
   cpu_set_t allowed;
   if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return;
   std::vector<int> cpus;
@@ -572,7 +585,7 @@ void BindToCpu(const BenchArgs& a) {
 }
 
 int RunWorker(const BenchArgs& a, const Plan& p) {
-  BindToCpu(a);
+  BindToCpu(a, p);
   std::string host;
   int port = 0;
   if (Status s = ParseHostPort(a.store, &host, &port); !s.ok()) {
@@ -769,7 +782,8 @@ void AddBenchCommand(CLI::App& app, Action* action) {
                 "Keep a telemetry-lane ring all-reduce of this size running on the same links "
                 "while measuring (the priority-lane check)");
   c->add_option("--cpu-bind", a->cpu_bind,
-                "core: pin each rank to its own CPU when the ranks fit (as mpirun does); none")
+                "core: pin each rank to its own CPU when the ranks fit (as mpirun does); auto: "
+                "only on the direct shared-memory path; none")
       ->capture_default_str();
   c->add_option("--local-rank", a->local_rank)->group("");    // internal
   c->add_option("--worker-rank", a->worker_rank)->group("");  // internal: run as this rank
