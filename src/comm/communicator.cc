@@ -341,6 +341,24 @@ Status BuildEngines(const Root& root, const std::string& name, const std::vector
 
 // ---------------------------------------------------------------------------------------
 
+class CommunicatorImpl;
+
+// Lets a point-to-point Work outlive its communicator: a failure it reports after the
+// communicator is gone is dropped. Safe for concurrent use.
+class FailHook {
+ public:
+  explicit FailHook(CommunicatorImpl* comm) : comm_(comm) {}
+  void Fail(const Status& s);  // after CommunicatorImpl
+  void Detach() {
+    MutexLock lock(&mu_);
+    comm_ = nullptr;
+  }
+
+ private:
+  Mutex mu_;
+  CommunicatorImpl* comm_ KC_GUARDED_BY(mu_);
+};
+
 class CommunicatorImpl final : public Communicator {
  public:
   CommunicatorImpl(std::shared_ptr<Root> root, std::string name, std::vector<int> root_ranks,
@@ -355,7 +373,10 @@ class CommunicatorImpl final : public Communicator {
 
   // Works handed out keep the queue alive, so it is shut down here: nothing runs on links_
   // afterwards.
-  ~CommunicatorImpl() override { queue_->Shutdown(); }
+  ~CommunicatorImpl() override {
+    fail_hook_->Detach();
+    queue_->Shutdown();
+  }
 
   int rank() const override { return rank_; }
   int size() const override { return static_cast<int>(root_ranks_.size()); }
@@ -716,6 +737,7 @@ class CommunicatorImpl final : public Communicator {
   Result<std::shared_ptr<Work>> PointToPoint(Result<std::shared_ptr<Request>> r,
                                              const OpOptions& o);
 
+  friend class FailHook;
   friend Result<std::unique_ptr<Communicator>> MakeChild(CommunicatorImpl& parent,
                                                          std::vector<int> members, int salt);
 
@@ -729,21 +751,27 @@ class CommunicatorImpl final : public Communicator {
   Status failure_ KC_GUARDED_BY(mu_);
   uint64_t next_seq_ KC_GUARDED_BY(mu_) = 0;
   CommunicatorMetrics metrics_ KC_GUARDED_BY(mu_);
+  const std::shared_ptr<FailHook> fail_hook_ = std::make_shared<FailHook>(this);
   std::shared_ptr<OpQueue> queue_;  // last: its worker runs ops that use the fields above
 };
+
+void FailHook::Fail(const Status& s) {
+  MutexLock lock(&mu_);
+  if (comm_ != nullptr) comm_->Fail(s);
+}
 
 // A point-to-point request seen as a Work: waits on the request, bounded by the op's
 // deadline, and fails the communicator if the link failed.
 class RequestWork final : public Work {
  public:
   RequestWork(std::shared_ptr<Request> request, TimePoint deadline,
-              std::function<void(const Status&)> on_failure)
+              std::shared_ptr<FailHook> on_failure)
       : request_(std::move(request)), deadline_(deadline), on_failure_(std::move(on_failure)) {}
   Status Wait() override { return Wait(deadline_); }
   Status Wait(TimePoint deadline) override {
     Status s = request_->Wait(std::min(deadline, deadline_));
     if (!s.ok() && !(s.code() == ErrorCode::kDeadlineExceeded && deadline < deadline_)) {
-      on_failure_(s);
+      on_failure_->Fail(s);
     }
     return s;
   }
@@ -752,7 +780,7 @@ class RequestWork final : public Work {
  private:
   std::shared_ptr<Request> request_;
   TimePoint deadline_;
-  std::function<void(const Status&)> on_failure_;
+  std::shared_ptr<FailHook> on_failure_;
 };
 
 Result<std::shared_ptr<Work>> CommunicatorImpl::PointToPoint(Result<std::shared_ptr<Request>> r,
@@ -762,8 +790,7 @@ Result<std::shared_ptr<Work>> CommunicatorImpl::PointToPoint(Result<std::shared_
     return r.status();
   }
   const Duration timeout = o.timeout > Duration::zero() ? o.timeout : root_->options.timeout;
-  return std::shared_ptr<Work>(new RequestWork(*std::move(r), clock_->Now() + timeout,
-                                               [this](const Status& s) { Fail(s); }));
+  return std::shared_ptr<Work>(new RequestWork(*std::move(r), clock_->Now() + timeout, fail_hook_));
 }
 
 Result<std::unique_ptr<Communicator>> MakeChild(CommunicatorImpl& parent, std::vector<int> members,

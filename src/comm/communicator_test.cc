@@ -373,6 +373,24 @@ TEST(CommunicatorTest, WaitWithAnEarlierDeadlineLeavesTheOperationRunning) {
   });
 }
 
+TEST(CommunicatorTest, PointToPointWorkMayOutliveItsCommunicator) {
+  HashStore store;
+  const std::string group = UniqueGroup("outlive");
+  std::vector<std::jthread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      auto c = Communicator::Create({.store = &store, .group = group, .rank = r, .size = 2});
+      ASSERT_TRUE(c.ok()) << c.status();
+      if (r == 1) return;  // never sends
+      std::vector<float> in(4);
+      auto w = (*c)->Recv(1, std::as_writable_bytes(std::span(in)), 9);
+      ASSERT_TRUE(w.ok());
+      c->reset();  // the communicator goes first
+      EXPECT_FALSE((*w)->Wait().ok());  // fails cleanly; nothing is touched after free
+    });
+  }
+}
+
 TEST(CommunicatorTest, RateLimiterQueuesOperationsAndCountsTheWait) {
   FakeClock clock;
   Result<std::unique_ptr<RateLimiter>> limiter = RateLimiter::Create(
