@@ -385,7 +385,7 @@ TEST(CommunicatorTest, PointToPointWorkMayOutliveItsCommunicator) {
       std::vector<float> in(4);
       auto w = (*c)->Recv(1, std::as_writable_bytes(std::span(in)), 9);
       ASSERT_TRUE(w.ok());
-      c->reset();  // the communicator goes first
+      c->reset();                       // the communicator goes first
       EXPECT_FALSE((*w)->Wait().ok());  // fails cleanly; nothing is touched after free
     });
   }
