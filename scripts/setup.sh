@@ -15,6 +15,9 @@ PACKAGES=(
   libhwloc-dev libopenblas-dev
   # Tests and benchmarks.
   libgtest-dev libgmock-dev libbenchmark-dev python3 iproute2
+  # Training data: a small English corpus of fortune cookies, /usr/share/games/fortunes/
+  # (about 2.6 MB of text; see docs/user-guide/data.md).
+  fortunes
 )
 
 missing=()

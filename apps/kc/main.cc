@@ -6,6 +6,7 @@
 
 #include "apps/kc/bench_command.h"
 #include "apps/kc/command.h"
+#include "apps/kc/data_command.h"
 #include "apps/kc/topo_command.h"
 #include "base/settings.h"
 
@@ -59,6 +60,7 @@ int main(int argc, char** argv) {
   AddTopoCommand(app, &action);
   AddConfigCommand(app, &action);
   AddBenchCommand(app, &action);
+  AddDataCommand(app, &action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {

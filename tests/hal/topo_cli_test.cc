@@ -15,33 +15,13 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "tests/support/kc_run.h"
+
 namespace {
 
-struct KcRun {
-  int exit_code;
-  std::string out;  // stdout
-  std::string err;  // stderr
-};
+using kc::testing::KcRun;
 
-// Runs kc with `args` (a shell word list) and collects stdout, stderr and the exit code.
-KcRun Kc(const std::string& args) {
-  // One file per process and call: ctest runs test processes side by side.
-  static int calls = 0;
-  const std::string err_path = ::testing::TempDir() + "kc_topo_stderr_" + std::to_string(getpid()) +
-                               "_" + std::to_string(calls++) + ".txt";
-  const std::string cmd = std::string(KC_BINARY) + " " + args + " 2>" + err_path;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return {-1, "", "popen failed"};
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  std::ifstream e(err_path);
-  std::string err((std::istreambuf_iterator<char>(e)), std::istreambuf_iterator<char>());
-  std::remove(err_path.c_str());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out, err};
-}
+KcRun Kc(const std::string& args) { return kc::testing::RunKc(KC_BINARY, args); }
 
 std::string WriteFile(const std::string& name, const std::string& text) {
   const std::string path = ::testing::TempDir() + name;
