@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/repo_root.h"
+
 namespace kc::hal {
 namespace {
 
@@ -16,12 +18,7 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
-// The repository root, from this file's absolute path.
-std::string RepoRoot() {
-  std::string file = __FILE__;
-  std::string tail = "src/hal/inventory_test.cc";
-  return file.substr(0, file.size() - tail.size());
-}
+using kc::testing::RepoRoot;
 
 std::string Example(const std::string& name) { return RepoRoot() + "examples/clusters/" + name; }
 

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/repo_root.h"
+
 namespace kc::parallel {
 namespace {
 
@@ -13,12 +15,7 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
-// The repository root, from this file's absolute path (as hal/inventory_test.cc).
-std::string RepoRoot() {
-  std::string file = __FILE__;
-  std::string tail = "src/parallel/model_spec_test.cc";
-  return file.substr(0, file.size() - tail.size());
-}
+using kc::testing::RepoRoot;
 
 std::string Example(const std::string& name) {
   return RepoRoot() + "examples/models/" + name + ".yaml";

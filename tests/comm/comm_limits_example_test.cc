@@ -4,13 +4,14 @@
 #include <string>
 
 #include "comm/comm_limits_config.h"
+#include "tests/support/repo_root.h"
 
 namespace kc::comm {
 namespace {
 
 TEST(CommLimitsExampleTest, TheShippedExampleLoads) {
   Result<CommLimits> limits =
-      LoadCommLimits(std::string(KC_SOURCE_DIR) + "/examples/admin/comm-limits.yaml");
+      LoadCommLimits(kc::testing::RepoRoot() + "examples/admin/comm-limits.yaml");
   ASSERT_TRUE(limits.ok()) << limits.status();
   EXPECT_EQ(limits->ForJob("team-a/train").ops_per_second, 2000);
   EXPECT_EQ(limits->ForJob("team-b/eval").bytes_per_second, 1e9);

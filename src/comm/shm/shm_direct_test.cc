@@ -1,13 +1,11 @@
 #include "comm/shm/shm_direct.h"
 
-#include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -21,8 +19,10 @@
 #include "base/clock.h"
 #include "comm/collectives.h"
 #include "comm/hash_store.h"
+#include "comm/internal/shm_segment.h"
 #include "comm/tcp_store.h"
 #include "tests/support/child_guard.h"
+#include "tests/support/shm_entries.h"
 
 namespace kc::comm {
 namespace {
@@ -41,17 +41,7 @@ std::string UniqueGroup(std::string_view name) {
 
 // /dev/shm entries whose name carries `group`'s segment prefix.
 int ShmEntries(const std::string& group) {
-  std::string prefix = "kc-shmd-";
-  for (char c : group) prefix += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
-  prefix += '-';
-  int n = 0;
-  DIR* d = opendir("/dev/shm");
-  if (d == nullptr) return 0;
-  while (dirent* e = readdir(d)) {
-    if (std::string_view(e->d_name).starts_with(prefix)) ++n;
-  }
-  closedir(d);
-  return n;
+  return kc::testing::CountShmEntries(internal::SegmentPrefix("kc-shmd-", group));
 }
 
 TimePoint Soon() { return Clock::Real()->Now() + 30s; }

@@ -1,13 +1,11 @@
 #include "comm/shm/shm_transport.h"
 
-#include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <cctype>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -18,8 +16,10 @@
 
 #include "base/clock.h"
 #include "comm/hash_store.h"
+#include "comm/internal/shm_segment.h"
 #include "comm/tcp_store.h"
 #include "tests/support/child_guard.h"
+#include "tests/support/shm_entries.h"
 
 namespace kc::comm {
 namespace {
@@ -48,16 +48,7 @@ std::vector<std::byte> Pattern(uint64_t seed, size_t n) {
 
 // /dev/shm entries whose name carries `group`'s segment prefix.
 int ShmEntries(const std::string& group) {
-  std::string prefix = "kc-shm-";
-  for (char c : group) prefix += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
-  int n = 0;
-  DIR* d = opendir("/dev/shm");
-  if (d == nullptr) return 0;
-  while (dirent* e = readdir(d)) {
-    if (std::string_view(e->d_name).starts_with(prefix)) ++n;
-  }
-  closedir(d);
-  return n;
+  return kc::testing::CountShmEntries(internal::SegmentPrefix("kc-shm-", group));
 }
 
 ShmTransportOptions Options(Store* store, const std::string& group, int rank, int size) {
