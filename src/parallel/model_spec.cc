@@ -31,6 +31,8 @@ void ParseTraining(config::Map t, TrainingSpec* training) {
   const TrainingSpec d;
   training->lr = static_cast<float>(t.OptionalDouble("lr", d.lr, config::Positive()));
   training->warmup_steps = t.OptionalInt("warmup_steps", d.warmup_steps, config::NonNegative());
+  training->min_lr_fraction = static_cast<float>(
+      t.OptionalDouble("min_lr_fraction", d.min_lr_fraction, config::InRange(0.0, 1.0)));
   training->weight_decay =
       static_cast<float>(t.OptionalDouble("weight_decay", d.weight_decay, config::NonNegative()));
   training->grad_clip =
@@ -122,6 +124,7 @@ std::string ModelSpecToYaml(const ModelSpec& spec) {
       << "training:\n"
       << "  lr: " << ShortestFloat(t.lr) << "\n"
       << "  warmup_steps: " << t.warmup_steps << "\n"
+      << "  min_lr_fraction: " << ShortestFloat(t.min_lr_fraction) << "\n"
       << "  weight_decay: " << ShortestFloat(t.weight_decay) << "\n"
       << "  grad_clip: " << ShortestFloat(t.grad_clip) << "\n"
       << "  betas: [" << ShortestFloat(t.beta1) << ", " << ShortestFloat(t.beta2) << "]\n"

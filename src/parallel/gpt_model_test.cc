@@ -1,0 +1,225 @@
+#include "parallel/gpt_model.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "parallel/optimizer.h"
+
+namespace kc::parallel {
+namespace {
+
+std::unique_ptr<hal::ComputeDevice> Cpu() {
+  auto device = hal::OpenComputeDevice({.id = "test/cpu0", .kind = hal::DeviceKind::kCpu});
+  KC_CHECK(device.ok()) << device.status();
+  return std::move(device).value();
+}
+
+ModelSpec Small(bool tied) {
+  ModelSpec s;
+  s.name = "grad-check";
+  s.layers = 2;
+  s.hidden = 8;
+  s.heads = 2;
+  s.ffn_hidden = 12;
+  s.vocab = 11;
+  s.seq_len = 5;
+  s.batch_per_rank = 2;
+  s.tied_embeddings = tied;
+  return s;
+}
+
+std::vector<int32_t> Tokens(int64_t n, int64_t vocab, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<int32_t> t(n);
+  for (int32_t& x : t) x = static_cast<int32_t>(gen() % vocab);
+  return t;
+}
+
+class GptGradientTest : public ::testing::TestWithParam<bool> {};
+
+// The whole model's backward against central differences of its loss, in double, for every
+// parameter of every tensor.
+TEST_P(GptGradientTest, EveryParameterGradientMatchesFiniteDifferences) {
+  auto device = Cpu();
+  const ModelSpec spec = Small(GetParam());
+  auto model = Gpt<double>::Create(spec, device.get(), {});
+  ASSERT_TRUE(model.ok()) << model.status();
+  Gpt<double>& m = **model;
+  m.InitParameters(7);
+  // Larger weights than GPT-2's 0.02 so every path carries signal.
+  std::mt19937 gen(3);
+  std::normal_distribution<double> noise(0.0, 0.3);
+  for (double& p : m.params()) p += noise(gen);
+  const std::vector<int32_t> in = Tokens(m.tokens(), spec.vocab, 1);
+  const std::vector<int32_t> tg = Tokens(m.tokens(), spec.vocab, 2);
+
+  ASSERT_TRUE(m.Forward(in, tg, 1.0 / m.tokens()).ok());
+  std::vector<int> order;
+  ASSERT_TRUE(m.Backward(false, [&](int t) {
+                 order.push_back(t);
+                 return OkStatus();
+               }).ok());
+  // Announced once each, in the documented backward order.
+  std::vector<int> want;
+  const std::vector<TensorSpec> backward = ParameterTensorsBackwardOrder(spec);
+  for (const TensorSpec& t : backward) {
+    for (size_t i = 0; i < m.tensors().size(); ++i) {
+      if (m.tensors()[i].name == t.name) want.push_back(static_cast<int>(i));
+    }
+  }
+  EXPECT_EQ(order, want);
+
+  const double h = 1e-5;
+  for (size_t t = 0; t < m.tensors().size(); ++t) {
+    std::span<double> p = m.param(static_cast<int>(t));
+    std::span<double> g = m.grad(static_cast<int>(t));
+    double worst = 0;
+    for (size_t i = 0; i < p.size(); ++i) {
+      const double keep = p[i];
+      p[i] = keep + h;
+      const double up = *m.Forward(in, tg, 0);
+      p[i] = keep - h;
+      const double down = *m.Forward(in, tg, 0);
+      p[i] = keep;
+      const double numeric = (up - down) / (2 * h);
+      worst = std::max(worst, std::fabs(numeric - g[i]) / std::max(1e-2, std::fabs(numeric)));
+    }
+    EXPECT_LT(worst, 1e-5) << m.tensors()[t].name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(TiedAndUntied, GptGradientTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Tied" : "Untied"; });
+
+TEST(GptModelTest, AccumulateAddsTheSecondBatchsGradient) {
+  auto device = Cpu();
+  auto model = Gpt<double>::Create(Small(true), device.get(), {});
+  ASSERT_TRUE(model.ok());
+  Gpt<double>& m = **model;
+  m.InitParameters(1);
+  const auto in1 = Tokens(m.tokens(), 11, 5), tg1 = Tokens(m.tokens(), 11, 6);
+  const auto in2 = Tokens(m.tokens(), 11, 7), tg2 = Tokens(m.tokens(), 11, 8);
+  auto none = [](int) { return OkStatus(); };
+  auto grads = [&] { return std::vector<double>(m.grad(0).begin(), m.grad(0).end()); };
+  ASSERT_TRUE(m.Forward(in1, tg1, 1.0).ok());
+  ASSERT_TRUE(m.Backward(false, none).ok());
+  const auto g1 = grads();
+  ASSERT_TRUE(m.Forward(in2, tg2, 1.0).ok());
+  ASSERT_TRUE(m.Backward(false, none).ok());
+  const auto g2 = grads();
+  ASSERT_TRUE(m.Forward(in1, tg1, 1.0).ok());
+  ASSERT_TRUE(m.Backward(true, none).ok());  // g2 + g1
+  const auto sum = grads();
+  for (size_t i = 0; i < sum.size(); ++i) EXPECT_NEAR(sum[i], g1[i] + g2[i], 1e-12) << i;
+}
+
+TEST(GptModelTest, BackwardNeedsAForwardWithGradient) {
+  auto device = Cpu();
+  auto model = Gpt<float>::Create(Small(true), device.get(), {});
+  ASSERT_TRUE(model.ok());
+  auto none = [](int) { return OkStatus(); };
+  EXPECT_EQ((*model)->Backward(false, none).code(), ErrorCode::kFailedPrecondition);
+  const auto in = Tokens((*model)->tokens(), 11, 1);
+  ASSERT_TRUE((*model)->Forward(in, in, 0).ok());
+  EXPECT_EQ((*model)->Backward(false, none).code(), ErrorCode::kFailedPrecondition);
+}
+
+TEST(GptModelTest, RejectsTokensOutsideTheVocabAndWrongSizes) {
+  auto device = Cpu();
+  auto model = Gpt<float>::Create(Small(true), device.get(), {});
+  ASSERT_TRUE(model.ok());
+  std::vector<int32_t> in = Tokens((*model)->tokens(), 11, 1);
+  std::vector<int32_t> tg = in;
+  tg[3] = 11;
+  Result<double> r = (*model)->Forward(in, tg, 0);
+  EXPECT_EQ(r.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), ::testing::HasSubstr("outside the vocab of 11"));
+  in.pop_back();
+  EXPECT_EQ((*model)->Forward(in, in, 0).status().code(), ErrorCode::kInvalidArgument);
+}
+
+TEST(GptModelTest, FloatAgreesWithDouble) {
+  auto device = Cpu();
+  ModelSpec spec = Small(true);
+  auto f = Gpt<float>::Create(spec, device.get(), {});
+  auto d = Gpt<double>::Create(spec, device.get(), {});
+  ASSERT_TRUE(f.ok() && d.ok());
+  (*f)->InitParameters(11);
+  (*d)->InitParameters(11);
+  for (size_t i = 0; i < (*f)->params().size(); ++i) {
+    ASSERT_EQ((*f)->params()[i], static_cast<float>((*d)->params()[i]));
+  }
+  const auto in = Tokens((*f)->tokens(), 11, 1), tg = Tokens((*f)->tokens(), 11, 2);
+  const double lf = *(*f)->Forward(in, tg, 1.0);
+  const double ld = *(*d)->Forward(in, tg, 1.0);
+  EXPECT_NEAR(lf, ld, 1e-5 * ld);
+  // A fresh model predicts about uniformly: loss near log(vocab).
+  EXPECT_NEAR(ld, std::log(11.0), 0.1);
+}
+
+TEST(GptModelTest, InitialisationIsDeterministicAndScaled) {
+  auto device = Cpu();
+  ModelSpec spec = Small(true);
+  spec.hidden = 64;
+  spec.ffn_hidden = 256;
+  auto a = Gpt<float>::Create(spec, device.get(), {});
+  auto b = Gpt<float>::Create(spec, device.get(), {});
+  ASSERT_TRUE(a.ok() && b.ok());
+  (*a)->InitParameters(5);
+  (*b)->InitParameters(5);
+  EXPECT_TRUE(std::equal((*a)->params().begin(), (*a)->params().end(), (*b)->params().begin()));
+  auto stddev = [](std::span<const float> x) {
+    double s = 0;
+    for (float v : x) s += static_cast<double>(v) * v;
+    return std::sqrt(s / static_cast<double>(x.size()));
+  };
+  const auto& tensors = (*a)->tensors();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    std::span<const float> p = (*a)->param(static_cast<int>(i));
+    if (tensors[i].name == "h.0.mlp.fc.weight") EXPECT_NEAR(stddev(p), 0.02, 0.002);
+    if (tensors[i].name == "h.1.attn.proj.weight") EXPECT_NEAR(stddev(p), 0.01, 0.001);
+    if (tensors[i].name == "h.0.ln1.weight") EXPECT_EQ(p[0], 1.0f);
+    if (tensors[i].name == "h.0.attn.qkv.bias") EXPECT_EQ(p[0], 0.0f);
+  }
+}
+
+// A few hundred AdamW steps on one repeated batch drive the loss far below log(vocab).
+TEST(GptModelTest, TrainingMemorisesABatch) {
+  auto device = Cpu();
+  ModelSpec spec = Small(true);
+  spec.hidden = 16;
+  spec.ffn_hidden = 64;
+  spec.training.lr = 1e-2f;
+  auto model = Gpt<float>::Create(spec, device.get(), {});
+  ASSERT_TRUE(model.ok());
+  Gpt<float>& m = **model;
+  m.InitParameters(spec.training.seed);
+  std::vector<OptimizerSlot<float>> slots;
+  for (size_t i = 0; i < m.tensors().size(); ++i) {
+    slots.push_back({m.param(static_cast<int>(i)), m.grad(static_cast<int>(i)),
+                     m.tensors()[i].shape.size() == 2});
+  }
+  auto opt = AdamW<float>::Create(spec.training, slots, device.get());
+  ASSERT_TRUE(opt.ok());
+  const auto in = Tokens(m.tokens(), 11, 1), tg = Tokens(m.tokens(), 11, 2);
+  double first = 0, last = 0;
+  for (int step = 0; step < 150; ++step) {
+    Result<double> loss = m.Forward(in, tg, 1.0 / m.tokens());
+    ASSERT_TRUE(loss.ok());
+    if (step == 0) first = *loss;
+    last = *loss;
+    ASSERT_TRUE(m.Backward(false, [](int) { return OkStatus(); }).ok());
+    (*opt)->Step(LearningRate(spec.training, step, 150),
+                 ClipScale(spec.training, (*opt)->GradNorm()));
+  }
+  EXPECT_GT(first, 2.0);
+  EXPECT_LT(last, 0.5);
+}
+
+}  // namespace
+}  // namespace kc::parallel
