@@ -2,6 +2,9 @@
 #pragma once
 
 #include <functional>
+#include <string>
+
+#include "base/status.h"
 
 namespace kc::app {
 
@@ -12,5 +15,8 @@ inline constexpr int kExitBadInput = 2;  // bad arguments or configuration; noth
 
 // A parsed subcommand, run after the global settings are loaded. Returns the exit code.
 using Action = std::function<int()>;
+
+// Splits the value of --store, "HOST:PORT" (port 0-65535), for the workers a launcher starts.
+Status ParseHostPort(const std::string& s, std::string* host, int* port);
 
 }  // namespace kc::app

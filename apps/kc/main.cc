@@ -8,6 +8,7 @@
 #include "apps/kc/command.h"
 #include "apps/kc/data_command.h"
 #include "apps/kc/topo_command.h"
+#include "apps/kc/train_command.h"
 #include "base/settings.h"
 
 namespace kc::app {
@@ -61,6 +62,7 @@ int main(int argc, char** argv) {
   AddConfigCommand(app, &action);
   AddBenchCommand(app, &action);
   AddDataCommand(app, &action);
+  AddTrainCommand(app, &action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {

@@ -69,7 +69,7 @@ TEST(ModelSpecTest, ShippedExamplesLoad) {
   EXPECT_EQ(tiny->hidden, 256);
   EXPECT_EQ(tiny->heads, 4);
   EXPECT_EQ(tiny->ffn_hidden, 1024);
-  EXPECT_EQ(tiny->vocab, 256);
+  EXPECT_EQ(tiny->vocab, 257);
   EXPECT_EQ(tiny->seq_len, 128);
   EXPECT_EQ(tiny->batch_per_rank, 8);
   EXPECT_TRUE(tiny->tied_embeddings);
@@ -82,10 +82,10 @@ TEST(ModelSpecTest, ShippedExamplesLoad) {
   EXPECT_EQ(small->hidden, 384);
   EXPECT_EQ(small->heads, 6);
   EXPECT_EQ(small->ffn_hidden, 1536);
-  EXPECT_EQ(small->vocab, 256);
+  EXPECT_EQ(small->vocab, 257);
   EXPECT_EQ(small->seq_len, 256);
   EXPECT_EQ(small->batch_per_rank, 8);
-  EXPECT_EQ(ParameterCount(*small), 10'844'160);
+  EXPECT_EQ(ParameterCount(*small), 10'844'544);
 
   Result<ModelSpec> gpt2 = LoadModelSpec(Example("gpt2-124m"));
   ASSERT_TRUE(gpt2.ok()) << gpt2.status();

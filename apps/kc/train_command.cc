@@ -1,0 +1,822 @@
+// `kc train CONFIG`: checks the model, the data and the layout, starts one worker process per
+// rank on this machine (the embedded launcher: no daemon), shows their progress, and at the
+// end prints the summary and writes the metrics (JSON Lines) and the loss plot (SVG).
+//
+// Workers are this same binary run with --worker-rank. Rank 0 reports each step on file
+// descriptor 3 (a pipe to the launcher), one JSON object per line; every rank's stderr comes
+// through the launcher, prefixed with its rank. A worker that fails makes the launcher stop
+// the others and exit non-zero with that worker's error.
+#include "apps/kc/train_command.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/ioctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "apps/kc/train_report.h"
+#include "base/clock.h"
+#include "comm/communicator.h"
+#include "comm/tcp_store.h"
+#include "hal/compute.h"
+#include "hal/measure.h"
+#include "parallel/data/loader.h"
+#include "parallel/model_spec.h"
+#include "parallel/trainer.h"
+
+namespace kc::app {
+namespace {
+
+using Json = nlohmann::json;
+namespace fs = std::filesystem;
+
+constexpr int kMetricsFd = 3;  // rank 0's step reports, in the worker
+
+struct TrainArgs {
+  std::string config;
+  int ranks = 1;
+  int threads_per_rank = 0;  // 0: the allowed cores / ranks
+  int64_t steps = 300;
+  int64_t global_batch = 0;  // sequences; 0: ranks * batch_per_rank
+  std::string data = "data/fortunes/manifest.json";
+  std::string out;  // default runs/<model name>
+  std::string metrics;
+  std::string plot;
+  int64_t eval_every = -1;  // -1: steps / 5; 0: only at the end
+  int64_t eval_batches = 4;
+  std::string grad_sync = "bucketed";
+  double bucket_mb = 2;
+  std::string export_dir;
+  std::string progress = "auto";
+  double timeout_s = 300;
+  // Internal: set by the launcher for its workers.
+  int worker_rank = -1;
+  std::string store;
+  std::string group;
+};
+
+// Everything checked before a worker starts.
+struct Plan {
+  parallel::ModelSpec spec;  // batch_per_rank: this layout's per-rank batch
+  int threads = 1;
+  std::vector<int> cpus;  // the cores this process may use
+  bool pin = false;       // ranks * threads fit the cores: each rank gets its own
+  bool validation = false;
+  int64_t eval_every = 0;
+  parallel::GradSync grad_sync = parallel::GradSync::kBucketed;
+};
+
+std::vector<int> AllowedCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    for (int i = 0; i < CPU_SETSIZE; ++i) {
+      if (CPU_ISSET(i, &set)) cpus.push_back(i);
+    }
+  }
+  if (cpus.empty()) cpus.push_back(0);
+  return cpus;
+}
+
+parallel::LoaderOptions DataOptions(const TrainArgs& a, const std::string& split) {
+  parallel::LoaderOptions o;
+  o.manifest = a.data;
+  o.split = split;
+  return o;
+}
+
+// The checks of `kc train` that need no worker: the model file, the layout, the data.
+Result<Plan> Check(const TrainArgs& a) {
+  Plan p;
+  if (a.ranks < 1) return InvalidArgumentError("--ranks " + std::to_string(a.ranks) + ": must be at least 1");
+  if (a.steps < 1) return InvalidArgumentError("--steps " + std::to_string(a.steps) + ": must be at least 1");
+  if (a.eval_batches < 1) {
+    return InvalidArgumentError("--eval-batches " + std::to_string(a.eval_batches) +
+                                ": must be at least 1");
+  }
+  if (!(a.bucket_mb > 0)) return InvalidArgumentError("--bucket-mb: must be positive");
+  if (a.progress != "auto" && a.progress != "bar" && a.progress != "lines" && a.progress != "none") {
+    return InvalidArgumentError("--progress " + a.progress + ": expected auto, bar, lines or none");
+  }
+  KC_ASSIGN_OR_RETURN(p.grad_sync, parallel::ParseGradSync(a.grad_sync));
+  KC_ASSIGN_OR_RETURN(p.spec, parallel::LoadModelSpec(a.config));
+  if (a.global_batch != 0) {
+    if (a.global_batch < a.ranks || a.global_batch % a.ranks != 0) {
+      return InvalidArgumentError(fmt::format(
+          "--global-batch {} cannot be split over {} ranks: it must be a multiple of the rank "
+          "count (for example {} or {})",
+          a.global_batch, a.ranks, a.ranks * std::max<int64_t>(1, a.global_batch / a.ranks),
+          a.ranks * (a.global_batch / a.ranks + 1)));
+    }
+    p.spec.batch_per_rank = a.global_batch / a.ranks;
+  }
+  p.cpus = AllowedCpus();
+  const int ncpu = static_cast<int>(p.cpus.size());
+  p.threads = a.threads_per_rank > 0 ? a.threads_per_rank : std::max(1, ncpu / a.ranks);
+  p.pin = a.ranks * p.threads <= ncpu;
+  if (a.data.empty()) return InvalidArgumentError("--data: empty path");
+  if (!fs::exists(a.data)) {
+    return NotFoundError("--data " + a.data +
+                         ": no such manifest (make one with `kc data prepare --out DIR FILES...`; "
+                         "scripts/setup.sh makes data/fortunes)");
+  }
+  // Open rank 0's loader: a missing or corrupt shard, a sequence longer than the data or too
+  // little data for one global batch fail here, before anything starts.
+  parallel::LoaderOptions data = DataOptions(a, "train");
+  data.seq_len = p.spec.seq_len;
+  data.batch = p.spec.batch_per_rank;
+  data.world_size = a.ranks;
+  data.seed = p.spec.training.seed;
+  Result<std::unique_ptr<parallel::DataLoader>> loader = parallel::OpenDataLoader(data);
+  if (!loader.ok()) return loader.status().WithContext("--data " + a.data);
+  if ((*loader)->vocab_size() > static_cast<uint32_t>(p.spec.vocab)) {
+    return InvalidArgumentError(fmt::format(
+        "{}: vocab {} is smaller than the data's vocab_size {} ({}); set vocab: {} or more",
+        a.config, p.spec.vocab, (*loader)->vocab_size(), a.data, (*loader)->vocab_size()));
+  }
+  parallel::LoaderOptions val = data;
+  val.split = "val";
+  p.validation = parallel::OpenDataLoader(val).ok();
+  p.eval_every = a.eval_every >= 0 ? a.eval_every : std::max<int64_t>(1, a.steps / 5);
+  if (!a.export_dir.empty() && a.worker_rank < 0 && fs::exists(a.export_dir) &&
+      !fs::is_directory(a.export_dir)) {
+    return InvalidArgumentError("--export " + a.export_dir + ": not a directory");
+  }
+  return p;
+}
+
+// ---------------------------------------------------------------------------------------
+// Worker.
+
+Status WriteFile(const fs::path& path, const void* data, size_t bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
+  out.close();
+  if (!out) return InternalError("cannot write " + path.string());
+  return OkStatus();
+}
+
+// What bench/train/compare_losses.py needs to run the same model in PyTorch: the model,
+// the initial parameters and every step's global batch.
+Status Export(const TrainArgs& a, const Plan& p, parallel::Trainer& trainer) {
+  const fs::path dir = a.export_dir;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return InternalError("--export " + dir.string() + ": " + ec.message());
+  const parallel::ModelSpec& s = p.spec;
+  const int64_t global = s.batch_per_rank * a.ranks;
+  Json model = {{"name", s.name},
+                {"layers", s.layers},
+                {"hidden", s.hidden},
+                {"heads", s.heads},
+                {"ffn_hidden", s.ffn_hidden},
+                {"vocab", s.vocab},
+                {"seq_len", s.seq_len},
+                {"batch", global},
+                {"tied_embeddings", s.tied_embeddings},
+                {"layernorm_eps", s.layernorm_eps},
+                {"steps", a.steps},
+                {"training",
+                 {{"lr", s.training.lr},
+                  {"warmup_steps", s.training.warmup_steps},
+                  {"min_lr_fraction", s.training.min_lr_fraction},
+                  {"weight_decay", s.training.weight_decay},
+                  {"grad_clip", s.training.grad_clip},
+                  {"beta1", s.training.beta1},
+                  {"beta2", s.training.beta2},
+                  {"eps", s.training.eps}}}};
+  Json tensors = Json::array();
+  for (const parallel::TensorSpec& t : trainer.model().tensors()) {
+    tensors.push_back({{"name", t.name}, {"shape", t.shape}, {"offset", t.offset}});
+  }
+  model["tensors"] = tensors;
+  const std::string text = model.dump(2) + "\n";
+  KC_RETURN_IF_ERROR(WriteFile(dir / "model.json", text.data(), text.size()));
+  std::span<const float> params = trainer.model().params();
+  KC_RETURN_IF_ERROR(WriteFile(dir / "params.bin", params.data(), params.size_bytes()));
+  // A one-rank loader with the global batch hands out exactly the windows the ranks get, in
+  // rank order (parallel/data/loader.h).
+  parallel::LoaderOptions o = DataOptions(a, "train");
+  o.seq_len = s.seq_len;
+  o.batch = global;
+  o.seed = s.training.seed;
+  KC_ASSIGN_OR_RETURN(auto loader, parallel::OpenDataLoader(o));
+  std::ofstream out(dir / "batches.bin", std::ios::binary | std::ios::trunc);
+  parallel::Batch batch;
+  for (int64_t i = 0; i < a.steps; ++i) {
+    loader->Next(&batch);
+    out.write(reinterpret_cast<const char*>(batch.inputs.data()),
+              static_cast<std::streamsize>(batch.inputs.size() * sizeof(int32_t)));
+    out.write(reinterpret_cast<const char*>(batch.targets.data()),
+              static_cast<std::streamsize>(batch.targets.size() * sizeof(int32_t)));
+  }
+  out.close();
+  if (!out) return InternalError("cannot write " + (dir / "batches.bin").string());
+  return OkStatus();
+}
+
+class MetricsPipe {
+ public:
+  // Rank 0 writes to the launcher's pipe; other ranks, or a worker run by hand, write nowhere.
+  explicit MetricsPipe(bool enabled) {
+    if (enabled && fcntl(kMetricsFd, F_GETFD) != -1) file_ = fdopen(kMetricsFd, "w");
+  }
+  ~MetricsPipe() {
+    if (file_ != nullptr) fclose(file_);
+  }
+  void Write(const Json& j) {
+    if (file_ == nullptr) return;
+    const std::string line = j.dump() + "\n";
+    fwrite(line.data(), 1, line.size(), file_);
+    fflush(file_);
+  }
+
+ private:
+  FILE* file_ = nullptr;
+};
+
+Status RunWorkerRank(const TrainArgs& a, const Plan& p) {
+  const int rank = a.worker_rank;
+  hal::DeviceDescriptor d;
+  d.id = fmt::format("local/rank{}", rank);
+  d.kind = hal::DeviceKind::kCpu;
+  d.host = "local";
+  d.index_on_host = rank;
+  d.cpus = AllowedCpus();  // the launcher pinned this process
+  KC_ASSIGN_OR_RETURN(auto device, hal::OpenComputeDevice(d, {.threads = p.threads}));
+  if (p.pin) KC_RETURN_IF_ERROR(device->BindCallingThread());
+
+  const Duration timeout =
+      std::chrono::duration_cast<Duration>(std::chrono::duration<double>(a.timeout_s));
+  std::unique_ptr<comm::TcpStoreClient> store;
+  std::unique_ptr<comm::Communicator> comm;
+  if (a.ranks > 1) {
+    std::string host;
+    int port = 0;
+    KC_RETURN_IF_ERROR(ParseHostPort(a.store, &host, &port));
+    KC_ASSIGN_OR_RETURN(store, comm::TcpStoreClient::Connect(host, port, Clock::Real()->Now() + timeout));
+    KC_ASSIGN_OR_RETURN(comm, comm::Communicator::Create({.store = store.get(),
+                                                          .group = a.group,
+                                                          .rank = rank,
+                                                          .size = a.ranks,
+                                                          .connect_timeout = timeout,
+                                                          .timeout = timeout}));
+  }
+  parallel::TrainerOptions o;
+  o.spec = p.spec;
+  o.data = DataOptions(a, "train");
+  if (p.validation) o.validation = DataOptions(a, "val");
+  o.total_steps = a.steps;
+  o.device = device.get();
+  o.comm = comm.get();
+  o.grad_sync = p.grad_sync;
+  o.bucket_bytes = static_cast<int64_t>(a.bucket_mb * (1 << 20));
+  KC_ASSIGN_OR_RETURN(auto trainer, parallel::Trainer::Create(o));
+  if (!a.export_dir.empty() && rank == 0) KC_RETURN_IF_ERROR(Export(a, p, *trainer));
+
+  MetricsPipe metrics(rank == 0);
+  metrics.Write({{"type", "start"},
+                 {"parameters", parallel::ParameterCount(p.spec)},
+                 {"flops_per_token", parallel::TrainingFlopsPerToken(p.spec)},
+                 {"grad_buckets", trainer->grad_buckets()},
+                 {"arena_bytes", trainer->model().arena_bytes()}});
+  auto evaluate = [&](int64_t step) -> Status {
+    if (!p.validation) return OkStatus();
+    KC_ASSIGN_OR_RETURN(double val, trainer->Evaluate(a.eval_batches));
+    metrics.Write({{"type", "val"}, {"step", step}, {"loss", val}});
+    return OkStatus();
+  };
+  for (int64_t i = 0; i < a.steps; ++i) {
+    KC_ASSIGN_OR_RETURN(parallel::StepStats s, trainer->Step());
+    metrics.Write({{"type", "step"},
+                   {"step", s.step + 1},
+                   {"loss", s.loss},
+                   {"lr", s.lr},
+                   {"grad_norm", s.grad_norm},
+                   {"step_ms", s.step_s * 1e3},
+                   {"compute_ms", s.compute_s * 1e3},
+                   {"comm_exposed_ms", s.comm_exposed_s * 1e3},
+                   {"tokens", s.tokens},
+                   {"tokens_per_s", s.tokens / s.step_s}});
+    const int64_t done = i + 1;
+    if ((p.eval_every > 0 && done % p.eval_every == 0) || done == a.steps) {
+      KC_RETURN_IF_ERROR(evaluate(done));
+    }
+  }
+  return OkStatus();
+}
+
+int RunWorker(const TrainArgs& a, const Plan& p) {
+  if (Status s = RunWorkerRank(a, p); !s.ok()) {
+    std::cerr << "kc train: rank " << a.worker_rank << ": " << s << "\n";
+    return kExitFailure;
+  }
+  return kExitOk;
+}
+
+// ---------------------------------------------------------------------------------------
+// Launcher.
+
+std::vector<std::string> WorkerArgv(const TrainArgs& a, int rank, const std::string& store,
+                                    const std::string& group) {
+  std::vector<std::string> v = {"kc",
+                                "train",
+                                a.config,
+                                "--ranks",
+                                std::to_string(a.ranks),
+                                "--threads-per-rank",
+                                std::to_string(a.threads_per_rank),
+                                "--steps",
+                                std::to_string(a.steps),
+                                "--global-batch",
+                                std::to_string(a.global_batch),
+                                "--data",
+                                a.data,
+                                "--eval-every",
+                                std::to_string(a.eval_every),
+                                "--eval-batches",
+                                std::to_string(a.eval_batches),
+                                "--grad-sync",
+                                a.grad_sync,
+                                "--bucket-mb",
+                                fmt::format("{}", a.bucket_mb),
+                                "--timeout",
+                                fmt::format("{}", a.timeout_s),
+                                "--worker-rank",
+                                std::to_string(rank),
+                                "--store",
+                                store,
+                                "--group",
+                                group};
+  if (!a.export_dir.empty()) {
+    v.push_back("--export");
+    v.push_back(a.export_dir);
+  }
+  return v;
+}
+
+struct Child {
+  int rank = 0;
+  pid_t pid = -1;
+  int err_fd = -1;      // its stderr
+  std::string partial;  // an unfinished stderr line
+  std::string last_error;
+  bool exited = false;
+  int status = 0;
+};
+
+// Starts rank `rank`: stderr to a pipe, rank 0's fd 3 to `metrics_write`, pinned to its
+// cores when they fit, OpenBLAS limited to its threads.
+Result<Child> Spawn(const TrainArgs& a, const Plan& p, int rank, const std::string& store,
+                    const std::string& group, int metrics_write) {
+  int err[2];
+  if (pipe2(err, O_CLOEXEC) != 0) return InternalError(std::string("pipe: ") + std::strerror(errno));
+  std::vector<std::string> args = WorkerArgv(a, rank, store, group);
+  std::vector<char*> argv;
+  for (std::string& s : args) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int i = 0; i < p.threads; ++i) {
+    CPU_SET(p.cpus[static_cast<size_t>(rank * p.threads + i) % p.cpus.size()], &set);
+  }
+  const std::string blas_threads = std::to_string(p.threads);
+  const pid_t pid = fork();
+  if (pid < 0) return InternalError(std::string("fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    // The child: only async-signal-safe calls until exec.
+    dup2(err[1], STDERR_FILENO);
+    if (rank == 0) {
+      dup2(metrics_write, kMetricsFd);
+    } else {
+      close(kMetricsFd);
+    }
+    if (p.pin) sched_setaffinity(0, sizeof(set), &set);
+    setenv("OPENBLAS_NUM_THREADS", blas_threads.c_str(), 1);
+    setenv("OMP_NUM_THREADS", "1", 1);
+    execv("/proc/self/exe", argv.data());
+    _exit(127);
+  }
+  close(err[1]);
+  Child c;
+  c.rank = rank;
+  c.pid = pid;
+  c.err_fd = err[0];
+  return c;
+}
+
+// Reads the launcher's inputs: rank 0's step lines and every rank's stderr.
+class Monitor {
+ public:
+  Monitor(const TrainArgs& a, std::ofstream* metrics) : a_(a), metrics_(metrics) {
+    const bool tty = isatty(STDERR_FILENO) == 1;
+    mode_ = a.progress == "auto" ? (tty ? "bar" : "lines") : a.progress;
+    every_ = std::max<int64_t>(1, a.steps / 20);
+    start_ = std::chrono::steady_clock::now();
+  }
+
+  void OnMetricsLine(const std::string& line) {
+    Json j = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) return;
+    *metrics_ << line << "\n";
+    const std::string type = j.value("type", "");
+    if (type == "start") {
+      start_info_ = j;
+    } else if (type == "step") {
+      StepRecord r;
+      r.step = j.value("step", int64_t{0});
+      r.loss = j.value("loss", 0.0);
+      r.lr = j.value("lr", 0.0);
+      r.grad_norm = j.value("grad_norm", 0.0);
+      r.step_s = j.value("step_ms", 0.0) / 1e3;
+      r.compute_s = j.value("compute_ms", 0.0) / 1e3;
+      r.comm_exposed_s = j.value("comm_exposed_ms", 0.0) / 1e3;
+      r.tokens = j.value("tokens", int64_t{0});
+      steps_.push_back(r);
+      Show(r.step == a_.steps || r.step % every_ == 0);
+    } else if (type == "val") {
+      val_.push_back({j.value("step", int64_t{0}), j.value("loss", 0.0)});
+      if (mode_ == "lines") {
+        std::cerr << fmt::format("step {}: validation loss {:.4f}\n", val_.back().step,
+                                 val_.back().loss);
+      }
+      Show(false);
+    }
+  }
+
+  // A worker's stderr line: shown above the progress bar, prefixed with its rank.
+  void OnWorkerLine(int rank, const std::string& line) {
+    ClearBar();
+    std::cerr << "[rank " << rank << "] " << line << "\n";
+    Show(false);
+  }
+
+  void Finish() { ClearBar(); }
+
+  const std::vector<StepRecord>& steps() const { return steps_; }
+  const std::vector<ValRecord>& val() const { return val_; }
+  const Json& start_info() const { return start_info_; }
+
+ private:
+  void Show(bool line_due) {
+    if (steps_.empty() || mode_ == "none") return;
+    const StepRecord& r = steps_.back();
+    // Rate over the last (up to) 20 steps.
+    double time = 0, tokens = 0;
+    for (size_t i = steps_.size() > 20 ? steps_.size() - 20 : 0; i < steps_.size(); ++i) {
+      time += steps_[i].step_s;
+      tokens += static_cast<double>(steps_[i].tokens);
+    }
+    const double rate = time > 0 ? tokens / time : 0;
+    const double per_step = time / static_cast<double>(std::min<size_t>(20, steps_.size()));
+    const double eta = per_step * static_cast<double>(a_.steps - r.step);
+    const double val = val_.empty() ? -1 : val_.back().loss;
+    if (mode_ == "bar") {
+      winsize ws{};
+      const int width = ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 20 ? ws.ws_col : 100;
+      std::cerr << "\r\033[K" << ProgressLine(r.step, a_.steps, r.loss, val, rate, eta, width - 1)
+                << std::flush;
+      bar_shown_ = true;
+    } else if (mode_ == "lines" && line_due) {
+      std::cerr << ProgressLine(r.step, a_.steps, r.loss, val, rate, eta, 120) << "\n";
+    }
+  }
+  void ClearBar() {
+    if (bar_shown_) std::cerr << "\r\033[K" << std::flush;
+    bar_shown_ = false;
+  }
+
+  const TrainArgs& a_;
+  std::ofstream* metrics_;
+  std::string mode_;
+  int64_t every_ = 1;
+  bool bar_shown_ = false;
+  std::chrono::steady_clock::time_point start_;
+  std::vector<StepRecord> steps_;
+  std::vector<ValRecord> val_;
+  Json start_info_;
+};
+
+// Splits what arrived on a pipe into lines; returns false at end of file.
+bool ReadLines(int fd, std::string* partial, const std::function<void(const std::string&)>& f) {
+  char buf[65536];
+  const ssize_t n = read(fd, buf, sizeof(buf));
+  if (n < 0) return errno == EINTR || errno == EAGAIN;
+  if (n == 0) {
+    if (!partial->empty()) f(*partial);
+    partial->clear();
+    return false;
+  }
+  partial->append(buf, static_cast<size_t>(n));
+  size_t start = 0;
+  for (size_t nl; (nl = partial->find('\n', start)) != std::string::npos; start = nl + 1) {
+    f(partial->substr(start, nl - start));
+  }
+  partial->erase(0, start);
+  return true;
+}
+
+std::string DescribeExit(int status) {
+  if (WIFSIGNALED(status)) return fmt::format("killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
+  return fmt::format("exited with status {}", WEXITSTATUS(status));
+}
+
+void PrintSummary(const TrainArgs& a, const Plan& p, const Monitor& m, double peak_per_core,
+                  const fs::path& metrics_path, const fs::path& plot_path, Json* summary_json) {
+  const TrainSummary s = Summarise(m.steps());
+  const double flops_per_token = parallel::TrainingFlopsPerToken(p.spec);
+  const int cores = a.ranks * p.threads;
+  const double achieved = s.tokens_per_s * flops_per_token;
+  const double mfu = peak_per_core > 0 ? achieved / (cores * peak_per_core) : 0;
+  const int64_t global = p.spec.batch_per_rank * a.ranks;
+  std::string val;
+  if (!m.val().empty()) val = fmt::format(" (validation {:.4f})", m.val().back().loss);
+  std::cout << fmt::format(
+      "kc train: {} ({:.2f} M parameters), {} rank{} x {} thread{}, {} steps, global batch {} x {} "
+      "= {} tokens, {}\n",
+      p.spec.name, parallel::ParameterCount(p.spec) / 1e6, a.ranks, a.ranks == 1 ? "" : "s",
+      p.threads, p.threads == 1 ? "" : "s", s.steps, global, p.spec.seq_len,
+      global * p.spec.seq_len, a.ranks > 1 ? fmt::format("grad sync {}", a.grad_sync) : "one rank");
+  std::cout << fmt::format("  loss            {:.4f} -> {:.4f}{}\n", s.first_loss, s.last_loss, val);
+  std::cout << fmt::format("  throughput      {:.0f} tokens/s (steady state: steps {}-{})\n",
+                           s.tokens_per_s, s.steps - s.measured_steps + 1, s.steps);
+  std::cout << fmt::format("  step time       {:.1f} ms (median)\n", s.step_ms_median);
+  std::cout << fmt::format(
+      "  device util     {:.1f}% (compute time / step time; the seed asks for >= 80%)\n",
+      100 * s.device_utilisation);
+  std::cout << fmt::format(
+      "  exposed comm    {:.1f}% of step time, {:.2f} ms per step (the seed flags > 40%)\n",
+      100 * s.exposed_comm_share, s.comm_exposed_ms);
+  if (peak_per_core > 0) {
+    std::cout << fmt::format(
+        "  MFU             {:.1f}% ({:.1f} GFLOP/s of {} core{} x {:.1f} GFLOP/s sgemm measured now)\n",
+        100 * mfu, achieved / 1e9, cores, cores == 1 ? "" : "s", peak_per_core / 1e9);
+  }
+  std::cout << fmt::format("  wall time       {}\n", FormatDuration(s.total_s));
+  std::cout << fmt::format("  metrics         {}\n  plot            {}\n", metrics_path.string(),
+                           plot_path.string());
+  *summary_json = {{"type", "summary"},
+                   {"model", p.spec.name},
+                   {"ranks", a.ranks},
+                   {"threads_per_rank", p.threads},
+                   {"steps", s.steps},
+                   {"global_batch", global},
+                   {"grad_sync", a.grad_sync},
+                   {"first_loss", s.first_loss},
+                   {"last_loss", s.last_loss},
+                   {"val_loss", m.val().empty() ? Json(nullptr) : Json(m.val().back().loss)},
+                   {"tokens_per_s", s.tokens_per_s},
+                   {"step_ms", s.step_ms_median},
+                   {"device_utilisation", s.device_utilisation},
+                   {"exposed_comm_share", s.exposed_comm_share},
+                   {"comm_exposed_ms", s.comm_exposed_ms},
+                   {"flops_per_token", flops_per_token},
+                   {"sgemm_flops_per_core", peak_per_core},
+                   {"mfu", mfu},
+                   {"measured_steps", s.measured_steps},
+                   {"wall_s", s.total_s}};
+}
+
+int RunLauncher(TrainArgs a) {
+  Result<Plan> plan = Check(a);
+  if (!plan.ok()) {
+    std::cerr << "kc train: " << plan.status().message() << "\n";
+    return kExitBadInput;
+  }
+  const Plan& p = *plan;
+  const fs::path out = a.out.empty() ? fs::path("runs") / p.spec.name : fs::path(a.out);
+  const fs::path metrics_path = a.metrics.empty() ? out / "metrics.jsonl" : fs::path(a.metrics);
+  const fs::path plot_path = a.plot.empty() ? out / "loss.svg" : fs::path(a.plot);
+  std::error_code ec;
+  for (const fs::path& f : {metrics_path, plot_path}) {
+    if (f.has_parent_path()) fs::create_directories(f.parent_path(), ec);
+    if (ec) {
+      std::cerr << "kc train: " << f.parent_path().string() << ": " << ec.message() << "\n";
+      return kExitBadInput;
+    }
+  }
+  std::ofstream metrics(metrics_path, std::ios::trunc);
+  if (!metrics) {
+    std::cerr << "kc train: cannot write " << metrics_path.string() << "\n";
+    return kExitBadInput;
+  }
+  metrics << Json{{"type", "run"},
+                  {"model", p.spec.name},
+                  {"config", a.config},
+                  {"ranks", a.ranks},
+                  {"threads_per_rank", p.threads},
+                  {"steps", a.steps},
+                  {"global_batch", p.spec.batch_per_rank * a.ranks},
+                  {"seq_len", p.spec.seq_len},
+                  {"grad_sync", a.grad_sync},
+                  {"data", a.data}}
+                 .dump()
+          << "\n";
+
+  std::unique_ptr<comm::TcpStoreServer> server;
+  std::string store;
+  if (a.ranks > 1) {
+    Result<std::unique_ptr<comm::TcpStoreServer>> s =
+        comm::TcpStoreServer::Start({.bind_address = "127.0.0.1", .port = 0});
+    if (!s.ok()) {
+      std::cerr << "kc train: rendezvous store: " << s.status() << "\n";
+      return kExitFailure;
+    }
+    server = *std::move(s);
+    store = fmt::format("127.0.0.1:{}", server->port());
+  }
+  const std::string group = fmt::format("kc-train-{}", getpid());
+  int mpipe[2];
+  if (pipe2(mpipe, O_CLOEXEC) != 0) {
+    std::cerr << "kc train: pipe: " << std::strerror(errno) << "\n";
+    return kExitFailure;
+  }
+  // A worker that dies must not take the launcher with it when its pipe closes.
+  signal(SIGPIPE, SIG_IGN);
+  std::vector<Child> children;
+  for (int r = 0; r < a.ranks; ++r) {
+    Result<Child> c = Spawn(a, p, r, store, group, mpipe[1]);
+    if (!c.ok()) {
+      std::cerr << "kc train: cannot start rank " << r << ": " << c.status().message() << "\n";
+      for (Child& k : children) kill(k.pid, SIGKILL);
+      for (Child& k : children) waitpid(k.pid, nullptr, 0);
+      return kExitFailure;
+    }
+    children.push_back(*std::move(c));
+  }
+  close(mpipe[1]);
+
+  Monitor monitor(a, &metrics);
+  std::string metrics_partial;
+  int metrics_fd = mpipe[0];
+  std::optional<std::string> failure;
+  std::optional<std::chrono::steady_clock::time_point> kill_at;
+  size_t running = children.size();
+  auto stop_others = [&] {
+    for (Child& c : children) {
+      if (!c.exited) kill(c.pid, SIGTERM);
+    }
+    kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  };
+  while (running > 0) {
+    std::vector<pollfd> fds;
+    std::vector<int> owner;  // child index, or -1 for the metrics pipe
+    if (metrics_fd >= 0) {
+      fds.push_back({metrics_fd, POLLIN, 0});
+      owner.push_back(-1);
+    }
+    for (size_t i = 0; i < children.size(); ++i) {
+      if (children[i].err_fd >= 0) {
+        fds.push_back({children[i].err_fd, POLLIN, 0});
+        owner.push_back(static_cast<int>(i));
+      }
+    }
+    // Wake up now and then to reap children whose pipes are shared or already closed.
+    poll(fds.data(), fds.size(), 100);
+    for (size_t k = 0; k < fds.size(); ++k) {
+      if ((fds[k].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+      if (owner[k] < 0) {
+        if (!ReadLines(metrics_fd, &metrics_partial,
+                       [&](const std::string& l) { monitor.OnMetricsLine(l); })) {
+          close(metrics_fd);
+          metrics_fd = -1;
+        }
+      } else {
+        Child& c = children[owner[k]];
+        if (!ReadLines(c.err_fd, &c.partial, [&](const std::string& l) {
+              if (!l.empty()) c.last_error = l;
+              monitor.OnWorkerLine(c.rank, l);
+            })) {
+          close(c.err_fd);
+          c.err_fd = -1;
+        }
+      }
+    }
+    for (Child& c : children) {
+      if (c.exited || c.err_fd >= 0) continue;  // reap once its stderr is drained
+      if (waitpid(c.pid, &c.status, WNOHANG) != c.pid) continue;
+      c.exited = true;
+      --running;
+      const bool ok = WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0;
+      if (!ok && !failure) {
+        std::string why = c.last_error.empty() ? DescribeExit(c.status) : c.last_error;
+        if (!c.last_error.empty() && WIFSIGNALED(c.status)) why += " (" + DescribeExit(c.status) + ")";
+        failure = fmt::format("rank {} failed: {}", c.rank, why);
+        stop_others();
+      }
+    }
+    if (kill_at && std::chrono::steady_clock::now() > *kill_at) {
+      for (Child& c : children) {
+        if (!c.exited) kill(c.pid, SIGKILL);
+      }
+      kill_at.reset();
+    }
+  }
+  if (metrics_fd >= 0) {
+    while (ReadLines(metrics_fd, &metrics_partial, [&](const std::string& l) { monitor.OnMetricsLine(l); })) {
+    }
+    close(metrics_fd);
+  }
+  monitor.Finish();
+  if (server != nullptr) server->Stop();
+  if (failure) {
+    metrics.flush();
+    std::cerr << "kc train: " << *failure << "; the other ranks were stopped\n";
+    return kExitFailure;
+  }
+  if (static_cast<int64_t>(monitor.steps().size()) != a.steps) {
+    std::cerr << "kc train: rank 0 reported " << monitor.steps().size() << " of " << a.steps
+              << " steps\n";
+    return kExitFailure;
+  }
+  // The peak MFU is measured against: one core's sgemm, now that the workers are done.
+  Result<double> peak = hal::MeasureSgemmFlops({.n = 512, .threads = 1, .repetitions = 6});
+  Json summary;
+  PrintSummary(a, p, monitor, peak.ok() ? *peak : 0, metrics_path, plot_path, &summary);
+  metrics << summary.dump() << "\n";
+  metrics.close();
+  std::ofstream plot(plot_path, std::ios::trunc);
+  plot << LossCurveSvg(fmt::format("{}: {} rank{}, global batch {}", p.spec.name, a.ranks,
+                                   a.ranks == 1 ? "" : "s", p.spec.batch_per_rank * a.ranks),
+                       monitor.steps(), monitor.val());
+  plot.close();
+  if (!metrics || !plot) {
+    std::cerr << "kc train: cannot write " << metrics_path.string() << " or " << plot_path.string()
+              << "\n";
+    return kExitFailure;
+  }
+  return kExitOk;
+}
+
+int RunTrain(const TrainArgs& a) {
+  if (a.worker_rank >= 0) {
+    Result<Plan> plan = Check(a);
+    if (!plan.ok()) {
+      std::cerr << "kc train: rank " << a.worker_rank << ": " << plan.status().message() << "\n";
+      return kExitBadInput;
+    }
+    return RunWorker(a, *plan);
+  }
+  return RunLauncher(a);
+}
+
+}  // namespace
+
+void AddTrainCommand(CLI::App& app, Action* action) {
+  CLI::App* c = app.add_subcommand(
+      "train",
+      "Train a model on this machine: N worker processes, data parallel, with a live progress "
+      "bar, a summary, metrics (JSON Lines) and a loss plot (SVG)");
+  auto a = std::make_shared<TrainArgs>();
+  c->add_option("config", a->config, "Model file (YAML), e.g. examples/models/gpt-tiny.yaml")
+      ->required();
+  c->add_option("--ranks", a->ranks, "Worker processes (data-parallel ranks)")->capture_default_str();
+  c->add_option("--threads-per-rank", a->threads_per_rank,
+                "BLAS threads of each rank (default: the cores this process may use / ranks)");
+  c->add_option("--steps", a->steps, "Training steps")->capture_default_str();
+  c->add_option("--global-batch", a->global_batch,
+                "Sequences per step over all ranks (default: ranks x the model's batch_per_rank)");
+  c->add_option("--data", a->data, "manifest.json of `kc data prepare`")->capture_default_str();
+  c->add_option("--out", a->out, "Directory for metrics.jsonl and loss.svg (default runs/MODEL)");
+  c->add_option("--metrics", a->metrics, "Metrics file (JSON Lines; default OUT/metrics.jsonl)");
+  c->add_option("--plot", a->plot, "Loss plot (SVG; default OUT/loss.svg)");
+  c->add_option("--eval-every", a->eval_every,
+                "Validation every N steps (default steps/5; 0: at the end only)");
+  c->add_option("--eval-batches", a->eval_batches, "Validation batches per rank each time")
+      ->capture_default_str();
+  c->add_option("--grad-sync", a->grad_sync,
+                "bucketed (fused buckets overlapped with the backward) or per-tensor (one "
+                "all-reduce per tensor after the backward: the baseline)")
+      ->capture_default_str();
+  c->add_option("--bucket-mb", a->bucket_mb, "Gradient bucket size in MiB")->capture_default_str();
+  c->add_option("--export", a->export_dir,
+                "Also write the model, initial parameters and batches here "
+                "(bench/train/compare_losses.py)");
+  c->add_option("--progress", a->progress, "auto, bar, lines or none")->capture_default_str();
+  c->add_option("--timeout", a->timeout_s, "Seconds a rendezvous or collective may take")
+      ->capture_default_str();
+  c->add_option("--worker-rank", a->worker_rank)->group("");  // internal: run as this rank
+  c->add_option("--store", a->store)->group("");              // internal
+  c->add_option("--group", a->group)->group("");              // internal
+  c->callback([action, a] { *action = [a] { return RunTrain(*a); }; });
+}
+
+}  // namespace kc::app

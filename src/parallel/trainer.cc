@@ -1,0 +1,190 @@
+#include "parallel/trainer.h"
+
+#include <chrono>
+#include <span>
+#include <utility>
+
+#include "base/check.h"
+
+namespace kc::parallel {
+namespace {
+
+double Since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+template <typename T>
+std::span<std::byte> Bytes(std::span<T> s) {
+  return std::as_writable_bytes(s);
+}
+
+}  // namespace
+
+std::string_view GradSyncName(GradSync sync) {
+  switch (sync) {
+    case GradSync::kBucketed:
+      return "bucketed";
+    case GradSync::kPerTensor:
+      return "per-tensor";
+  }
+  return "unknown";
+}
+
+Result<GradSync> ParseGradSync(std::string_view name) {
+  if (name == "bucketed") return GradSync::kBucketed;
+  if (name == "per-tensor") return GradSync::kPerTensor;
+  return InvalidArgumentError("grad sync '" + std::string(name) +
+                              "': expected bucketed or per-tensor");
+}
+
+Trainer::~Trainer() = default;
+
+Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& options) {
+  KC_CHECK(options.device != nullptr);
+  std::unique_ptr<Trainer> t(new Trainer(options));
+  KC_RETURN_IF_ERROR(t->Init());
+  return t;
+}
+
+Status Trainer::Init() {
+  const ModelSpec& spec = options_.spec;
+  KC_RETURN_IF_ERROR(ValidateModelSpec(spec));
+  comm::Communicator* comm = options_.comm;
+  world_ = comm != nullptr ? comm->size() : 1;
+  const int rank = comm != nullptr ? comm->rank() : 0;
+  auto loader_options = [&](LoaderOptions o) {
+    o.seq_len = spec.seq_len;
+    o.batch = spec.batch_per_rank;
+    o.rank = rank;
+    o.world_size = world_;
+    if (o.seed == 0) o.seed = spec.training.seed;
+    return o;
+  };
+  KC_ASSIGN_OR_RETURN(loader_, OpenDataLoader(loader_options(options_.data)));
+  if (loader_->vocab_size() > static_cast<uint32_t>(spec.vocab)) {
+    return InvalidArgumentError("model " + spec.name + ": vocab " + std::to_string(spec.vocab) +
+                                " is smaller than the data's vocab_size " +
+                                std::to_string(loader_->vocab_size()) +
+                                " (set vocab to at least that)");
+  }
+  if (!options_.validation.manifest.empty() || !options_.validation.files.empty()) {
+    KC_ASSIGN_OR_RETURN(validation_, OpenDataLoader(loader_options(options_.validation)));
+    validation_start_ = validation_->state();
+  }
+  KC_ASSIGN_OR_RETURN(model_, Gpt<float>::Create(spec, options_.device, {}));
+  model_->InitParameters(spec.training.seed);
+  const std::vector<TensorSpec>& tensors = model_->tensors();
+
+  if (comm != nullptr && world_ > 1) {
+    // Every rank starts from rank 0's parameters, as DDP does.
+    KC_ASSIGN_OR_RETURN(auto work, comm->Broadcast(Bytes(model_->params()), 0));
+    KC_RETURN_IF_ERROR(work->Wait());
+    if (options_.grad_sync == GradSync::kBucketed) {
+      // Registered in backward order, so buckets fill (and start) as the backward goes.
+      const std::vector<TensorSpec> backward = ParameterTensorsBackwardOrder(spec);
+      std::vector<std::span<std::byte>> spans;
+      bucket_index_.assign(tensors.size(), -1);
+      for (const TensorSpec& b : backward) {
+        for (size_t i = 0; i < tensors.size(); ++i) {
+          if (tensors[i].name != b.name) continue;
+          bucket_index_[i] = static_cast<int>(spans.size());
+          spans.push_back(Bytes(model_->grad(static_cast<int>(i))));
+        }
+      }
+      KC_ASSIGN_OR_RETURN(buckets_,
+                          comm::GradientBuckets::Create(comm, spans,
+                                                        {.bucket_bytes = options_.bucket_bytes,
+                                                         .dtype = hal::DataType::kF32,
+                                                         .op = comm::ReduceOp::kAvg}));
+      buckets_->AdoptViews();
+      std::vector<std::span<float>> storage;
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        std::span<std::byte> v = buckets_->view(bucket_index_[i]);
+        storage.emplace_back(reinterpret_cast<float*>(v.data()), v.size() / sizeof(float));
+      }
+      model_->SetGradientStorage(std::move(storage));
+    }
+  }
+  std::vector<OptimizerSlot<float>> slots;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    slots.push_back({model_->param(static_cast<int>(i)), model_->grad(static_cast<int>(i)),
+                     tensors[i].shape.size() == 2});
+  }
+  KC_ASSIGN_OR_RETURN(optimizer_, AdamW<float>::Create(spec.training, std::move(slots),
+                                                       options_.device));
+  return OkStatus();
+}
+
+Result<double> Trainer::AverageAcrossRanks(double value) {
+  if (world_ == 1) return value;
+  KC_ASSIGN_OR_RETURN(auto work,
+                      options_.comm->Allreduce(std::span<double>(&value, 1), comm::ReduceOp::kAvg));
+  KC_RETURN_IF_ERROR(work->Wait());
+  return value;
+}
+
+Status Trainer::SyncGradients(double* comm_s) {
+  if (world_ == 1) return OkStatus();
+  const auto t0 = std::chrono::steady_clock::now();
+  if (buckets_ != nullptr) {
+    KC_RETURN_IF_ERROR(buckets_->Finish());
+  } else {
+    // The baseline: each tensor on its own, after the whole backward, one at a time.
+    const std::vector<TensorSpec>& tensors = model_->tensors();
+    for (int i = static_cast<int>(tensors.size()) - 1; i >= 0; --i) {
+      KC_ASSIGN_OR_RETURN(auto work, options_.comm->Allreduce(model_->grad(i), comm::ReduceOp::kAvg));
+      KC_RETURN_IF_ERROR(work->Wait());
+    }
+  }
+  *comm_s += Since(t0);
+  return OkStatus();
+}
+
+Result<StepStats> Trainer::Step() {
+  const auto t0 = std::chrono::steady_clock::now();
+  StepStats stats;
+  stats.step = step_;
+  loader_->Next(&batch_);
+  const double local_tokens = static_cast<double>(model_->tokens());
+  KC_ASSIGN_OR_RETURN(double loss,
+                      model_->Forward(batch_.inputs, batch_.targets, 1.0 / local_tokens));
+  double comm_s = 0;
+  KC_RETURN_IF_ERROR(model_->Backward(false, [&](int tensor) -> Status {
+    if (buckets_ == nullptr) return OkStatus();
+    const auto m0 = std::chrono::steady_clock::now();
+    Status s = buckets_->MarkReady(bucket_index_[tensor]);
+    comm_s += Since(m0);
+    return s;
+  }));
+  KC_RETURN_IF_ERROR(SyncGradients(&comm_s));
+  const auto l0 = std::chrono::steady_clock::now();
+  KC_ASSIGN_OR_RETURN(stats.loss, AverageAcrossRanks(loss));
+  comm_s += Since(l0);
+  stats.grad_norm = optimizer_->GradNorm();
+  stats.lr = LearningRate(options_.spec.training, step_, options_.total_steps);
+  optimizer_->Step(stats.lr, ClipScale(options_.spec.training, stats.grad_norm));
+  ++step_;
+  stats.step_s = Since(t0);
+  stats.comm_exposed_s = comm_s;
+  stats.compute_s = stats.step_s - comm_s;
+  stats.tokens = static_cast<int64_t>(local_tokens) * world_;
+  return stats;
+}
+
+Result<double> Trainer::Evaluate(int64_t batches) {
+  if (validation_ == nullptr) {
+    return FailedPreconditionError("model " + options_.spec.name + ": no validation data");
+  }
+  // The same batches every time, so evaluations compare.
+  KC_RETURN_IF_ERROR(validation_->Restore(validation_start_));
+  Batch batch;
+  double sum = 0;
+  for (int64_t i = 0; i < batches; ++i) {
+    validation_->Next(&batch);
+    KC_ASSIGN_OR_RETURN(double loss, model_->Forward(batch.inputs, batch.targets, 0));
+    sum += loss;
+  }
+  return AverageAcrossRanks(batches > 0 ? sum / static_cast<double>(batches) : 0);
+}
+
+}  // namespace kc::parallel

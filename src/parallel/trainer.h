@@ -1,0 +1,99 @@
+// Data-parallel training of the GPT on one rank: each step loads this rank's share of the
+// global batch, runs forward and backward, reduces the gradients across ranks through L2
+// gradient buckets as the backward produces them (a bucket's all-reduce starts the moment its
+// last gradient is final, so communication hides behind the rest of the backward), clips,
+// and applies AdamW. Every rank runs the same steps; with the same global batch and seed the
+// loss does not depend on the rank count (up to float summation order).
+//
+// The step loop itself (cadence, progress, checkpoints) belongs to the caller: `kc train`'s
+// worker today, the resilient runner of L5 later.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "comm/bucket.h"
+#include "comm/communicator.h"
+#include "hal/compute.h"
+#include "parallel/data/loader.h"
+#include "parallel/gpt_model.h"
+#include "parallel/model_spec.h"
+#include "parallel/optimizer.h"
+
+namespace kc::parallel {
+
+// How gradients cross ranks.
+enum class GradSync : uint8_t {
+  kBucketed = 0,   // fused buckets, each all-reduced as soon as it is complete (the default)
+  kPerTensor = 1,  // one all-reduce per tensor after the backward, waited in turn (baseline)
+};
+std::string_view GradSyncName(GradSync sync);  // "bucketed", "per-tensor"
+Result<GradSync> ParseGradSync(std::string_view name);
+
+struct TrainerOptions {
+  ModelSpec spec;              // spec.batch_per_rank is this rank's batch
+  LoaderOptions data;          // seq_len, batch, rank and world_size are set from the rest
+  LoaderOptions validation;    // empty manifest and files: no validation
+  int64_t total_steps = 0;     // for the learning-rate schedule
+  hal::ComputeDevice* device = nullptr;  // not owned; outlives the trainer
+  comm::Communicator* comm = nullptr;    // not owned; null for one rank
+  GradSync grad_sync = GradSync::kBucketed;
+  int64_t bucket_bytes = 2 << 20;
+};
+
+// What one step did, on this rank. Times are seconds of wall clock.
+struct StepStats {
+  int64_t step = 0;         // 0-based index of the step just taken
+  double loss = 0;          // mean over the global batch (all-reduced)
+  double lr = 0;
+  double grad_norm = 0;     // of the averaged gradient, before clipping
+  double step_s = 0;        // the whole step
+  double compute_s = 0;     // forward, backward and optimizer: step_s - comm_exposed_s
+  double comm_exposed_s = 0;  // waiting for or running communication on the step's path
+  int64_t tokens = 0;       // in the global batch
+};
+
+class Trainer {
+ public:
+  // Opens the loaders, allocates the model and optimizer, initialises the parameters from
+  // spec.training.seed and makes every rank's copy identical (a broadcast from rank 0).
+  // Collective when comm is set: every rank calls Create with the same spec.
+  static Result<std::unique_ptr<Trainer>> Create(const TrainerOptions& options);
+  ~Trainer();
+
+  // One training step. A communication failure (a peer gone) returns its error.
+  Result<StepStats> Step();
+
+  // Mean loss over the first `batches` validation batches of every rank (the same ones each
+  // time; collective), or
+  // kFailedPrecondition when there is no validation data.
+  Result<double> Evaluate(int64_t batches);
+
+  Gpt<float>& model() { return *model_; }
+  DataLoader& loader() { return *loader_; }
+  int64_t steps_done() const { return step_; }
+  int64_t grad_buckets() const { return buckets_ != nullptr ? buckets_->num_buckets() : 0; }
+
+ private:
+  explicit Trainer(TrainerOptions options) : options_(std::move(options)) {}
+  Status Init();
+  Status SyncGradients(double* comm_s);
+  Result<double> AverageAcrossRanks(double value);
+
+  TrainerOptions options_;
+  int world_ = 1;
+  std::unique_ptr<DataLoader> loader_;
+  std::unique_ptr<DataLoader> validation_;
+  LoaderState validation_start_;
+  std::unique_ptr<Gpt<float>> model_;
+  std::unique_ptr<AdamW<float>> optimizer_;
+  std::unique_ptr<comm::GradientBuckets> buckets_;
+  std::vector<int> bucket_index_;  // forward tensor index -> its index in the buckets
+  Batch batch_;
+  int64_t step_ = 0;
+};
+
+}  // namespace kc::parallel
