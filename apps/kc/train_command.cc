@@ -14,6 +14,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/ioctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -66,6 +67,9 @@ struct TrainArgs {
   std::string export_dir;
   std::string progress = "auto";
   double timeout_s = 300;
+  // "RANK:STEP": that rank dies (exit 86, no clean-up) before that step (1-based): how tests
+  // and drills check that one worker's death stops the job.
+  std::string inject_fault;
   // Internal: set by the launcher for its workers.
   int worker_rank = -1;
   std::string store;
@@ -75,11 +79,18 @@ struct TrainArgs {
 // Everything checked before a worker starts.
 struct Plan {
   parallel::ModelSpec spec;  // batch_per_rank: this layout's per-rank batch
-  int threads = 1;
+  int threads = 1;          // cores per rank
+  // How a rank uses its cores: threads that each take whole sequences of the batch, with
+  // single-threaded products (the default when the batch has a sequence per thread), or one
+  // thread whose products use all the cores.
+  int compute_threads = 1;
+  int blas_threads = 1;
   std::vector<int> cpus;  // the cores this process may use
   bool pin = false;       // ranks * threads fit the cores: each rank gets its own
   bool validation = false;
   int64_t eval_every = 0;
+  int fault_rank = -1;  // --inject-fault
+  int64_t fault_step = 0;
   parallel::GradSync grad_sync = parallel::GradSync::kBucketed;
 };
 
@@ -117,6 +128,18 @@ Result<Plan> Check(const TrainArgs& a) {
     return InvalidArgumentError("--progress " + a.progress + ": expected auto, bar, lines or none");
   }
   KC_ASSIGN_OR_RETURN(p.grad_sync, parallel::ParseGradSync(a.grad_sync));
+  if (!a.inject_fault.empty()) {
+    long long rank = -1, step = 0;
+    char extra = 0;
+    if (std::sscanf(a.inject_fault.c_str(), "%lld:%lld%c", &rank, &step, &extra) != 2 ||
+        rank < 0 || rank >= a.ranks || step < 1 || step > a.steps) {
+      return InvalidArgumentError("--inject-fault " + a.inject_fault +
+                                  ": expected RANK:STEP with a rank below --ranks and a step in "
+                                  "1..--steps");
+    }
+    p.fault_rank = static_cast<int>(rank);
+    p.fault_step = step;
+  }
   KC_ASSIGN_OR_RETURN(p.spec, parallel::LoadModelSpec(a.config));
   if (a.global_batch != 0) {
     if (a.global_batch < a.ranks || a.global_batch % a.ranks != 0) {
@@ -132,6 +155,13 @@ Result<Plan> Check(const TrainArgs& a) {
   const int ncpu = static_cast<int>(p.cpus.size());
   p.threads = a.threads_per_rank > 0 ? a.threads_per_rank : std::max(1, ncpu / a.ranks);
   p.pin = a.ranks * p.threads <= ncpu;
+  if (p.spec.batch_per_rank >= p.threads) {
+    p.compute_threads = p.threads;
+    p.blas_threads = 1;
+  } else {
+    p.compute_threads = 1;
+    p.blas_threads = p.threads;
+  }
   if (a.data.empty()) return InvalidArgumentError("--data: empty path");
   if (!fs::exists(a.data)) {
     return NotFoundError("--data " + a.data +
@@ -261,7 +291,7 @@ Status RunWorkerRank(const TrainArgs& a, const Plan& p) {
   d.host = "local";
   d.index_on_host = rank;
   d.cpus = AllowedCpus();  // the launcher pinned this process
-  KC_ASSIGN_OR_RETURN(auto device, hal::OpenComputeDevice(d, {.threads = p.threads}));
+  KC_ASSIGN_OR_RETURN(auto device, hal::OpenComputeDevice(d, {.threads = p.blas_threads}));
   if (p.pin) KC_RETURN_IF_ERROR(device->BindCallingThread());
 
   const Duration timeout =
@@ -287,6 +317,7 @@ Status RunWorkerRank(const TrainArgs& a, const Plan& p) {
   o.total_steps = a.steps;
   o.device = device.get();
   o.comm = comm.get();
+  o.compute_threads = p.compute_threads;
   o.grad_sync = p.grad_sync;
   o.bucket_bytes = static_cast<int64_t>(a.bucket_mb * (1 << 20));
   KC_ASSIGN_OR_RETURN(auto trainer, parallel::Trainer::Create(o));
@@ -305,6 +336,11 @@ Status RunWorkerRank(const TrainArgs& a, const Plan& p) {
     return OkStatus();
   };
   for (int64_t i = 0; i < a.steps; ++i) {
+    if (rank == p.fault_rank && i + 1 == p.fault_step) {
+      std::cerr << "kc train: rank " << rank << ": injected fault before step " << i + 1
+                << " (--inject-fault)" << std::endl;
+      _exit(86);
+    }
     KC_ASSIGN_OR_RETURN(parallel::StepStats s, trainer->Step());
     metrics.Write({{"type", "step"},
                    {"step", s.step + 1},
@@ -370,12 +406,17 @@ std::vector<std::string> WorkerArgv(const TrainArgs& a, int rank, const std::str
     v.push_back("--export");
     v.push_back(a.export_dir);
   }
+  if (!a.inject_fault.empty()) {
+    v.push_back("--inject-fault");
+    v.push_back(a.inject_fault);
+  }
   return v;
 }
 
 struct Child {
   int rank = 0;
   pid_t pid = -1;
+  int pid_fd = -1;      // readable once it exits (pidfd_open)
   int err_fd = -1;      // its stderr
   std::string partial;  // an unfinished stderr line
   std::string last_error;
@@ -398,7 +439,7 @@ Result<Child> Spawn(const TrainArgs& a, const Plan& p, int rank, const std::stri
   for (int i = 0; i < p.threads; ++i) {
     CPU_SET(p.cpus[static_cast<size_t>(rank * p.threads + i) % p.cpus.size()], &set);
   }
-  const std::string blas_threads = std::to_string(p.threads);
+  const std::string blas_threads = std::to_string(p.blas_threads);
   const pid_t pid = fork();
   if (pid < 0) return InternalError(std::string("fork: ") + std::strerror(errno));
   if (pid == 0) {
@@ -420,6 +461,14 @@ Result<Child> Spawn(const TrainArgs& a, const Plan& p, int rank, const std::stri
   c.rank = rank;
   c.pid = pid;
   c.err_fd = err[0];
+  c.pid_fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  if (c.pid_fd < 0) {
+    const int e = errno;
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    close(c.err_fd);
+    return InternalError(std::string("pidfd_open: ") + std::strerror(e));
+  }
   return c;
 }
 
@@ -658,6 +707,7 @@ int RunLauncher(TrainArgs a) {
       std::cerr << "kc train: cannot start rank " << r << ": " << c.status().message() << "\n";
       for (Child& k : children) kill(k.pid, SIGKILL);
       for (Child& k : children) waitpid(k.pid, nullptr, 0);
+      if (server != nullptr) server->Stop();
       return kExitFailure;
     }
     children.push_back(*std::move(c));
@@ -676,51 +726,64 @@ int RunLauncher(TrainArgs a) {
     }
     kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   };
+  auto read_stderr = [&](Child& c) {
+    if (!ReadLines(c.err_fd, &c.partial, [&](const std::string& l) {
+          if (!l.empty()) c.last_error = l;
+          monitor.OnWorkerLine(c.rank, l);
+        })) {
+      close(c.err_fd);
+      c.err_fd = -1;
+    }
+  };
+  // A child's exit is seen the moment it happens (its pidfd), so the first rank to fail is
+  // the one named, not a peer that failed because of it.
+  auto on_exit = [&](Child& c) {
+    while (c.err_fd >= 0) read_stderr(c);  // the writer is gone: reads end at EOF
+    waitpid(c.pid, &c.status, 0);
+    close(c.pid_fd);
+    c.pid_fd = -1;
+    c.exited = true;
+    --running;
+    const bool ok = WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0;
+    if (!ok && !failure) {
+      std::string why = c.last_error.empty() ? DescribeExit(c.status) : c.last_error;
+      if (!c.last_error.empty() && WIFSIGNALED(c.status)) why += " (" + DescribeExit(c.status) + ")";
+      failure = fmt::format("rank {} failed: {}", c.rank, why);
+      stop_others();
+    }
+  };
   while (running > 0) {
     std::vector<pollfd> fds;
-    std::vector<int> owner;  // child index, or -1 for the metrics pipe
+    std::vector<std::pair<int, bool>> owner;  // (child index or -1 for metrics, is pidfd)
     if (metrics_fd >= 0) {
       fds.push_back({metrics_fd, POLLIN, 0});
-      owner.push_back(-1);
+      owner.emplace_back(-1, false);
     }
     for (size_t i = 0; i < children.size(); ++i) {
       if (children[i].err_fd >= 0) {
         fds.push_back({children[i].err_fd, POLLIN, 0});
-        owner.push_back(static_cast<int>(i));
+        owner.emplace_back(static_cast<int>(i), false);
+      }
+      if (!children[i].exited) {
+        fds.push_back({children[i].pid_fd, POLLIN, 0});
+        owner.emplace_back(static_cast<int>(i), true);
       }
     }
-    // Wake up now and then to reap children whose pipes are shared or already closed.
-    poll(fds.data(), fds.size(), 100);
+    // The timeout only matters for escalating to SIGKILL.
+    poll(fds.data(), fds.size(), 500);
     for (size_t k = 0; k < fds.size(); ++k) {
       if ((fds[k].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
-      if (owner[k] < 0) {
+      const auto [index, is_pid] = owner[k];
+      if (index < 0) {
         if (!ReadLines(metrics_fd, &metrics_partial,
                        [&](const std::string& l) { monitor.OnMetricsLine(l); })) {
           close(metrics_fd);
           metrics_fd = -1;
         }
-      } else {
-        Child& c = children[owner[k]];
-        if (!ReadLines(c.err_fd, &c.partial, [&](const std::string& l) {
-              if (!l.empty()) c.last_error = l;
-              monitor.OnWorkerLine(c.rank, l);
-            })) {
-          close(c.err_fd);
-          c.err_fd = -1;
-        }
-      }
-    }
-    for (Child& c : children) {
-      if (c.exited || c.err_fd >= 0) continue;  // reap once its stderr is drained
-      if (waitpid(c.pid, &c.status, WNOHANG) != c.pid) continue;
-      c.exited = true;
-      --running;
-      const bool ok = WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0;
-      if (!ok && !failure) {
-        std::string why = c.last_error.empty() ? DescribeExit(c.status) : c.last_error;
-        if (!c.last_error.empty() && WIFSIGNALED(c.status)) why += " (" + DescribeExit(c.status) + ")";
-        failure = fmt::format("rank {} failed: {}", c.rank, why);
-        stop_others();
+      } else if (is_pid) {
+        if (!children[index].exited) on_exit(children[index]);
+      } else if (children[index].err_fd >= 0) {
+        read_stderr(children[index]);
       }
     }
     if (kill_at && std::chrono::steady_clock::now() > *kill_at) {
@@ -813,6 +876,9 @@ void AddTrainCommand(CLI::App& app, Action* action) {
   c->add_option("--progress", a->progress, "auto, bar, lines or none")->capture_default_str();
   c->add_option("--timeout", a->timeout_s, "Seconds a rendezvous or collective may take")
       ->capture_default_str();
+  c->add_option("--inject-fault", a->inject_fault,
+                "RANK:STEP: that worker dies before that step (checks that a failure stops the "
+                "job)");
   c->add_option("--worker-rank", a->worker_rank)->group("");  // internal: run as this rank
   c->add_option("--store", a->store)->group("");              // internal
   c->add_option("--group", a->group)->group("");              // internal

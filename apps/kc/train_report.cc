@@ -12,7 +12,7 @@ TrainSummary Summarise(const std::vector<StepRecord>& steps) {
   TrainSummary s;
   s.steps = static_cast<int64_t>(steps.size());
   if (steps.empty()) return s;
-  const size_t skip = std::min<size_t>(10, steps.size() / 10);
+  const size_t skip = steps.size() > 1 ? std::clamp<size_t>(steps.size() / 10, 1, 10) : 0;
   s.first_loss = steps.front().loss;
   const size_t tail = std::min<size_t>(10, steps.size());
   double last = 0;

@@ -39,8 +39,8 @@ struct TrainSummary {
   double total_s = 0;             // all steps
 };
 
-// Steady state leaves out the first min(10, steps / 10) steps (page faults, first-touch of
-// the arena, BLAS thread start-up).
+// Steady state leaves out the first steps / 10 steps, at least 1 and at most 10 (page
+// faults, first touch of the arena, BLAS thread start-up).
 TrainSummary Summarise(const std::vector<StepRecord>& steps);
 
 // "step  120/300 [=======>      ]  40%  loss 2.431  val 2.503  12.3k tok/s  ETA 0:42", at most

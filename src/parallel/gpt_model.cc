@@ -79,7 +79,16 @@ Result<std::unique_ptr<Gpt<Real>>> Gpt<Real>::Create(const ModelSpec& spec,
                                 " is negative");
   }
   const int64_t batch = options.batch == 0 ? spec.batch_per_rank : options.batch;
+  if (options.threads < 1) {
+    return InvalidArgumentError("model " + spec.name + ": threads " +
+                                std::to_string(options.threads) + " must be at least 1");
+  }
   std::unique_ptr<Gpt> model(new Gpt(spec, batch, device));
+  // Whole sequences per worker, as even as they go; never more workers than sequences.
+  const int64_t workers = std::min<int64_t>(options.threads, batch);
+  for (int64_t w = 0; w < workers; ++w) {
+    model->slices_.emplace_back(batch * w / workers, batch * (w + 1) / workers);
+  }
   KC_RETURN_IF_ERROR(model->Allocate());
   return model;
 }
@@ -96,6 +105,9 @@ Status Gpt<Real>::Allocate() {
     Real* grads = c.Take<Real>(P);
     params_ = {params, static_cast<size_t>(P)};
     own_grads_ = {grads, static_cast<size_t>(P)};
+    // Workers after the first write their gradients here, then add them in.
+    const int64_t extra = static_cast<int64_t>(slices_.size()) - 1;
+    worker_arena_ = {c.Take<Real>(extra * P), static_cast<size_t>(extra * P)};
     encoded_ = c.Take<Real>(BT * C);
     layers_.assign(static_cast<size_t>(L), LayerActs{});
     for (LayerActs& a : layers_) {
@@ -136,6 +148,23 @@ Status Gpt<Real>::Allocate() {
     grads_.push_back(own_grads_.subspan(static_cast<size_t>(t.offset),
                                         static_cast<size_t>(t.num_elements)));
   }
+  worker_grads_.assign(slices_.size() - 1, {});
+  for (size_t w = 0; w + 1 < slices_.size(); ++w) {
+    std::span<Real> arena = worker_arena_.subspan(w * static_cast<size_t>(P), static_cast<size_t>(P));
+    for (const TensorSpec& t : tensors_) {
+      worker_grads_[w].push_back(
+          arena.subspan(static_cast<size_t>(t.offset), static_cast<size_t>(t.num_elements)));
+    }
+  }
+  // One stream per worker: a stream is used by one thread at a time.
+  ctxs_.assign(1, ctx_);
+  for (size_t w = 1; w < slices_.size(); ++w) {
+    KC_ASSIGN_OR_RETURN(std::unique_ptr<hal::Stream> stream, device_->CreateStream());
+    ctxs_.push_back({.stream = stream.get()});
+    streams_.push_back(std::move(stream));
+  }
+  arrivals_ = std::make_unique<std::atomic<int>[]>(tensors_.size());
+  pool_ = std::make_unique<WorkerPool>(static_cast<int>(slices_.size()));
   return OkStatus();
 }
 
@@ -183,9 +212,7 @@ void Gpt<Real>::InitParameters(uint64_t seed) {
 template <typename Real>
 Result<double> Gpt<Real>::Forward(std::span<const int32_t> inputs,
                                   std::span<const int32_t> targets, double grad_scale) {
-  const int64_t L = spec_.layers, C = spec_.hidden, NH = spec_.heads, F = spec_.ffn_hidden;
-  const int64_t V = spec_.vocab, T = spec_.seq_len, B = batch_, BT = B * T;
-  const float eps = spec_.layernorm_eps;
+  const int64_t V = spec_.vocab, BT = tokens();
   if (static_cast<int64_t>(inputs.size()) != BT || static_cast<int64_t>(targets.size()) != BT) {
     return InvalidArgumentError("model " + spec_.name + ": forward of " +
                                 std::to_string(inputs.size()) + " inputs and " +
@@ -202,34 +229,75 @@ Result<double> Gpt<Real>::Forward(std::span<const int32_t> inputs,
     }
   }
   std::copy(inputs.begin(), inputs.end(), inputs_);
+  std::vector<Status> status(slices_.size());
+  std::vector<double> sums(slices_.size());
+  pool_->Run([&](int k) {
+    status[k] = ForwardSlice(k, targets.data(), static_cast<Real>(grad_scale), &sums[k]);
+  });
+  for (const Status& st : status) KC_RETURN_IF_ERROR(st);
+  have_grad_ = grad_scale != 0;
+  double sum = 0;
+  for (double x : sums) sum += x;
+  return sum / static_cast<double>(BT);
+}
 
-  EncoderForward(encoded_, inputs_, P(0), P(1), B, T, C);
-  const Real* residual = encoded_;
+template <typename Real>
+Status Gpt<Real>::ForwardSlice(int k, const int32_t* targets, Real grad_scale, double* loss_sum) {
+  const int64_t L = spec_.layers, C = spec_.hidden, NH = spec_.heads, F = spec_.ffn_hidden;
+  const int64_t V = spec_.vocab, T = spec_.seq_len;
+  const float eps = spec_.layernorm_eps;
+  const KernelContext& ctx = ctxs_[k];
+  // This worker's sequences [b0, b0 + B): rows [b0 * T, (b0 + B) * T) of every activation.
+  const int64_t b0 = slices_[k].first, B = slices_[k].second - b0, BT = B * T;
+  auto rows = [&](Real* base, int64_t width) { return base + b0 * T * width; };
+  Real* encoded = rows(encoded_, C);
+  EncoderForward(encoded, inputs_ + b0 * T, P(0), P(1), B, T, C);
+  const Real* residual = encoded;
   for (int64_t l = 0; l < L; ++l) {
-    LayerActs& a = layers_[l];
+    const LayerActs a = Slice(layers_[l], b0);
     auto p = [&](LayerTensor t) { return P(LayerIndex(l, t)); };
     LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p(kLn1W), p(kLn1B), BT, C, eps);
-    KC_RETURN_IF_ERROR(MatmulForward(ctx_, a.qkv, a.ln1, p(kQkvW), p(kQkvB), BT, C, 3 * C));
-    KC_RETURN_IF_ERROR(AttentionForward(ctx_, a.atty, a.att, a.qkv, B, T, C, NH));
+    KC_RETURN_IF_ERROR(MatmulForward(ctx, a.qkv, a.ln1, p(kQkvW), p(kQkvB), BT, C, 3 * C));
+    KC_RETURN_IF_ERROR(AttentionForward(ctx, a.atty, a.att, a.qkv, B, T, C, NH));
     // The projection lands in residual2, then the residual is added in place.
-    KC_RETURN_IF_ERROR(MatmulForward(ctx_, a.residual2, a.atty, p(kProjW), p(kProjB), BT, C, C));
+    KC_RETURN_IF_ERROR(MatmulForward(ctx, a.residual2, a.atty, p(kProjW), p(kProjB), BT, C, C));
     ResidualForward(a.residual2, a.residual2, residual, BT * C);
     LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p(kLn2W), p(kLn2B), BT, C, eps);
-    KC_RETURN_IF_ERROR(MatmulForward(ctx_, a.fch, a.ln2, p(kFcW), p(kFcB), BT, C, F));
+    KC_RETURN_IF_ERROR(MatmulForward(ctx, a.fch, a.ln2, p(kFcW), p(kFcB), BT, C, F));
     GeluForward(a.fch_gelu, a.fch, BT * F);
     KC_RETURN_IF_ERROR(
-        MatmulForward(ctx_, a.residual3, a.fch_gelu, p(kFcProjW), p(kFcProjB), BT, F, C));
+        MatmulForward(ctx, a.residual3, a.fch_gelu, p(kFcProjW), p(kFcProjB), BT, F, C));
     ResidualForward(a.residual3, a.residual3, a.residual2, BT * C);
     residual = a.residual3;
   }
-  const int lnf = 2 + static_cast<int>(L) * kTensorsPerLayer;
-  LayerNormForward(lnf_, lnf_mean_, lnf_rstd_, residual, P(lnf), P(lnf + 1), BT, C, eps);
+  const int lnf = LnfIndex();
+  Real* lnf_out = rows(lnf_, C);
+  LayerNormForward(lnf_out, rows(lnf_mean_, 1), rows(lnf_rstd_, 1), residual, P(lnf), P(lnf + 1),
+                   BT, C, eps);
   const Real* head = spec_.tied_embeddings ? P(0) : P(lnf + 2);
-  KC_RETURN_IF_ERROR(MatmulForward<Real>(ctx_, logits_, lnf_, head, nullptr, BT, C, V));
-  const double sum =
-      CrossEntropy(logits_, losses_, targets.data(), BT, V, static_cast<Real>(grad_scale));
-  have_grad_ = grad_scale != 0;
-  return sum / static_cast<double>(BT);
+  Real* logits = rows(logits_, V);
+  KC_RETURN_IF_ERROR(MatmulForward<Real>(ctx, logits, lnf_out, head, nullptr, BT, C, V));
+  *loss_sum = CrossEntropy(logits, rows(losses_, 1), targets + b0 * T, BT, V, grad_scale);
+  return OkStatus();
+}
+
+template <typename Real>
+typename Gpt<Real>::LayerActs Gpt<Real>::Slice(const LayerActs& a, int64_t b0) const {
+  const int64_t C = spec_.hidden, NH = spec_.heads, F = spec_.ffn_hidden, T = spec_.seq_len;
+  const int64_t r = b0 * T;
+  return {.ln1 = a.ln1 + r * C,
+          .ln1_mean = a.ln1_mean + r,
+          .ln1_rstd = a.ln1_rstd + r,
+          .qkv = a.qkv + r * 3 * C,
+          .att = a.att + b0 * NH * T * T,
+          .atty = a.atty + r * C,
+          .residual2 = a.residual2 + r * C,
+          .ln2 = a.ln2 + r * C,
+          .ln2_mean = a.ln2_mean + r,
+          .ln2_rstd = a.ln2_rstd + r,
+          .fch = a.fch + r * F,
+          .fch_gelu = a.fch_gelu + r * F,
+          .residual3 = a.residual3 + r * C};
 }
 
 template <typename Real>
@@ -239,66 +307,107 @@ Status Gpt<Real>::Backward(bool accumulate, const std::function<Status(int tenso
                                    ": Backward without a Forward that computed the loss gradient");
   }
   have_grad_ = false;
+  for (size_t i = 0; i < tensors_.size(); ++i) arrivals_[i].store(0, std::memory_order_relaxed);
+  std::vector<Status> status(slices_.size());
+  pool_->Run([&](int k) { status[k] = BackwardSlice(k, accumulate, on_ready); });
+  for (const Status& st : status) KC_RETURN_IF_ERROR(st);
+  return OkStatus();
+}
+
+template <typename Real>
+Status Gpt<Real>::TensorDone(int tensor, const std::function<Status(int)>& on_ready) {
+  const int workers = static_cast<int>(slices_.size());
+  if (workers == 1) return on_ready(tensor);
+  // The last worker to finish a tensor adds the others' parts into the real gradient and
+  // announces it. acq_rel: every worker's writes happen before the last one's reads.
+  if (arrivals_[tensor].fetch_add(1, std::memory_order_acq_rel) + 1 < workers) return OkStatus();
+  std::span<Real> g = grads_[tensor];
+  for (int w = 1; w < workers; ++w) {
+    const Real* part = worker_grads_[w - 1][tensor].data();
+    for (size_t i = 0; i < g.size(); ++i) g[i] += part[i];
+  }
+  MutexLock lock(&ready_mu_);
+  return on_ready(tensor);
+}
+
+template <typename Real>
+Status Gpt<Real>::BackwardSlice(int k, bool accumulate,
+                                const std::function<Status(int)>& on_ready) {
   const int64_t L = spec_.layers, C = spec_.hidden, NH = spec_.heads, F = spec_.ffn_hidden;
-  const int64_t V = spec_.vocab, T = spec_.seq_len, B = batch_, BT = B * T;
-  const int lnf = 2 + static_cast<int>(L) * kTensorsPerLayer;
+  const int64_t V = spec_.vocab, T = spec_.seq_len;
+  const KernelContext& ctx = ctxs_[k];
+  const int64_t b0 = slices_[k].first, B = slices_[k].second - b0, BT = B * T;
+  auto rows = [&](Real* base, int64_t width) { return base + b0 * T * width; };
+  // Worker 0 writes the real gradients; the others their own copies (always overwritten),
+  // added in by TensorDone.
+  const std::vector<std::span<Real>>& grads = k == 0 ? grads_ : worker_grads_[k - 1];
+  const bool acc = k == 0 ? accumulate : false;
+  auto G = [&](int i) { return grads[i].data(); };
+  auto done = [&](int i) { return TensorDone(i, on_ready); };
+  const int lnf = LnfIndex();
   const int head = spec_.tied_embeddings ? 0 : lnf + 2;
+  Real* dres = rows(dres_, C);
+  Real* dtmp = rows(dtmp_, C);
+  Real* dqkv = rows(dqkv_, 3 * C);
+  Real* dfch = rows(dfch_, F);
+  Real* datt = datt_ + b0 * NH * T * T;
+  Real* encoded = rows(encoded_, C);
 
   // LM head: dlnf = dlogits * W; dW = dlogits^T * lnf.
-  KC_RETURN_IF_ERROR(MatmulBackward<Real>(ctx_, dtmp_, G(head), nullptr, logits_, lnf_, P(head),
-                                          BT, C, V, accumulate));
-  if (!spec_.tied_embeddings) KC_RETURN_IF_ERROR(on_ready(head));
-  std::fill(dres_, dres_ + BT * C, Real{0});
-  const Real* last = L > 0 ? layers_[L - 1].residual3 : encoded_;
-  LayerNormBackward(dres_, G(lnf), G(lnf + 1), dtmp_, last, P(lnf), lnf_mean_, lnf_rstd_, BT, C,
-                    accumulate);
-  KC_RETURN_IF_ERROR(on_ready(lnf + 1));
-  KC_RETURN_IF_ERROR(on_ready(lnf));
+  KC_RETURN_IF_ERROR(MatmulBackward<Real>(ctx, dtmp, G(head), nullptr, rows(logits_, V),
+                                          rows(lnf_, C), P(head), BT, C, V, acc));
+  if (!spec_.tied_embeddings) KC_RETURN_IF_ERROR(done(head));
+  std::fill(dres, dres + BT * C, Real{0});
+  const Real* last = L > 0 ? Slice(layers_[L - 1], b0).residual3 : encoded;
+  LayerNormBackward(dres, G(lnf), G(lnf + 1), dtmp, last, P(lnf), rows(lnf_mean_, 1),
+                    rows(lnf_rstd_, 1), BT, C, acc);
+  KC_RETURN_IF_ERROR(done(lnf + 1));
+  KC_RETURN_IF_ERROR(done(lnf));
 
   for (int64_t l = L - 1; l >= 0; --l) {
-    LayerActs& a = layers_[l];
-    const Real* residual = l == 0 ? encoded_ : layers_[l - 1].residual3;
+    const LayerActs a = Slice(layers_[l], b0);
+    const Real* residual = l == 0 ? encoded : Slice(layers_[l - 1], b0).residual3;
     auto p = [&](LayerTensor t) { return P(LayerIndex(l, t)); };
     auto g = [&](LayerTensor t) { return G(LayerIndex(l, t)); };
-    auto ready = [&](LayerTensor t) { return on_ready(LayerIndex(l, t)); };
+    auto ready = [&](LayerTensor t) { return done(LayerIndex(l, t)); };
     // MLP: residual3 = residual2 + proj(gelu(fc(ln2(residual2)))).
-    KC_RETURN_IF_ERROR(MatmulBackward(ctx_, dfch_, g(kFcProjW), g(kFcProjB), dres_, a.fch_gelu,
-                                      p(kFcProjW), BT, F, C, accumulate));
+    KC_RETURN_IF_ERROR(MatmulBackward(ctx, dfch, g(kFcProjW), g(kFcProjB), dres, a.fch_gelu,
+                                      p(kFcProjW), BT, F, C, acc));
     KC_RETURN_IF_ERROR(ready(kFcProjB));
     KC_RETURN_IF_ERROR(ready(kFcProjW));
-    GeluBackward(dfch_, a.fch, dfch_, BT * F);
-    KC_RETURN_IF_ERROR(MatmulBackward(ctx_, dtmp_, g(kFcW), g(kFcB), dfch_, a.ln2, p(kFcW), BT, C,
-                                      F, accumulate));
+    GeluBackward(dfch, a.fch, dfch, BT * F);
+    KC_RETURN_IF_ERROR(
+        MatmulBackward(ctx, dtmp, g(kFcW), g(kFcB), dfch, a.ln2, p(kFcW), BT, C, F, acc));
     KC_RETURN_IF_ERROR(ready(kFcB));
     KC_RETURN_IF_ERROR(ready(kFcW));
-    LayerNormBackward(dres_, g(kLn2W), g(kLn2B), dtmp_, a.residual2, p(kLn2W), a.ln2_mean,
-                      a.ln2_rstd, BT, C, accumulate);
+    LayerNormBackward(dres, g(kLn2W), g(kLn2B), dtmp, a.residual2, p(kLn2W), a.ln2_mean,
+                      a.ln2_rstd, BT, C, acc);
     KC_RETURN_IF_ERROR(ready(kLn2B));
     KC_RETURN_IF_ERROR(ready(kLn2W));
     // Attention: residual2 = residual + proj(attention(qkv(ln1(residual)))).
-    KC_RETURN_IF_ERROR(MatmulBackward(ctx_, dtmp_, g(kProjW), g(kProjB), dres_, a.atty, p(kProjW),
-                                      BT, C, C, accumulate));
+    KC_RETURN_IF_ERROR(MatmulBackward(ctx, dtmp, g(kProjW), g(kProjB), dres, a.atty, p(kProjW),
+                                      BT, C, C, acc));
     KC_RETURN_IF_ERROR(ready(kProjB));
     KC_RETURN_IF_ERROR(ready(kProjW));
-    KC_RETURN_IF_ERROR(AttentionBackward(ctx_, dqkv_, datt_, dtmp_, a.qkv, a.att, B, T, C, NH));
-    KC_RETURN_IF_ERROR(MatmulBackward(ctx_, dtmp_, g(kQkvW), g(kQkvB), dqkv_, a.ln1, p(kQkvW), BT,
-                                      C, 3 * C, accumulate));
+    KC_RETURN_IF_ERROR(AttentionBackward(ctx, dqkv, datt, dtmp, a.qkv, a.att, B, T, C, NH));
+    KC_RETURN_IF_ERROR(
+        MatmulBackward(ctx, dtmp, g(kQkvW), g(kQkvB), dqkv, a.ln1, p(kQkvW), BT, C, 3 * C, acc));
     KC_RETURN_IF_ERROR(ready(kQkvB));
     KC_RETURN_IF_ERROR(ready(kQkvW));
-    LayerNormBackward(dres_, g(kLn1W), g(kLn1B), dtmp_, residual, p(kLn1W), a.ln1_mean,
-                      a.ln1_rstd, BT, C, accumulate);
+    LayerNormBackward(dres, g(kLn1W), g(kLn1B), dtmp, residual, p(kLn1W), a.ln1_mean, a.ln1_rstd,
+                      BT, C, acc);
     KC_RETURN_IF_ERROR(ready(kLn1B));
     KC_RETURN_IF_ERROR(ready(kLn1W));
   }
 
   // Embeddings. A tied wte already holds the LM head's part.
-  if (!accumulate) {
+  if (!acc) {
     std::fill(G(1), G(1) + T * C, Real{0});
     if (!spec_.tied_embeddings) std::fill(G(0), G(0) + V * C, Real{0});
   }
-  EncoderBackward(G(0), G(1), dres_, inputs_, B, T, C);
-  KC_RETURN_IF_ERROR(on_ready(1));
-  return on_ready(0);
+  EncoderBackward(G(0), G(1), dres, inputs_ + b0 * T, B, T, C);
+  KC_RETURN_IF_ERROR(done(1));
+  return done(0);
 }
 
 template class Gpt<float>;

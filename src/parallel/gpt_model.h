@@ -9,25 +9,33 @@
 //   KC_ASSIGN_OR_RETURN(double loss, model->Forward(inputs, targets, 1.0 / model->tokens()));
 //   KC_RETURN_IF_ERROR(model->Backward(false, [&](int tensor) { return OkStatus(); }));
 //
-// Not thread-safe: one training thread drives it.
+// Not thread-safe: one training thread drives it (with GptOptions::threads > 1 it spreads
+// each pass over a WorkerPool of its own).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <span>
 #include <vector>
 
+#include "base/mutex.h"
 #include "base/status.h"
 #include "hal/compute.h"
 #include "parallel/gpt_kernels.h"
 #include "parallel/model_spec.h"
+#include "parallel/worker_pool.h"
 
 namespace kc::parallel {
 
 struct GptOptions {
   // Sequences per forward; 0 means spec.batch_per_rank.
   int64_t batch = 0;
+  // Threads that share each forward and backward, each taking whole sequences of the batch
+  // (at most `batch` are used). With more than one, the device's BLAS should run one thread
+  // per call: the parallelism is here, not inside each product.
+  int threads = 1;
 };
 
 template <typename Real>
@@ -75,7 +83,9 @@ class Gpt {
   // Backpropagates the last Forward (which must have had grad_scale != 0). Writes every
   // parameter gradient, or adds to it when `accumulate` (micro-batches), and calls
   // on_ready(i) as soon as tensor i's gradient is final, in ParameterTensorsBackwardOrder
-  // order; an error from on_ready stops the pass and is returned.
+  // order (with several threads, on whichever thread finishes the tensor last, one call at a
+  // time, and possibly out of that order); an error from on_ready stops the pass and is
+  // returned.
   Status Backward(bool accumulate, const std::function<Status(int tensor)>& on_ready);
 
  private:
@@ -90,8 +100,8 @@ class Gpt {
   int LayerIndex(int64_t layer, LayerTensor t) const {
     return 2 + static_cast<int>(layer) * kTensorsPerLayer + t;
   }
+  int LnfIndex() const { return 2 + static_cast<int>(spec_.layers) * kTensorsPerLayer; }
   Real* P(int i) { return params_.data() + tensors_[i].offset; }
-  Real* G(int i) { return grads_[i].data(); }
 
   // What one layer's forward keeps for its backward.
   struct LayerActs {
@@ -109,12 +119,27 @@ class Gpt {
     Real* fch_gelu;   // (BT, F)
     Real* residual3;  // (BT, C): the layer's output
   };
+  // `a` moved to sequence b0 of the batch.
+  LayerActs Slice(const LayerActs& a, int64_t b0) const;
+  // Worker k's share of a pass: sequences [slices_[k].first, slices_[k].second).
+  Status ForwardSlice(int k, const int32_t* targets, Real grad_scale, double* loss_sum);
+  Status BackwardSlice(int k, bool accumulate, const std::function<Status(int)>& on_ready);
+  // A worker has finished its part of tensor i's gradient.
+  Status TensorDone(int tensor, const std::function<Status(int)>& on_ready);
 
   const ModelSpec spec_;
   const int64_t batch_;
   hal::ComputeDevice* const device_;
-  KernelContext ctx_;
+  KernelContext ctx_;  // the device's default stream, worker 0's
   std::vector<TensorSpec> tensors_;
+  std::vector<std::pair<int64_t, int64_t>> slices_;  // per worker: [first, end) sequences
+  std::vector<KernelContext> ctxs_;                  // per worker
+  std::vector<std::unique_ptr<hal::Stream>> streams_;  // workers 1..
+  std::unique_ptr<WorkerPool> pool_;
+  std::unique_ptr<std::atomic<int>[]> arrivals_;  // per tensor: workers done with it this pass
+  Mutex ready_mu_;                                 // one on_ready call at a time
+  std::span<Real> worker_arena_;
+  std::vector<std::vector<std::span<Real>>> worker_grads_;  // workers 1..: per tensor
   hal::DeviceBuffer arena_;
   std::span<Real> params_;
   std::span<Real> own_grads_;

@@ -96,6 +96,48 @@ TEST_P(GptGradientTest, EveryParameterGradientMatchesFiniteDifferences) {
 INSTANTIATE_TEST_SUITE_P(TiedAndUntied, GptGradientTest, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "Tied" : "Untied"; });
 
+// Threads that split the batch give the gradients of one thread (up to summation order), and
+// each tensor is still announced exactly once.
+TEST(GptModelTest, ThreadsSplittingTheBatchGiveTheSameGradients) {
+  auto device = Cpu();
+  ModelSpec spec = Small(false);
+  spec.batch_per_rank = 5;  // 5 sequences over 3 threads: 2, 2, 1 (uneven)
+  auto one = Gpt<double>::Create(spec, device.get(), {});
+  auto three = Gpt<double>::Create(spec, device.get(), {.threads = 3});
+  ASSERT_TRUE(one.ok() && three.ok());
+  (*one)->InitParameters(3);
+  (*three)->InitParameters(3);
+  const auto in = Tokens((*one)->tokens(), 11, 1), tg = Tokens((*one)->tokens(), 11, 2);
+  for (bool accumulate : {false, true}) {
+    const double l1 = *(*one)->Forward(in, tg, 1.0 / (*one)->tokens());
+    const double l3 = *(*three)->Forward(in, tg, 1.0 / (*three)->tokens());
+    EXPECT_NEAR(l1, l3, 1e-12);
+    ASSERT_TRUE((*one)->Backward(accumulate, [](int) { return OkStatus(); }).ok());
+    std::vector<int> announced((*three)->tensors().size(), 0);
+    ASSERT_TRUE((*three)
+                    ->Backward(accumulate,
+                               [&](int t) {
+                                 ++announced[t];
+                                 return OkStatus();
+                               })
+                    .ok());
+    EXPECT_EQ(announced, std::vector<int>(announced.size(), 1));
+    for (size_t t = 0; t < announced.size(); ++t) {
+      std::span<double> a = (*one)->grad(static_cast<int>(t));
+      std::span<double> b = (*three)->grad(static_cast<int>(t));
+      for (size_t i = 0; i < a.size(); ++i) {
+        ASSERT_NEAR(a[i], b[i], 1e-12) << (*one)->tensors()[t].name << "[" << i << "]";
+      }
+    }
+  }
+  // An error from on_ready stops the pass and comes back.
+  ASSERT_TRUE((*three)->Forward(in, tg, 1.0).ok());
+  Status s = (*three)->Backward(false, [](int t) {
+    return t == 0 ? InternalError("bucket failed") : OkStatus();
+  });
+  EXPECT_EQ(s.code(), ErrorCode::kInternal);
+}
+
 TEST(GptModelTest, AccumulateAddsTheSecondBatchsGradient) {
   auto device = Cpu();
   auto model = Gpt<double>::Create(Small(true), device.get(), {});

@@ -71,7 +71,8 @@ Status Trainer::Init() {
     KC_ASSIGN_OR_RETURN(validation_, OpenDataLoader(loader_options(options_.validation)));
     validation_start_ = validation_->state();
   }
-  KC_ASSIGN_OR_RETURN(model_, Gpt<float>::Create(spec, options_.device, {}));
+  KC_ASSIGN_OR_RETURN(model_, Gpt<float>::Create(spec, options_.device,
+                                                 {.threads = options_.compute_threads}));
   model_->InitParameters(spec.training.seed);
   const std::vector<TensorSpec>& tensors = model_->tensors();
 

@@ -40,6 +40,7 @@ struct TrainerOptions {
   int64_t total_steps = 0;     // for the learning-rate schedule
   hal::ComputeDevice* device = nullptr;  // not owned; outlives the trainer
   comm::Communicator* comm = nullptr;    // not owned; null for one rank
+  int compute_threads = 1;  // threads sharing each pass, by sequences (GptOptions::threads)
   GradSync grad_sync = GradSync::kBucketed;
   int64_t bucket_bytes = 2 << 20;
 };

@@ -15,6 +15,7 @@
 #include "parallel/data/loader.h"
 #include "parallel/data/token_shard.h"
 #include "tests/support/kc_run.h"
+#include "tests/support/temp_dir.h"
 
 namespace kc::parallel {
 namespace {
@@ -27,25 +28,9 @@ using kc::testing::KcRun;
 KcRun Kc(const std::string& args) { return kc::testing::RunKc(KC_BINARY, args); }
 
 // A fresh temp directory, removed with everything in it at the end of the test.
-class TempDir {
+class TempDir : public kc::testing::TempDir {
  public:
-  TempDir() {
-    static int n = 0;
-    path_ = ::testing::TempDir() + "kc_data_cli_" + std::to_string(getpid()) + "_" +
-            std::to_string(n++);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string Write(const std::string& name, const std::string& bytes) const {
-    const fs::path p = fs::path(path_) / name;
-    fs::create_directories(p.parent_path());
-    std::ofstream(p, std::ios::binary) << bytes;
-    return p.string();
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
+  TempDir() : kc::testing::TempDir("kc_data_cli") {}
 };
 
 std::string Repeat(const std::string& s, int n) {

@@ -1,0 +1,61 @@
+#include "parallel/worker_pool.h"
+
+#include "base/check.h"
+
+namespace kc::parallel {
+
+WorkerPool::WorkerPool(int threads) {
+  KC_CHECK(threads >= 1) << "WorkerPool of " << threads << " threads";
+  for (int k = 1; k < threads; ++k) helpers_.emplace_back([this, k] { HelperLoop(k); });
+}
+
+WorkerPool::~WorkerPool() {
+  {
+    MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  start_cv_.SignalAll();
+  for (std::thread& t : helpers_) t.join();
+}
+
+void WorkerPool::Run(const std::function<void(int)>& fn) {
+  if (helpers_.empty()) {
+    fn(0);
+    return;
+  }
+  {
+    MutexLock lock(&mu_);
+    KC_CHECK(pending_ == 0) << "WorkerPool::Run is not reentrant";
+    fn_ = &fn;
+    pending_ = static_cast<int>(helpers_.size());
+    ++generation_;
+  }
+  start_cv_.SignalAll();
+  fn(0);
+  MutexLock lock(&mu_);
+  while (pending_ > 0) done_cv_.Wait(&mu_);
+  fn_ = nullptr;
+}
+
+void WorkerPool::HelperLoop(int worker) {
+  uint64_t seen = 0;
+  while (true) {
+    const std::function<void(int)>* fn = nullptr;
+    {
+      MutexLock lock(&mu_);
+      while (!stop_ && generation_ == seen) start_cv_.Wait(&mu_);
+      if (stop_) return;
+      seen = generation_;
+      fn = fn_;
+    }
+    (*fn)(worker);
+    bool last = false;
+    {
+      MutexLock lock(&mu_);
+      last = --pending_ == 0;
+    }
+    if (last) done_cv_.Signal();
+  }
+}
+
+}  // namespace kc::parallel

@@ -1,0 +1,267 @@
+// `kc train` as a user runs it, on a small model and corpus: data parallelism gives the losses
+// of one rank, the metrics file and the plot are written, bad input stops the job before any
+// worker starts, and a worker's death stops the others.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tests/support/kc_run.h"
+#include "tests/support/temp_dir.h"
+
+namespace kc::parallel {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using kc::testing::KcRun;
+using kc::testing::TempDir;
+
+KcRun Kc(const std::string& args) { return kc::testing::RunKc(KC_BINARY, args); }
+
+// Two layers, width 64, 32 tokens: a 20-step run takes about a second per rank.
+constexpr char kModel[] = R"(name: test-gpt
+layers: 2
+hidden: 64
+heads: 4
+vocab: 257
+seq_len: 32
+batch_per_rank: 4
+training:
+  lr: 3e-3
+  warmup_steps: 5
+  weight_decay: 0.1
+  grad_clip: 1.0
+  seed: 42
+)";
+
+// A corpus with structure to learn: sentences from a small grammar, one document per file.
+class Corpus {
+ public:
+  Corpus() : dir_("kc_train_cli") {
+    std::mt19937 gen(7);
+    const std::vector<std::string> subjects = {"the cat", "a dog", "my friend", "the old man",
+                                               "every child"};
+    const std::vector<std::string> verbs = {"sees", "likes", "finds", "carries", "remembers"};
+    const std::vector<std::string> objects = {"the red ball", "a small house", "the river",
+                                              "some bread", "a long song"};
+    for (int f = 0; f < 40; ++f) {
+      std::string text;
+      for (int s = 0; s < 60; ++s) {
+        text += subjects[gen() % subjects.size()] + " " + verbs[gen() % verbs.size()] + " " +
+                objects[gen() % objects.size()] + ".\n";
+      }
+      dir_.Write("text/doc" + std::to_string(f) + ".txt", text);
+    }
+    model_ = dir_.Write("test-gpt.yaml", kModel);
+    KcRun r = Kc("data prepare --out " + dir_.Path("data") + " --val-fraction 0.1 " +
+                 dir_.Path("text"));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+  }
+  std::string manifest() const { return dir_.Path("data/manifest.json"); }
+  const std::string& model() const { return model_; }
+  const TempDir& dir() const { return dir_; }
+
+ private:
+  TempDir dir_;
+  std::string model_;
+};
+
+// The shared corpus: preparing it once keeps the suite quick.
+const Corpus& TheCorpus() {
+  static const Corpus* corpus = new Corpus();
+  return *corpus;
+}
+
+struct TrainRun {
+  KcRun result;
+  std::vector<nlohmann::json> records;  // the metrics file, one object per line
+  std::vector<double> losses;
+};
+
+TrainRun Train(const std::string& model, const std::string& flags, const std::string& name) {
+  const Corpus& c = TheCorpus();
+  const std::string metrics = c.dir().Path(name + ".jsonl");
+  TrainRun run;
+  run.result = Kc("train " + model + " --data " + c.manifest() + " --progress none --metrics " +
+                  metrics + " --plot " + c.dir().Path(name + ".svg") + " " + flags);
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);) {
+    run.records.push_back(nlohmann::json::parse(line));
+    if (run.records.back()["type"] == "step") {
+      run.losses.push_back(run.records.back()["loss"].get<double>());
+    }
+  }
+  return run;
+}
+
+double MaxRelativeDifference(const std::vector<double>& a, const std::vector<double>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    worst = std::max(worst, std::fabs(a[i] - b[i]) / std::fabs(a[i]));
+  }
+  return worst;
+}
+
+TEST(KcTrainTest, DataParallelRanksGiveTheLossesOfOneRank) {
+  const std::string common = "--steps 20 --global-batch 8 --eval-every 0 --threads-per-rank 1";
+  TrainRun one = Train(TheCorpus().model(), common + " --ranks 1", "dp1");
+  ASSERT_EQ(one.result.exit_code, 0) << one.result.err;
+  ASSERT_EQ(one.losses.size(), 20u);
+  for (int ranks : {2, 4}) {
+    TrainRun many = Train(TheCorpus().model(), common + " --ranks " + std::to_string(ranks),
+                     "dp" + std::to_string(ranks));
+    ASSERT_EQ(many.result.exit_code, 0) << many.result.err;
+    ASSERT_EQ(many.losses.size(), 20u);
+    EXPECT_LT(MaxRelativeDifference(one.losses, many.losses), 1e-5) << ranks << " ranks";
+  }
+  // The model learns: the grammar is far more predictable than 257 equally likely bytes.
+  EXPECT_GT(one.losses.front(), 5.0);
+  EXPECT_LT(one.losses.back(), 3.5);
+}
+
+TEST(KcTrainTest, PerTensorSyncGivesTheSameLossesAsBuckets) {
+  const std::string common = "--steps 8 --ranks 2 --eval-every 0 --threads-per-rank 1";
+  TrainRun buckets = Train(TheCorpus().model(), common + " --bucket-mb 0.05", "buckets");
+  TrainRun per_tensor = Train(TheCorpus().model(), common + " --grad-sync per-tensor", "per_tensor");
+  ASSERT_EQ(buckets.result.exit_code, 0) << buckets.result.err;
+  ASSERT_EQ(per_tensor.result.exit_code, 0) << per_tensor.result.err;
+  ASSERT_EQ(buckets.losses.size(), 8u);
+  EXPECT_LT(MaxRelativeDifference(buckets.losses, per_tensor.losses), 1e-5);
+  // Small buckets: several of them.
+  for (const nlohmann::json& r : buckets.records) {
+    if (r["type"] == "start") EXPECT_GT(r["grad_buckets"].get<int>(), 2) << r.dump();
+  }
+}
+
+TEST(KcTrainTest, WritesMetricsPlotAndSummary) {
+  TrainRun run = Train(TheCorpus().model(), "--steps 6 --ranks 2 --eval-every 3", "report");
+  ASSERT_EQ(run.result.exit_code, 0) << run.result.err;
+  std::vector<std::string> types;
+  for (const nlohmann::json& r : run.records) types.push_back(r["type"]);
+  EXPECT_EQ(types, (std::vector<std::string>{"run", "start", "step", "step", "step", "val", "step",
+                                             "step", "step", "val", "summary"}));
+  const nlohmann::json& summary = run.records.back();
+  EXPECT_EQ(summary["ranks"], 2);
+  EXPECT_EQ(summary["steps"], 6);
+  EXPECT_GT(summary["tokens_per_s"].get<double>(), 0);
+  const double util = summary["device_utilisation"].get<double>();
+  const double comm = summary["exposed_comm_share"].get<double>();
+  EXPECT_GT(util, 0);
+  EXPECT_LE(util, 1.0 + 1e-9);
+  EXPECT_NEAR(util + comm, 1.0, 1e-6);  // compute and exposed communication make up the step
+  EXPECT_EQ(run.records[5]["step"], 3);  // validation after step 3
+  for (const char* key : {"loss", "lr", "grad_norm", "step_ms", "compute_ms", "comm_exposed_ms",
+                          "tokens", "tokens_per_s"}) {
+    EXPECT_TRUE(run.records[2].contains(key)) << key;
+  }
+  EXPECT_EQ(run.records[2]["tokens"], 2 * 4 * 32);  // two ranks' batches of 4 x 32
+  // The summary on stdout names the seed's metrics.
+  EXPECT_THAT(run.result.out, HasSubstr("device util"));
+  EXPECT_THAT(run.result.out, HasSubstr("exposed comm"));
+  EXPECT_THAT(run.result.out, HasSubstr("tokens/s"));
+  std::ifstream svg(TheCorpus().dir().Path("report.svg"));
+  const std::string plot((std::istreambuf_iterator<char>(svg)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(plot, HasSubstr("<svg"));
+  EXPECT_THAT(plot, HasSubstr("<polyline"));
+  EXPECT_THAT(plot, HasSubstr("</svg>"));
+}
+
+TEST(KcTrainTest, ExportWritesModelParametersAndBatches) {
+  const std::string dir = TheCorpus().dir().Path("export");
+  TrainRun run = Train(TheCorpus().model(), "--steps 3 --ranks 2 --eval-every 0 --export " + dir,
+                  "export");
+  ASSERT_EQ(run.result.exit_code, 0) << run.result.err;
+  std::ifstream in(dir + "/model.json");
+  const nlohmann::json model = nlohmann::json::parse(in);
+  EXPECT_EQ(model["batch"], 8);  // the global batch
+  EXPECT_EQ(model["steps"], 3);
+  const int64_t params = 257 * 64 + 32 * 64 + 2 * (4 * 64 * 64 + 2 * 64 * 256 + 9 * 64 + 256) + 2 * 64;
+  EXPECT_EQ(fs::file_size(dir + "/params.bin"), static_cast<uintmax_t>(params * 4));
+  EXPECT_EQ(fs::file_size(dir + "/batches.bin"), static_cast<uintmax_t>(3 * 2 * 8 * 32 * 4));
+}
+
+// Bad input: a clear message, exit 2, and no worker started (no metrics file written).
+class KcTrainBadInputTest : public ::testing::Test {
+ protected:
+  KcRun Expect2(const std::string& model, const std::string& flags) {
+    const std::string metrics = TheCorpus().dir().Path("bad.jsonl");
+    fs::remove(metrics);
+    KcRun r = Kc("train " + model + " --progress none --metrics " + metrics + " " + flags);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_FALSE(fs::exists(metrics)) << "a rejected run wrote metrics";
+    EXPECT_THAT(r.err, Not(HasSubstr("[rank")));
+    return r;
+  }
+  std::string Model(const std::string& name, const std::string& text) {
+    return TheCorpus().dir().Write(name, text);
+  }
+  std::string data() { return " --data " + TheCorpus().manifest(); }
+};
+
+TEST_F(KcTrainBadInputTest, UnknownModelKeyNamesFileAndLine) {
+  const std::string m = Model("typo.yaml", std::string(kModel) + "hiden: 64\n");
+  KcRun r = Expect2(m, data());
+  EXPECT_THAT(r.err, HasSubstr("typo.yaml:14"));
+  EXPECT_THAT(r.err, HasSubstr("hiden"));
+}
+
+TEST_F(KcTrainBadInputTest, HeadsNotDividingHidden) {
+  std::string text = kModel;
+  text.replace(text.find("heads: 4"), 8, "heads: 5");
+  KcRun r = Expect2(Model("heads.yaml", text), data());
+  EXPECT_THAT(r.err, HasSubstr("heads.yaml:4: heads"));
+}
+
+TEST_F(KcTrainBadInputTest, SequenceLongerThanTheData) {
+  std::string text = kModel;
+  text.replace(text.find("seq_len: 32"), 11, "seq_len: 900000");
+  KcRun r = Expect2(Model("long.yaml", text), data());
+  EXPECT_THAT(r.err, HasSubstr("seq_len"));
+}
+
+TEST_F(KcTrainBadInputTest, MissingManifestAndMissingShard) {
+  KcRun r = Expect2(TheCorpus().model(), "--data " + TheCorpus().dir().Path("nowhere.json"));
+  EXPECT_THAT(r.err, HasSubstr("nowhere.json"));
+  // A manifest whose shard is gone.
+  const std::string copy = TheCorpus().dir().Path("copy");
+  fs::create_directories(copy);
+  fs::copy_file(TheCorpus().manifest(), copy + "/manifest.json");
+  r = Expect2(TheCorpus().model(), "--data " + copy + "/manifest.json");
+  EXPECT_THAT(r.err, HasSubstr("train_00000.tok: cannot open"));
+}
+
+TEST_F(KcTrainBadInputTest, MoreRanksThanTheBatchSplitsInto) {
+  KcRun r = Expect2(TheCorpus().model(), data() + " --ranks 4 --global-batch 2");
+  EXPECT_THAT(r.err, HasSubstr("--global-batch 2 cannot be split over 4 ranks"));
+  r = Expect2(TheCorpus().model(), data() + " --ranks 2 --global-batch 5");
+  EXPECT_THAT(r.err, HasSubstr("multiple of the rank count"));
+}
+
+TEST_F(KcTrainBadInputTest, VocabSmallerThanTheData) {
+  std::string text = kModel;
+  text.replace(text.find("vocab: 257"), 10, "vocab: 256");
+  KcRun r = Expect2(Model("vocab.yaml", text), data());
+  EXPECT_THAT(r.err, HasSubstr("vocab 256 is smaller than the data's vocab_size 257"));
+}
+
+TEST(KcTrainTest, AWorkerThatDiesStopsTheOthers) {
+  TrainRun run = Train(TheCorpus().model(),
+                  "--steps 20 --ranks 3 --eval-every 0 --threads-per-rank 1 --inject-fault 1:3",
+                  "fault");
+  EXPECT_EQ(run.result.exit_code, 1);
+  EXPECT_THAT(run.result.err, HasSubstr("rank 1 failed"));
+  EXPECT_THAT(run.result.err, HasSubstr("injected fault before step 3"));
+  EXPECT_THAT(run.result.err, HasSubstr("the other ranks were stopped"));
+  EXPECT_EQ(run.losses.size(), 2u);  // the steps before the fault
+}
+
+}  // namespace
+}  // namespace kc::parallel
