@@ -10,6 +10,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <malloc.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -64,6 +65,7 @@ struct TrainArgs {
   int64_t eval_batches = 4;
   std::string grad_sync = "bucketed";
   double bucket_mb = 2;
+  std::string transport = "auto";
   std::string export_dir;
   std::string progress = "auto";
   double timeout_s = 300;
@@ -79,7 +81,7 @@ struct TrainArgs {
 // Everything checked before a worker starts.
 struct Plan {
   parallel::ModelSpec spec;  // batch_per_rank: this layout's per-rank batch
-  int threads = 1;          // cores per rank
+  int threads = 1;           // cores per rank
   // How a rank uses its cores: threads that each take whole sequences of the batch, with
   // single-threaded products (the default when the batch has a sequence per thread), or one
   // thread whose products use all the cores.
@@ -92,6 +94,7 @@ struct Plan {
   int fault_rank = -1;  // --inject-fault
   int64_t fault_step = 0;
   parallel::GradSync grad_sync = parallel::GradSync::kBucketed;
+  comm::TransportKind transport = comm::TransportKind::kAuto;
 };
 
 std::vector<int> AllowedCpus() {
@@ -117,22 +120,29 @@ parallel::LoaderOptions DataOptions(const TrainArgs& a, const std::string& split
 // The checks of `kc train` that need no worker: the model file, the layout, the data.
 Result<Plan> Check(const TrainArgs& a) {
   Plan p;
-  if (a.ranks < 1) return InvalidArgumentError("--ranks " + std::to_string(a.ranks) + ": must be at least 1");
-  if (a.steps < 1) return InvalidArgumentError("--steps " + std::to_string(a.steps) + ": must be at least 1");
+  if (a.ranks < 1)
+    return InvalidArgumentError("--ranks " + std::to_string(a.ranks) + ": must be at least 1");
+  if (a.steps < 1)
+    return InvalidArgumentError("--steps " + std::to_string(a.steps) + ": must be at least 1");
   if (a.eval_batches < 1) {
     return InvalidArgumentError("--eval-batches " + std::to_string(a.eval_batches) +
                                 ": must be at least 1");
   }
   if (!(a.bucket_mb > 0)) return InvalidArgumentError("--bucket-mb: must be positive");
-  if (a.progress != "auto" && a.progress != "bar" && a.progress != "lines" && a.progress != "none") {
+  if (a.progress != "auto" && a.progress != "bar" && a.progress != "lines" &&
+      a.progress != "none") {
     return InvalidArgumentError("--progress " + a.progress + ": expected auto, bar, lines or none");
   }
   KC_ASSIGN_OR_RETURN(p.grad_sync, parallel::ParseGradSync(a.grad_sync));
+  const std::optional<comm::TransportKind> transport = comm::TransportKindFromName(a.transport);
+  if (!transport)
+    return InvalidArgumentError("--transport " + a.transport + ": expected auto, shm or tcp");
+  p.transport = *transport;
   if (!a.inject_fault.empty()) {
     long long rank = -1, step = 0;
     char extra = 0;
-    if (std::sscanf(a.inject_fault.c_str(), "%lld:%lld%c", &rank, &step, &extra) != 2 ||
-        rank < 0 || rank >= a.ranks || step < 1 || step > a.steps) {
+    if (std::sscanf(a.inject_fault.c_str(), "%lld:%lld%c", &rank, &step, &extra) != 2 || rank < 0 ||
+        rank >= a.ranks || step < 1 || step > a.steps) {
       return InvalidArgumentError("--inject-fault " + a.inject_fault +
                                   ": expected RANK:STEP with a rank below --ranks and a step in "
                                   "1..--steps");
@@ -285,6 +295,11 @@ class MetricsPipe {
 
 Status RunWorkerRank(const TrainArgs& a, const Plan& p) {
   const int rank = a.worker_rank;
+  // Large blocks that libraries (OpenBLAS's packing buffers among them) allocate and free
+  // every step stay in the heap instead of going back to the kernel and faulting in again:
+  // fresh pages are slow to fault in on virtual machines.
+  mallopt(M_MMAP_THRESHOLD, 256 << 20);
+  mallopt(M_TRIM_THRESHOLD, 512 << 20);
   hal::DeviceDescriptor d;
   d.id = fmt::format("local/rank{}", rank);
   d.kind = hal::DeviceKind::kCpu;
@@ -302,11 +317,13 @@ Status RunWorkerRank(const TrainArgs& a, const Plan& p) {
     std::string host;
     int port = 0;
     KC_RETURN_IF_ERROR(ParseHostPort(a.store, &host, &port));
-    KC_ASSIGN_OR_RETURN(store, comm::TcpStoreClient::Connect(host, port, Clock::Real()->Now() + timeout));
+    KC_ASSIGN_OR_RETURN(store,
+                        comm::TcpStoreClient::Connect(host, port, Clock::Real()->Now() + timeout));
     KC_ASSIGN_OR_RETURN(comm, comm::Communicator::Create({.store = store.get(),
                                                           .group = a.group,
                                                           .rank = rank,
                                                           .size = a.ranks,
+                                                          .transport = p.transport,
                                                           .connect_timeout = timeout,
                                                           .timeout = timeout}));
   }
@@ -394,6 +411,9 @@ std::vector<std::string> WorkerArgv(const TrainArgs& a, int rank, const std::str
                                 a.grad_sync,
                                 "--bucket-mb",
                                 fmt::format("{}", a.bucket_mb),
+                                "--transport",
+                                a.transport,
+
                                 "--timeout",
                                 fmt::format("{}", a.timeout_s),
                                 "--worker-rank",
@@ -429,7 +449,8 @@ struct Child {
 Result<Child> Spawn(const TrainArgs& a, const Plan& p, int rank, const std::string& store,
                     const std::string& group, int metrics_write) {
   int err[2];
-  if (pipe2(err, O_CLOEXEC) != 0) return InternalError(std::string("pipe: ") + std::strerror(errno));
+  if (pipe2(err, O_CLOEXEC) != 0)
+    return InternalError(std::string("pipe: ") + std::strerror(errno));
   std::vector<std::string> args = WorkerArgv(a, rank, store, group);
   std::vector<char*> argv;
   for (std::string& s : args) argv.push_back(s.data());
@@ -479,7 +500,6 @@ class Monitor {
     const bool tty = isatty(STDERR_FILENO) == 1;
     mode_ = a.progress == "auto" ? (tty ? "bar" : "lines") : a.progress;
     every_ = std::max<int64_t>(1, a.steps / 20);
-    start_ = std::chrono::steady_clock::now();
   }
 
   void OnMetricsLine(const std::string& line) {
@@ -487,9 +507,7 @@ class Monitor {
     if (j.is_discarded() || !j.is_object()) return;
     *metrics_ << line << "\n";
     const std::string type = j.value("type", "");
-    if (type == "start") {
-      start_info_ = j;
-    } else if (type == "step") {
+    if (type == "step") {
       StepRecord r;
       r.step = j.value("step", int64_t{0});
       r.loss = j.value("loss", 0.0);
@@ -522,7 +540,6 @@ class Monitor {
 
   const std::vector<StepRecord>& steps() const { return steps_; }
   const std::vector<ValRecord>& val() const { return val_; }
-  const Json& start_info() const { return start_info_; }
 
  private:
   void Show(bool line_due) {
@@ -540,7 +557,8 @@ class Monitor {
     const double val = val_.empty() ? -1 : val_.back().loss;
     if (mode_ == "bar") {
       winsize ws{};
-      const int width = ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 20 ? ws.ws_col : 100;
+      const int width =
+          ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 20 ? ws.ws_col : 100;
       std::cerr << "\r\033[K" << ProgressLine(r.step, a_.steps, r.loss, val, rate, eta, width - 1)
                 << std::flush;
       bar_shown_ = true;
@@ -558,10 +576,8 @@ class Monitor {
   std::string mode_;
   int64_t every_ = 1;
   bool bar_shown_ = false;
-  std::chrono::steady_clock::time_point start_;
   std::vector<StepRecord> steps_;
   std::vector<ValRecord> val_;
-  Json start_info_;
 };
 
 // Splits what arrived on a pipe into lines; returns false at end of file.
@@ -584,7 +600,8 @@ bool ReadLines(int fd, std::string* partial, const std::function<void(const std:
 }
 
 std::string DescribeExit(int status) {
-  if (WIFSIGNALED(status)) return fmt::format("killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
+  if (WIFSIGNALED(status))
+    return fmt::format("killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
   return fmt::format("exited with status {}", WEXITSTATUS(status));
 }
 
@@ -604,7 +621,8 @@ void PrintSummary(const TrainArgs& a, const Plan& p, const Monitor& m, double pe
       p.spec.name, parallel::ParameterCount(p.spec) / 1e6, a.ranks, a.ranks == 1 ? "" : "s",
       p.threads, p.threads == 1 ? "" : "s", s.steps, global, p.spec.seq_len,
       global * p.spec.seq_len, a.ranks > 1 ? fmt::format("grad sync {}", a.grad_sync) : "one rank");
-  std::cout << fmt::format("  loss            {:.4f} -> {:.4f}{}\n", s.first_loss, s.last_loss, val);
+  std::cout << fmt::format("  loss            {:.4f} -> {:.4f}{}\n", s.first_loss, s.last_loss,
+                           val);
   std::cout << fmt::format("  throughput      {:.0f} tokens/s (steady state: steps {}-{})\n",
                            s.tokens_per_s, s.steps - s.measured_steps + 1, s.steps);
   std::cout << fmt::format("  step time       {:.1f} ms (median)\n", s.step_ms_median);
@@ -612,11 +630,13 @@ void PrintSummary(const TrainArgs& a, const Plan& p, const Monitor& m, double pe
       "  device util     {:.1f}% (compute time / step time; the seed asks for >= 80%)\n",
       100 * s.device_utilisation);
   std::cout << fmt::format(
-      "  exposed comm    {:.1f}% of step time, {:.2f} ms per step (the seed flags > 40%)\n",
-      100 * s.exposed_comm_share, s.comm_exposed_ms);
+      "  exposed comm    {:.1f}% of step time, {:.2f} ms per step (median {:.2f}; the seed flags "
+      "> 40%)\n",
+      100 * s.exposed_comm_share, s.comm_exposed_ms, s.comm_exposed_ms_median);
   if (peak_per_core > 0) {
     std::cout << fmt::format(
-        "  MFU             {:.1f}% ({:.1f} GFLOP/s of {} core{} x {:.1f} GFLOP/s sgemm measured now)\n",
+        "  MFU             {:.1f}% ({:.1f} GFLOP/s of {} core{} x {:.1f} GFLOP/s sgemm measured "
+        "now)\n",
         100 * mfu, achieved / 1e9, cores, cores == 1 ? "" : "s", peak_per_core / 1e9);
   }
   std::cout << fmt::format("  wall time       {}\n", FormatDuration(s.total_s));
@@ -637,6 +657,7 @@ void PrintSummary(const TrainArgs& a, const Plan& p, const Monitor& m, double pe
                    {"device_utilisation", s.device_utilisation},
                    {"exposed_comm_share", s.exposed_comm_share},
                    {"comm_exposed_ms", s.comm_exposed_ms},
+                   {"comm_exposed_ms_median", s.comm_exposed_ms_median},
                    {"flops_per_token", flops_per_token},
                    {"sgemm_flops_per_core", peak_per_core},
                    {"mfu", mfu},
@@ -747,7 +768,8 @@ int RunLauncher(TrainArgs a) {
     const bool ok = WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0;
     if (!ok && !failure) {
       std::string why = c.last_error.empty() ? DescribeExit(c.status) : c.last_error;
-      if (!c.last_error.empty() && WIFSIGNALED(c.status)) why += " (" + DescribeExit(c.status) + ")";
+      if (!c.last_error.empty() && WIFSIGNALED(c.status))
+        why += " (" + DescribeExit(c.status) + ")";
       failure = fmt::format("rank {} failed: {}", c.rank, why);
       stop_others();
     }
@@ -794,7 +816,8 @@ int RunLauncher(TrainArgs a) {
     }
   }
   if (metrics_fd >= 0) {
-    while (ReadLines(metrics_fd, &metrics_partial, [&](const std::string& l) { monitor.OnMetricsLine(l); })) {
+    while (ReadLines(metrics_fd, &metrics_partial,
+                     [&](const std::string& l) { monitor.OnMetricsLine(l); })) {
     }
     close(metrics_fd);
   }
@@ -851,7 +874,8 @@ void AddTrainCommand(CLI::App& app, Action* action) {
   auto a = std::make_shared<TrainArgs>();
   c->add_option("config", a->config, "Model file (YAML), e.g. examples/models/gpt-tiny.yaml")
       ->required();
-  c->add_option("--ranks", a->ranks, "Worker processes (data-parallel ranks)")->capture_default_str();
+  c->add_option("--ranks", a->ranks, "Worker processes (data-parallel ranks)")
+      ->capture_default_str();
   c->add_option("--threads-per-rank", a->threads_per_rank,
                 "BLAS threads of each rank (default: the cores this process may use / ranks)");
   c->add_option("--steps", a->steps, "Training steps")->capture_default_str();
@@ -870,6 +894,10 @@ void AddTrainCommand(CLI::App& app, Action* action) {
                 "all-reduce per tensor after the backward: the baseline)")
       ->capture_default_str();
   c->add_option("--bucket-mb", a->bucket_mb, "Gradient bucket size in MiB")->capture_default_str();
+  c->add_option("--transport", a->transport,
+                "How the ranks talk: auto (shared memory on one machine), shm or tcp (as between "
+                "machines, over loopback)")
+      ->capture_default_str();
   c->add_option("--export", a->export_dir,
                 "Also write the model, initial parameters and batches here "
                 "(bench/train/compare_losses.py)");

@@ -19,7 +19,7 @@ TrainSummary Summarise(const std::vector<StepRecord>& steps) {
   for (size_t i = steps.size() - tail; i < steps.size(); ++i) last += steps[i].loss;
   s.last_loss = last / static_cast<double>(tail);
   double time = 0, compute = 0, comm = 0, tokens = 0;
-  std::vector<double> ms;
+  std::vector<double> ms, comm_ms;
   for (size_t i = 0; i < steps.size(); ++i) {
     s.total_s += steps[i].step_s;
     if (i < skip) continue;
@@ -28,11 +28,15 @@ TrainSummary Summarise(const std::vector<StepRecord>& steps) {
     comm += steps[i].comm_exposed_s;
     tokens += static_cast<double>(steps[i].tokens);
     ms.push_back(steps[i].step_s * 1e3);
+    comm_ms.push_back(steps[i].comm_exposed_s * 1e3);
   }
   s.measured_steps = static_cast<int64_t>(ms.size());
-  std::sort(ms.begin(), ms.end());
-  s.step_ms_median = ms.size() % 2 == 1 ? ms[ms.size() / 2]
-                                        : (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]) / 2;
+  auto median = [](std::vector<double>& v) {
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 == 1 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+  };
+  s.step_ms_median = median(ms);
+  s.comm_exposed_ms_median = median(comm_ms);
   if (time > 0) {
     s.tokens_per_s = tokens / time;
     s.device_utilisation = compute / time;

@@ -30,13 +30,14 @@ struct TrainSummary {
   int64_t steps = 0;
   int64_t measured_steps = 0;  // the steady-state steps the rates below average over
   double first_loss = 0;
-  double last_loss = 0;      // mean of the last min(10, steps) losses
-  double tokens_per_s = 0;   // steady state
+  double last_loss = 0;     // mean of the last min(10, steps) losses
+  double tokens_per_s = 0;  // steady state
   double step_ms_median = 0;
-  double device_utilisation = 0;  // compute time / step time, steady state
-  double exposed_comm_share = 0;  // exposed communication time / step time, steady state
-  double comm_exposed_ms = 0;     // mean per steady-state step
-  double total_s = 0;             // all steps
+  double device_utilisation = 0;      // compute time / step time, steady state
+  double exposed_comm_share = 0;      // exposed communication time / step time, steady state
+  double comm_exposed_ms = 0;         // mean per steady-state step
+  double comm_exposed_ms_median = 0;  // median per steady-state step (robust to a slow step)
+  double total_s = 0;                 // all steps
 };
 
 // Steady state leaves out the first steps / 10 steps, at least 1 and at most 10 (page

@@ -34,7 +34,8 @@ struct KernelContext {
 // in elements; beta == 0 does not read C.
 template <typename Real>
 Status Gemm(const KernelContext& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-            Real alpha, const Real* a, int64_t lda, const Real* b, int64_t ldb, Real beta, Real* c, int64_t ldc);
+            Real alpha, const Real* a, int64_t lda, const Real* b, int64_t ldb, Real beta, Real* c,
+            int64_t ldc);
 template <>
 Status Gemm<float>(const KernelContext& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n,
                    int64_t k, float alpha, const float* a, int64_t lda, const float* b, int64_t ldb,
@@ -46,25 +47,25 @@ Status Gemm<double>(const KernelContext& ctx, bool trans_a, bool trans_b, int64_
 // `batch` such products, matrix i of X starting at X + i * stride_x.
 template <typename Real>
 Status GemmBatched(const KernelContext& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n,
-                   int64_t k, Real alpha, const Real* a, int64_t lda, int64_t stride_a, const Real* b,
-                   int64_t ldb, int64_t stride_b, Real beta, Real* c, int64_t ldc, int64_t stride_c,
-                   int64_t batch);
+                   int64_t k, Real alpha, const Real* a, int64_t lda, int64_t stride_a,
+                   const Real* b, int64_t ldb, int64_t stride_b, Real beta, Real* c, int64_t ldc,
+                   int64_t stride_c, int64_t batch);
 
 // out (B, T, C) = wte[inp[b, t]] + wpe[t]. wte (V, C), wpe (T, C), inp (B, T).
 template <typename Real>
-void EncoderForward(Real* out, const int32_t* inp, const Real* wte, const Real* wpe, int64_t B, int64_t T,
-                    int64_t C);
+void EncoderForward(Real* out, const int32_t* inp, const Real* wte, const Real* wpe, int64_t B,
+                    int64_t T, int64_t C);
 // dwte[inp[b, t]] += dout[b, t]; dwpe[t] += dout[b, t]. Always adds (the caller zeroes or
 // the LM head's product wrote dwte first).
 template <typename Real>
-void EncoderBackward(Real* dwte, Real* dwpe, const Real* dout, const int32_t* inp, int64_t B, int64_t T,
-                     int64_t C);
+void EncoderBackward(Real* dwte, Real* dwpe, const Real* dout, const int32_t* inp, int64_t B,
+                     int64_t T, int64_t C);
 
 // out (N, C) = (inp - mean) * rstd * weight + bias per row; saves mean (N) and rstd (N)
 // (1 / sqrt(biased variance + eps)) for the backward.
 template <typename Real>
-void LayerNormForward(Real* out, Real* mean, Real* rstd, const Real* inp, const Real* weight, const Real* bias,
-                      int64_t N, int64_t C, float eps);
+void LayerNormForward(Real* out, Real* mean, Real* rstd, const Real* inp, const Real* weight,
+                      const Real* bias, int64_t N, int64_t C, float eps);
 template <typename Real>
 void LayerNormBackward(Real* dinp, Real* dweight, Real* dbias, const Real* dout, const Real* inp,
                        const Real* weight, const Real* mean, const Real* rstd, int64_t N, int64_t C,
@@ -77,9 +78,9 @@ Status MatmulForward(const KernelContext& ctx, Real* out, const Real* inp, const
 // dinp (N, C) OVERWRITTEN with dout * weight (skipped when dinp is null); dweight (OC, C) and
 // dbias (OC, null when there is no bias) as `accumulate` says.
 template <typename Real>
-Status MatmulBackward(const KernelContext& ctx, Real* dinp, Real* dweight, Real* dbias, const Real* dout,
-                      const Real* inp, const Real* weight, int64_t N, int64_t C, int64_t OC,
-                      bool accumulate);
+Status MatmulBackward(const KernelContext& ctx, Real* dinp, Real* dweight, Real* dbias,
+                      const Real* dout, const Real* inp, const Real* weight, int64_t N, int64_t C,
+                      int64_t OC, bool accumulate);
 
 // Causal multi-head self-attention. qkv (B, T, 3C): q, k, v side by side, head h in columns
 // [h*hd, (h+1)*hd) of each. att (B, NH, T, T) receives the softmax probabilities (above the
@@ -90,8 +91,9 @@ Status AttentionForward(const KernelContext& ctx, Real* out, Real* att, const Re
                         int64_t T, int64_t C, int64_t NH);
 // dqkv (B, T, 3C) OVERWRITTEN. datt (B, NH, T, T) is scratch.
 template <typename Real>
-Status AttentionBackward(const KernelContext& ctx, Real* dqkv, Real* datt, const Real* dout, const Real* qkv,
-                         const Real* att, int64_t B, int64_t T, int64_t C, int64_t NH);
+Status AttentionBackward(const KernelContext& ctx, Real* dqkv, Real* datt, const Real* dout,
+                         const Real* qkv, const Real* att, int64_t B, int64_t T, int64_t C,
+                         int64_t NH);
 
 // GELU, the tanh approximation of GPT-2: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 template <typename Real>

@@ -167,9 +167,10 @@ TEST(GptKernelsTest, GeluBackwardMatchesFiniteDifferences) {
   Vec inplace = r;
   GeluBackward(inplace.data(), x.data(), inplace.data(), n);
   EXPECT_EQ(inplace, dx);
-  EXPECT_NEAR(out[0], 0.5 * x[0] * (1 + std::tanh(std::sqrt(2 / M_PI) *
-                                                   (x[0] + 0.044715 * x[0] * x[0] * x[0]))),
-              1e-15);
+  EXPECT_NEAR(
+      out[0],
+      0.5 * x[0] * (1 + std::tanh(std::sqrt(2 / M_PI) * (x[0] + 0.044715 * x[0] * x[0] * x[0]))),
+      1e-15);
 }
 
 TEST(GptKernelsTest, CrossEntropyGradientMatchesFiniteDifferences) {
@@ -191,6 +192,37 @@ TEST(GptKernelsTest, CrossEntropyGradientMatchesFiniteDifferences) {
   ExpectGradient("logits", logits, grad, loss);
 }
 
+// The float kernels use their own exp and tanh (vectorisable); they must stay as accurate as
+// the library's to the precision training needs.
+TEST(GptKernelsTest, FloatGeluSoftmaxAndCrossEntropyAgreeWithDouble) {
+  const int64_t n = 4001;
+  Vec x(n);
+  for (int64_t i = 0; i < n; ++i) x[i] = -20.0 + 40.0 * static_cast<double>(i) / (n - 1);
+  std::vector<float> xf(x.begin(), x.end()), outf(n), dinf(n), onesf(n, 1.0f);
+  Vec out(n), din(n), ones(n, 1.0);
+  Vec xd(xf.begin(), xf.end());  // the same inputs, exactly
+  GeluForward(out.data(), xd.data(), n);
+  GeluForward(outf.data(), xf.data(), n);
+  GeluBackward(din.data(), xd.data(), ones.data(), n);
+  GeluBackward(dinf.data(), xf.data(), onesf.data(), n);
+  for (int64_t i = 0; i < n; ++i) {
+    EXPECT_NEAR(outf[i], out[i], 4e-7 * std::max(1.0, std::fabs(out[i]))) << "x=" << xd[i];
+    EXPECT_NEAR(dinf[i], din[i], 3e-6) << "x=" << xd[i];  // 1 - sigma loses a few bits
+  }
+  const int64_t N = 4, V = 300;
+  Vec logits = Random(N * V, 21, 6.0);
+  std::vector<float> lf(logits.begin(), logits.end());
+  Vec ld(lf.begin(), lf.end());
+  const std::vector<int32_t> targets = {0, 17, 299, 150};
+  Vec losses(N);
+  std::vector<float> lossesf(N);
+  const double total = CrossEntropy(ld.data(), losses.data(), targets.data(), N, V, 1.0);
+  const double totalf = CrossEntropy(lf.data(), lossesf.data(), targets.data(), N, V, 1.0f);
+  EXPECT_NEAR(totalf, total, 1e-6 * std::fabs(total));
+  // Probabilities minus one-hot: float sums of 300 terms, a few ulp of 1.
+  for (int64_t i = 0; i < N * V; ++i) EXPECT_NEAR(lf[i], ld[i], 2e-6) << i;
+}
+
 TEST(GptKernelsTest, FloatGemmAgreesWithDouble) {
   auto device = hal::OpenComputeDevice({.id = "test/cpu0", .kind = hal::DeviceKind::kCpu});
   ASSERT_TRUE(device.ok()) << device.status();
@@ -200,7 +232,8 @@ TEST(GptKernelsTest, FloatGemmAgreesWithDouble) {
   std::vector<float> xf(x.begin(), x.end()), wf(w.begin(), w.end()), rf(r.begin(), r.end());
   Vec out(N * OC), dx(N * C), dw(OC * C);
   std::vector<float> outf(N * OC), dxf(N * C), dwf(OC * C);
-  ASSERT_TRUE(MatmulForward<double>(kNoStream, out.data(), x.data(), w.data(), nullptr, N, C, OC).ok());
+  ASSERT_TRUE(
+      MatmulForward<double>(kNoStream, out.data(), x.data(), w.data(), nullptr, N, C, OC).ok());
   ASSERT_TRUE(MatmulForward<float>(ctx, outf.data(), xf.data(), wf.data(), nullptr, N, C, OC).ok());
   ASSERT_TRUE(MatmulBackward<double>(kNoStream, dx.data(), dw.data(), nullptr, r.data(), x.data(),
                                      w.data(), N, C, OC, false)

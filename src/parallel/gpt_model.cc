@@ -37,7 +37,8 @@ void FillNormal(std::span<Real> x, double stddev, uint64_t seed) {
 }
 
 bool EndsWith(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // Carves aligned regions out of one buffer; a first pass with no base only counts.
@@ -145,12 +146,13 @@ Status Gpt<Real>::Allocate() {
   std::fill(own_grads_.begin(), own_grads_.end(), Real{0});
   grads_.clear();
   for (const TensorSpec& t : tensors_) {
-    grads_.push_back(own_grads_.subspan(static_cast<size_t>(t.offset),
-                                        static_cast<size_t>(t.num_elements)));
+    grads_.push_back(
+        own_grads_.subspan(static_cast<size_t>(t.offset), static_cast<size_t>(t.num_elements)));
   }
   worker_grads_.assign(slices_.size() - 1, {});
   for (size_t w = 0; w + 1 < slices_.size(); ++w) {
-    std::span<Real> arena = worker_arena_.subspan(w * static_cast<size_t>(P), static_cast<size_t>(P));
+    std::span<Real> arena =
+        worker_arena_.subspan(w * static_cast<size_t>(P), static_cast<size_t>(P));
     for (const TensorSpec& t : tensors_) {
       worker_grads_[w].push_back(
           arena.subspan(static_cast<size_t>(t.offset), static_cast<size_t>(t.num_elements)));
@@ -164,6 +166,8 @@ Status Gpt<Real>::Allocate() {
     streams_.push_back(std::move(stream));
   }
   arrivals_ = std::make_unique<std::atomic<int>[]>(tensors_.size());
+  worker_status_.assign(slices_.size(), OkStatus());
+  worker_loss_.assign(slices_.size(), 0.0);
   pool_ = std::make_unique<WorkerPool>(static_cast<int>(slices_.size()));
   return OkStatus();
 }
@@ -197,7 +201,8 @@ void Gpt<Real>::InitParameters(uint64_t seed) {
     const TensorSpec& t = tensors_[i];
     std::span<Real> p = param(static_cast<int>(i));
     if (t.shape.size() == 2) {
-      const bool residual = EndsWith(t.name, "attn.proj.weight") || EndsWith(t.name, "mlp.proj.weight");
+      const bool residual =
+          EndsWith(t.name, "attn.proj.weight") || EndsWith(t.name, "mlp.proj.weight");
       // One stream per tensor: a tensor's values do not depend on the shapes before it.
       uint64_t stream_seed = seed ^ (0x5851f42d4c957f2dull * (i + 1));
       FillNormal(p, residual ? residual_std : 0.02, SplitMix64(&stream_seed));
@@ -210,34 +215,31 @@ void Gpt<Real>::InitParameters(uint64_t seed) {
 }
 
 template <typename Real>
-Result<double> Gpt<Real>::Forward(std::span<const int32_t> inputs,
-                                  std::span<const int32_t> targets, double grad_scale) {
+Result<double> Gpt<Real>::Forward(std::span<const int32_t> inputs, std::span<const int32_t> targets,
+                                  double grad_scale) {
   const int64_t V = spec_.vocab, BT = tokens();
   if (static_cast<int64_t>(inputs.size()) != BT || static_cast<int64_t>(targets.size()) != BT) {
-    return InvalidArgumentError("model " + spec_.name + ": forward of " +
-                                std::to_string(inputs.size()) + " inputs and " +
-                                std::to_string(targets.size()) + " targets, expected B*T = " +
-                                std::to_string(BT));
+    return InvalidArgumentError(
+        "model " + spec_.name + ": forward of " + std::to_string(inputs.size()) + " inputs and " +
+        std::to_string(targets.size()) + " targets, expected B*T = " + std::to_string(BT));
   }
   for (int64_t i = 0; i < BT; ++i) {
     if (inputs[i] < 0 || inputs[i] >= V || targets[i] < 0 || targets[i] >= V) {
-      return InvalidArgumentError("model " + spec_.name + ": token " +
-                                  std::to_string(inputs[i] < 0 || inputs[i] >= V ? inputs[i]
-                                                                                 : targets[i]) +
-                                  " at position " + std::to_string(i) + " is outside the vocab of " +
-                                  std::to_string(V));
+      return InvalidArgumentError(
+          "model " + spec_.name + ": token " +
+          std::to_string(inputs[i] < 0 || inputs[i] >= V ? inputs[i] : targets[i]) +
+          " at position " + std::to_string(i) + " is outside the vocab of " + std::to_string(V));
     }
   }
   std::copy(inputs.begin(), inputs.end(), inputs_);
-  std::vector<Status> status(slices_.size());
-  std::vector<double> sums(slices_.size());
   pool_->Run([&](int k) {
-    status[k] = ForwardSlice(k, targets.data(), static_cast<Real>(grad_scale), &sums[k]);
+    worker_status_[k] =
+        ForwardSlice(k, targets.data(), static_cast<Real>(grad_scale), &worker_loss_[k]);
   });
-  for (const Status& st : status) KC_RETURN_IF_ERROR(st);
+  for (const Status& st : worker_status_) KC_RETURN_IF_ERROR(st);
   have_grad_ = grad_scale != 0;
   double sum = 0;
-  for (double x : sums) sum += x;
+  for (double x : worker_loss_) sum += x;
   return sum / static_cast<double>(BT);
 }
 
@@ -308,9 +310,8 @@ Status Gpt<Real>::Backward(bool accumulate, const std::function<Status(int tenso
   }
   have_grad_ = false;
   for (size_t i = 0; i < tensors_.size(); ++i) arrivals_[i].store(0, std::memory_order_relaxed);
-  std::vector<Status> status(slices_.size());
-  pool_->Run([&](int k) { status[k] = BackwardSlice(k, accumulate, on_ready); });
-  for (const Status& st : status) KC_RETURN_IF_ERROR(st);
+  pool_->Run([&](int k) { worker_status_[k] = BackwardSlice(k, accumulate, on_ready); });
+  for (const Status& st : worker_status_) KC_RETURN_IF_ERROR(st);
   return OkStatus();
 }
 
@@ -380,13 +381,13 @@ Status Gpt<Real>::BackwardSlice(int k, bool accumulate,
         MatmulBackward(ctx, dtmp, g(kFcW), g(kFcB), dfch, a.ln2, p(kFcW), BT, C, F, acc));
     KC_RETURN_IF_ERROR(ready(kFcB));
     KC_RETURN_IF_ERROR(ready(kFcW));
-    LayerNormBackward(dres, g(kLn2W), g(kLn2B), dtmp, a.residual2, p(kLn2W), a.ln2_mean,
-                      a.ln2_rstd, BT, C, acc);
+    LayerNormBackward(dres, g(kLn2W), g(kLn2B), dtmp, a.residual2, p(kLn2W), a.ln2_mean, a.ln2_rstd,
+                      BT, C, acc);
     KC_RETURN_IF_ERROR(ready(kLn2B));
     KC_RETURN_IF_ERROR(ready(kLn2W));
     // Attention: residual2 = residual + proj(attention(qkv(ln1(residual)))).
-    KC_RETURN_IF_ERROR(MatmulBackward(ctx, dtmp, g(kProjW), g(kProjB), dres, a.atty, p(kProjW),
-                                      BT, C, C, acc));
+    KC_RETURN_IF_ERROR(
+        MatmulBackward(ctx, dtmp, g(kProjW), g(kProjB), dres, a.atty, p(kProjW), BT, C, C, acc));
     KC_RETURN_IF_ERROR(ready(kProjB));
     KC_RETURN_IF_ERROR(ready(kProjW));
     KC_RETURN_IF_ERROR(AttentionBackward(ctx, dqkv, datt, dtmp, a.qkv, a.att, B, T, C, NH));

@@ -94,8 +94,19 @@ class Gpt {
 
   // Per-layer tensor indices (ParameterTensors order).
   enum LayerTensor {
-    kLn1W = 0, kLn1B, kQkvW, kQkvB, kProjW, kProjB, kLn2W, kLn2B, kFcW, kFcB, kFcProjW,
-    kFcProjB, kTensorsPerLayer
+    kLn1W = 0,
+    kLn1B,
+    kQkvW,
+    kQkvB,
+    kProjW,
+    kProjB,
+    kLn2W,
+    kLn2B,
+    kFcW,
+    kFcB,
+    kFcProjW,
+    kFcProjB,
+    kTensorsPerLayer
   };
   int LayerIndex(int64_t layer, LayerTensor t) const {
     return 2 + static_cast<int>(layer) * kTensorsPerLayer + t;
@@ -132,12 +143,14 @@ class Gpt {
   hal::ComputeDevice* const device_;
   KernelContext ctx_;  // the device's default stream, worker 0's
   std::vector<TensorSpec> tensors_;
-  std::vector<std::pair<int64_t, int64_t>> slices_;  // per worker: [first, end) sequences
-  std::vector<KernelContext> ctxs_;                  // per worker
+  std::vector<std::pair<int64_t, int64_t>> slices_;    // per worker: [first, end) sequences
+  std::vector<KernelContext> ctxs_;                    // per worker
   std::vector<std::unique_ptr<hal::Stream>> streams_;  // workers 1..
   std::unique_ptr<WorkerPool> pool_;
   std::unique_ptr<std::atomic<int>[]> arrivals_;  // per tensor: workers done with it this pass
-  Mutex ready_mu_;                                 // one on_ready call at a time
+  Mutex ready_mu_;                                // one on_ready call at a time
+  std::vector<Status> worker_status_;  // per worker, this pass (kept: no allocation per step)
+  std::vector<double> worker_loss_;    // per worker: the sum of its tokens' losses
   std::span<Real> worker_arena_;
   std::vector<std::vector<std::span<Real>>> worker_grads_;  // workers 1..: per tensor
   hal::DeviceBuffer arena_;
@@ -150,8 +163,8 @@ class Gpt {
   Real* lnf_ = nullptr;  // (BT, C)
   Real* lnf_mean_ = nullptr;
   Real* lnf_rstd_ = nullptr;
-  Real* logits_ = nullptr;  // (BT, V); the logits' gradient after a training Forward
-  Real* losses_ = nullptr;  // (BT)
+  Real* logits_ = nullptr;     // (BT, V); the logits' gradient after a training Forward
+  Real* losses_ = nullptr;     // (BT)
   int32_t* inputs_ = nullptr;  // (BT): the last Forward's inputs, for the embedding backward
   // Backward scratch, shared by the layers.
   Real* dres_ = nullptr;  // (BT, C): the residual stream's gradient

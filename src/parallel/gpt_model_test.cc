@@ -132,9 +132,8 @@ TEST(GptModelTest, ThreadsSplittingTheBatchGiveTheSameGradients) {
   }
   // An error from on_ready stops the pass and comes back.
   ASSERT_TRUE((*three)->Forward(in, tg, 1.0).ok());
-  Status s = (*three)->Backward(false, [](int t) {
-    return t == 0 ? InternalError("bucket failed") : OkStatus();
-  });
+  Status s = (*three)->Backward(
+      false, [](int t) { return t == 0 ? InternalError("bucket failed") : OkStatus(); });
   EXPECT_EQ(s.code(), ErrorCode::kInternal);
 }
 

@@ -15,15 +15,15 @@ namespace kc::parallel {
 // Optimizer and schedule settings (AdamW, linear warmup then cosine decay), the `training:`
 // section. The schedule and update rules: parallel/optimizer.h.
 struct TrainingSpec {
-  float lr = 3e-4f;           // peak learning rate, reached after warmup_steps
-  int64_t warmup_steps = 0;   // linear warmup from 0 to lr; 0 = none
+  float lr = 3e-4f;              // peak learning rate, reached after warmup_steps
+  int64_t warmup_steps = 0;      // linear warmup from 0 to lr; 0 = none
   float min_lr_fraction = 0.1f;  // cosine decay ends at lr * this at the last step
-  float weight_decay = 0.0f;  // AdamW decoupled decay, applied to the 2-D (matrix) tensors
-  float grad_clip = 1.0f;     // clip the global gradient L2 norm to this; 0 = no clipping
-  float beta1 = 0.9f;         // AdamW first-moment decay
-  float beta2 = 0.95f;        // AdamW second-moment decay
-  float eps = 1e-8f;          // AdamW denominator epsilon
-  uint64_t seed = 1337;       // parameter initialisation and data order
+  float weight_decay = 0.0f;     // AdamW decoupled decay, applied to the 2-D (matrix) tensors
+  float grad_clip = 1.0f;        // clip the global gradient L2 norm to this; 0 = no clipping
+  float beta1 = 0.9f;            // AdamW first-moment decay
+  float beta2 = 0.95f;           // AdamW second-moment decay
+  float eps = 1e-8f;             // AdamW denominator epsilon
+  uint64_t seed = 1337;          // parameter initialisation and data order
 
   friend bool operator==(const TrainingSpec&, const TrainingSpec&) = default;
 };

@@ -12,9 +12,10 @@ double LearningRate(const TrainingSpec& training, int64_t step, int64_t total_st
   if (warmup > 0 && step < warmup) {
     return lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
   }
-  const double progress = std::clamp(static_cast<double>(step - warmup) /
-                                         static_cast<double>(std::max<int64_t>(1, total_steps - warmup)),
-                                     0.0, 1.0);
+  const double progress =
+      std::clamp(static_cast<double>(step - warmup) /
+                     static_cast<double>(std::max<int64_t>(1, total_steps - warmup)),
+                 0.0, 1.0);
   const double min_lr = lr * training.min_lr_fraction;
   return min_lr + 0.5 * (lr - min_lr) * (1.0 + std::cos(std::numbers::pi * progress));
 }

@@ -15,10 +15,10 @@ TEST(LearningRateTest, WarmsUpLinearlyThenDecaysByCosineToTheFloor) {
   t.min_lr_fraction = 0.1f;
   EXPECT_DOUBLE_EQ(LearningRate(t, 0, 14), 0.25);
   EXPECT_DOUBLE_EQ(LearningRate(t, 3, 14), 1.0);
-  EXPECT_DOUBLE_EQ(LearningRate(t, 4, 14), 1.0);                        // decay starts at the peak
+  EXPECT_DOUBLE_EQ(LearningRate(t, 4, 14), 1.0);  // decay starts at the peak
   EXPECT_NEAR(LearningRate(t, 9, 14), 0.1 + 0.45 * (1 + std::cos(M_PI * 0.5)), 1e-7);
-  EXPECT_NEAR(LearningRate(t, 14, 14), 0.1, 1e-7);                       // the floor
-  EXPECT_NEAR(LearningRate(t, 20, 14), 0.1, 1e-7);                       // and stays there
+  EXPECT_NEAR(LearningRate(t, 14, 14), 0.1, 1e-7);  // the floor
+  EXPECT_NEAR(LearningRate(t, 20, 14), 0.1, 1e-7);  // and stays there
   t.warmup_steps = 0;
   EXPECT_DOUBLE_EQ(LearningRate(t, 0, 10), 1.0);
 }

@@ -24,6 +24,7 @@ std::string_view GradSyncName(GradSync sync) {
   switch (sync) {
     case GradSync::kBucketed:
       return "bucketed";
+
     case GradSync::kPerTensor:
       return "per-tensor";
   }
@@ -71,8 +72,8 @@ Status Trainer::Init() {
     KC_ASSIGN_OR_RETURN(validation_, OpenDataLoader(loader_options(options_.validation)));
     validation_start_ = validation_->state();
   }
-  KC_ASSIGN_OR_RETURN(model_, Gpt<float>::Create(spec, options_.device,
-                                                 {.threads = options_.compute_threads}));
+  KC_ASSIGN_OR_RETURN(
+      model_, Gpt<float>::Create(spec, options_.device, {.threads = options_.compute_threads}));
   model_->InitParameters(spec.training.seed);
   const std::vector<TensorSpec>& tensors = model_->tensors();
 
@@ -80,7 +81,7 @@ Status Trainer::Init() {
     // Every rank starts from rank 0's parameters, as DDP does.
     KC_ASSIGN_OR_RETURN(auto work, comm->Broadcast(Bytes(model_->params()), 0));
     KC_RETURN_IF_ERROR(work->Wait());
-    if (options_.grad_sync == GradSync::kBucketed) {
+    if (options_.grad_sync != GradSync::kPerTensor) {
       // Registered in backward order, so buckets fill (and start) as the backward goes.
       const std::vector<TensorSpec> backward = ParameterTensorsBackwardOrder(spec);
       std::vector<std::span<std::byte>> spans;
@@ -111,8 +112,8 @@ Status Trainer::Init() {
     slots.push_back({model_->param(static_cast<int>(i)), model_->grad(static_cast<int>(i)),
                      tensors[i].shape.size() == 2});
   }
-  KC_ASSIGN_OR_RETURN(optimizer_, AdamW<float>::Create(spec.training, std::move(slots),
-                                                       options_.device));
+  KC_ASSIGN_OR_RETURN(optimizer_,
+                      AdamW<float>::Create(spec.training, std::move(slots), options_.device));
   return OkStatus();
 }
 
@@ -133,7 +134,8 @@ Status Trainer::SyncGradients(double* comm_s) {
     // The baseline: each tensor on its own, after the whole backward, one at a time.
     const std::vector<TensorSpec>& tensors = model_->tensors();
     for (int i = static_cast<int>(tensors.size()) - 1; i >= 0; --i) {
-      KC_ASSIGN_OR_RETURN(auto work, options_.comm->Allreduce(model_->grad(i), comm::ReduceOp::kAvg));
+      KC_ASSIGN_OR_RETURN(auto work,
+                          options_.comm->Allreduce(model_->grad(i), comm::ReduceOp::kAvg));
       KC_RETURN_IF_ERROR(work->Wait());
     }
   }

@@ -27,17 +27,19 @@ namespace kc::parallel {
 
 // How gradients cross ranks.
 enum class GradSync : uint8_t {
-  kBucketed = 0,   // fused buckets, each all-reduced as soon as it is complete (the default)
+  // Fused buckets, each all-reduced as soon as it is complete, in the background while the
+  // backward goes on (the default).
+  kBucketed = 0,
   kPerTensor = 1,  // one all-reduce per tensor after the backward, waited in turn (baseline)
 };
 std::string_view GradSyncName(GradSync sync);  // "bucketed", "per-tensor"
 Result<GradSync> ParseGradSync(std::string_view name);
 
 struct TrainerOptions {
-  ModelSpec spec;              // spec.batch_per_rank is this rank's batch
-  LoaderOptions data;          // seq_len, batch, rank and world_size are set from the rest
-  LoaderOptions validation;    // empty manifest and files: no validation
-  int64_t total_steps = 0;     // for the learning-rate schedule
+  ModelSpec spec;            // spec.batch_per_rank is this rank's batch
+  LoaderOptions data;        // seq_len, batch, rank and world_size are set from the rest
+  LoaderOptions validation;  // empty manifest and files: no validation
+  int64_t total_steps = 0;   // for the learning-rate schedule
   hal::ComputeDevice* device = nullptr;  // not owned; outlives the trainer
   comm::Communicator* comm = nullptr;    // not owned; null for one rank
   int compute_threads = 1;  // threads sharing each pass, by sequences (GptOptions::threads)
@@ -47,14 +49,14 @@ struct TrainerOptions {
 
 // What one step did, on this rank. Times are seconds of wall clock.
 struct StepStats {
-  int64_t step = 0;         // 0-based index of the step just taken
-  double loss = 0;          // mean over the global batch (all-reduced)
+  int64_t step = 0;  // 0-based index of the step just taken
+  double loss = 0;   // mean over the global batch (all-reduced)
   double lr = 0;
-  double grad_norm = 0;     // of the averaged gradient, before clipping
-  double step_s = 0;        // the whole step
-  double compute_s = 0;     // forward, backward and optimizer: step_s - comm_exposed_s
+  double grad_norm = 0;       // of the averaged gradient, before clipping
+  double step_s = 0;          // the whole step
+  double compute_s = 0;       // forward, backward and optimizer: step_s - comm_exposed_s
   double comm_exposed_s = 0;  // waiting for or running communication on the step's path
-  int64_t tokens = 0;       // in the global batch
+  int64_t tokens = 0;         // in the global batch
 };
 
 class Trainer {

@@ -18,37 +18,41 @@ WorkerPool::~WorkerPool() {
   for (std::thread& t : helpers_) t.join();
 }
 
-void WorkerPool::Run(const std::function<void(int)>& fn) {
+void WorkerPool::RunImpl(void* fn, Trampoline call) {
   if (helpers_.empty()) {
-    fn(0);
+    call(fn, 0);
     return;
   }
   {
     MutexLock lock(&mu_);
     KC_CHECK(pending_ == 0) << "WorkerPool::Run is not reentrant";
-    fn_ = &fn;
+    fn_ = fn;
+    call_ = call;
     pending_ = static_cast<int>(helpers_.size());
     ++generation_;
   }
   start_cv_.SignalAll();
-  fn(0);
+  call(fn, 0);
   MutexLock lock(&mu_);
   while (pending_ > 0) done_cv_.Wait(&mu_);
   fn_ = nullptr;
+  call_ = nullptr;
 }
 
 void WorkerPool::HelperLoop(int worker) {
   uint64_t seen = 0;
   while (true) {
-    const std::function<void(int)>* fn = nullptr;
+    void* fn = nullptr;
+    Trampoline call = nullptr;
     {
       MutexLock lock(&mu_);
       while (!stop_ && generation_ == seen) start_cv_.Wait(&mu_);
       if (stop_) return;
       seen = generation_;
       fn = fn_;
+      call = call_;
     }
-    (*fn)(worker);
+    call(fn, worker);
     bool last = false;
     {
       MutexLock lock(&mu_);

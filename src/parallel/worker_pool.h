@@ -7,8 +7,8 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "base/mutex.h"
@@ -29,15 +29,23 @@ class WorkerPool {
 
   // Runs fn(0) on the calling thread and fn(k) on helper k for k in [1, threads), and
   // returns when all have returned. One Run at a time (not reentrant); fn must not throw.
-  void Run(const std::function<void(int worker)>& fn);
+  // Allocates nothing: fn is called through a pointer, not copied.
+  template <typename F>
+  void Run(F&& fn) {
+    RunImpl(&fn,
+            [](void* f, int worker) { (*static_cast<std::remove_reference_t<F>*>(f))(worker); });
+  }
 
  private:
+  using Trampoline = void (*)(void* fn, int worker);
+  void RunImpl(void* fn, Trampoline call);
   void HelperLoop(int worker);
 
   Mutex mu_;
   CondVar start_cv_;
   CondVar done_cv_;
-  const std::function<void(int)>* fn_ KC_GUARDED_BY(mu_) = nullptr;
+  void* fn_ KC_GUARDED_BY(mu_) = nullptr;
+  Trampoline call_ KC_GUARDED_BY(mu_) = nullptr;
   uint64_t generation_ KC_GUARDED_BY(mu_) = 0;
   int pending_ KC_GUARDED_BY(mu_) = 0;
   bool stop_ KC_GUARDED_BY(mu_) = false;

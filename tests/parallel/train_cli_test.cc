@@ -19,10 +19,10 @@ namespace kc::parallel {
 namespace {
 
 namespace fs = std::filesystem;
-using ::testing::HasSubstr;
-using ::testing::Not;
 using kc::testing::KcRun;
 using kc::testing::TempDir;
+using ::testing::HasSubstr;
+using ::testing::Not;
 
 KcRun Kc(const std::string& args) { return kc::testing::RunKc(KC_BINARY, args); }
 
@@ -61,8 +61,8 @@ class Corpus {
       dir_.Write("text/doc" + std::to_string(f) + ".txt", text);
     }
     model_ = dir_.Write("test-gpt.yaml", kModel);
-    KcRun r = Kc("data prepare --out " + dir_.Path("data") + " --val-fraction 0.1 " +
-                 dir_.Path("text"));
+    KcRun r =
+        Kc("data prepare --out " + dir_.Path("data") + " --val-fraction 0.1 " + dir_.Path("text"));
     EXPECT_EQ(r.exit_code, 0) << r.err;
   }
   std::string manifest() const { return dir_.Path("data/manifest.json"); }
@@ -117,7 +117,7 @@ TEST(KcTrainTest, DataParallelRanksGiveTheLossesOfOneRank) {
   ASSERT_EQ(one.losses.size(), 20u);
   for (int ranks : {2, 4}) {
     TrainRun many = Train(TheCorpus().model(), common + " --ranks " + std::to_string(ranks),
-                     "dp" + std::to_string(ranks));
+                          "dp" + std::to_string(ranks));
     ASSERT_EQ(many.result.exit_code, 0) << many.result.err;
     ASSERT_EQ(many.losses.size(), 20u);
     EXPECT_LT(MaxRelativeDifference(one.losses, many.losses), 1e-5) << ranks << " ranks";
@@ -130,7 +130,8 @@ TEST(KcTrainTest, DataParallelRanksGiveTheLossesOfOneRank) {
 TEST(KcTrainTest, PerTensorSyncGivesTheSameLossesAsBuckets) {
   const std::string common = "--steps 8 --ranks 2 --eval-every 0 --threads-per-rank 1";
   TrainRun buckets = Train(TheCorpus().model(), common + " --bucket-mb 0.05", "buckets");
-  TrainRun per_tensor = Train(TheCorpus().model(), common + " --grad-sync per-tensor", "per_tensor");
+  TrainRun per_tensor =
+      Train(TheCorpus().model(), common + " --grad-sync per-tensor", "per_tensor");
   ASSERT_EQ(buckets.result.exit_code, 0) << buckets.result.err;
   ASSERT_EQ(per_tensor.result.exit_code, 0) << per_tensor.result.err;
   ASSERT_EQ(buckets.losses.size(), 8u);
@@ -156,7 +157,7 @@ TEST(KcTrainTest, WritesMetricsPlotAndSummary) {
   const double comm = summary["exposed_comm_share"].get<double>();
   EXPECT_GT(util, 0);
   EXPECT_LE(util, 1.0 + 1e-9);
-  EXPECT_NEAR(util + comm, 1.0, 1e-6);  // compute and exposed communication make up the step
+  EXPECT_NEAR(util + comm, 1.0, 1e-6);   // compute and exposed communication make up the step
   EXPECT_EQ(run.records[5]["step"], 3);  // validation after step 3
   for (const char* key : {"loss", "lr", "grad_norm", "step_ms", "compute_ms", "comm_exposed_ms",
                           "tokens", "tokens_per_s"}) {
@@ -176,14 +177,15 @@ TEST(KcTrainTest, WritesMetricsPlotAndSummary) {
 
 TEST(KcTrainTest, ExportWritesModelParametersAndBatches) {
   const std::string dir = TheCorpus().dir().Path("export");
-  TrainRun run = Train(TheCorpus().model(), "--steps 3 --ranks 2 --eval-every 0 --export " + dir,
-                  "export");
+  TrainRun run =
+      Train(TheCorpus().model(), "--steps 3 --ranks 2 --eval-every 0 --export " + dir, "export");
   ASSERT_EQ(run.result.exit_code, 0) << run.result.err;
   std::ifstream in(dir + "/model.json");
   const nlohmann::json model = nlohmann::json::parse(in);
   EXPECT_EQ(model["batch"], 8);  // the global batch
   EXPECT_EQ(model["steps"], 3);
-  const int64_t params = 257 * 64 + 32 * 64 + 2 * (4 * 64 * 64 + 2 * 64 * 256 + 9 * 64 + 256) + 2 * 64;
+  const int64_t params =
+      257 * 64 + 32 * 64 + 2 * (4 * 64 * 64 + 2 * 64 * 256 + 9 * 64 + 256) + 2 * 64;
   EXPECT_EQ(fs::file_size(dir + "/params.bin"), static_cast<uintmax_t>(params * 4));
   EXPECT_EQ(fs::file_size(dir + "/batches.bin"), static_cast<uintmax_t>(3 * 2 * 8 * 32 * 4));
 }
@@ -253,9 +255,9 @@ TEST_F(KcTrainBadInputTest, VocabSmallerThanTheData) {
 }
 
 TEST(KcTrainTest, AWorkerThatDiesStopsTheOthers) {
-  TrainRun run = Train(TheCorpus().model(),
-                  "--steps 20 --ranks 3 --eval-every 0 --threads-per-rank 1 --inject-fault 1:3",
-                  "fault");
+  TrainRun run =
+      Train(TheCorpus().model(),
+            "--steps 20 --ranks 3 --eval-every 0 --threads-per-rank 1 --inject-fault 1:3", "fault");
   EXPECT_EQ(run.result.exit_code, 1);
   EXPECT_THAT(run.result.err, HasSubstr("rank 1 failed"));
   EXPECT_THAT(run.result.err, HasSubstr("injected fault before step 3"));

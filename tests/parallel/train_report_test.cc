@@ -39,6 +39,7 @@ TEST(TrainSummaryTest, LeavesOutTheFirstStepsAndAverages) {
   EXPECT_NEAR(s.device_utilisation, 0.8, 1e-12);
   EXPECT_NEAR(s.exposed_comm_share, 0.2, 1e-12);
   EXPECT_NEAR(s.comm_exposed_ms, 100, 1e-9);
+  EXPECT_NEAR(s.comm_exposed_ms_median, 100, 1e-9);
   EXPECT_NEAR(s.total_s, 5.0 + 29 * 0.5, 1e-9);
   // Short runs still leave out the first step; one step is all there is.
   EXPECT_EQ(Summarise(Steps(5)).measured_steps, 4);

@@ -16,8 +16,8 @@ class TempDir {
   // `prefix` names the test, so a leftover directory says whose it is.
   explicit TempDir(const std::string& prefix = "kc_test") {
     static int n = 0;
-    path_ = ::testing::TempDir() + prefix + "_" + std::to_string(getpid()) + "_" +
-            std::to_string(n++);
+    path_ =
+        ::testing::TempDir() + prefix + "_" + std::to_string(getpid()) + "_" + std::to_string(n++);
     std::filesystem::create_directories(path_);
   }
   ~TempDir() {
