@@ -262,7 +262,9 @@ TEST(KcTrainTest, AWorkerThatDiesStopsTheOthers) {
   EXPECT_THAT(run.result.err, HasSubstr("rank 1 failed"));
   EXPECT_THAT(run.result.err, HasSubstr("injected fault before step 3"));
   EXPECT_THAT(run.result.err, HasSubstr("the other ranks were stopped"));
-  EXPECT_EQ(run.losses.size(), 2u);  // the steps before the fault
+  // Step 3 needs rank 1's gradients, so no rank gets past step 2 (rank 0 may be stopped before
+  // it reports step 2).
+  EXPECT_LE(run.losses.size(), 2u);
 }
 
 }  // namespace
