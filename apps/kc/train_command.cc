@@ -76,6 +76,7 @@ struct TrainArgs {
   int worker_rank = -1;
   std::string store;
   std::string group;
+  int has_validation = -1;  // the launcher found a val split (1) or not (0)
 };
 
 // Everything checked before a worker starts.
@@ -172,6 +173,12 @@ Result<Plan> Check(const TrainArgs& a) {
     p.compute_threads = 1;
     p.blas_threads = p.threads;
   }
+  p.eval_every = a.eval_every >= 0 ? a.eval_every : std::max<int64_t>(1, a.steps / 5);
+  if (a.worker_rank >= 0) {
+    // A worker: the launcher checked the data (each rank's loader reads it again anyway).
+    p.validation = a.has_validation == 1;
+    return p;
+  }
   if (a.data.empty()) return InvalidArgumentError("--data: empty path");
   if (!fs::exists(a.data)) {
     return NotFoundError("--data " + a.data +
@@ -195,9 +202,7 @@ Result<Plan> Check(const TrainArgs& a) {
   parallel::LoaderOptions val = data;
   val.split = "val";
   p.validation = parallel::OpenDataLoader(val).ok();
-  p.eval_every = a.eval_every >= 0 ? a.eval_every : std::max<int64_t>(1, a.steps / 5);
-  if (!a.export_dir.empty() && a.worker_rank < 0 && fs::exists(a.export_dir) &&
-      !fs::is_directory(a.export_dir)) {
+  if (!a.export_dir.empty() && fs::exists(a.export_dir) && !fs::is_directory(a.export_dir)) {
     return InvalidArgumentError("--export " + a.export_dir + ": not a directory");
   }
   return p;
@@ -305,9 +310,10 @@ Status RunWorkerRank(const TrainArgs& a, const Plan& p) {
   d.kind = hal::DeviceKind::kCpu;
   d.host = "local";
   d.index_on_host = rank;
-  d.cpus = AllowedCpus();  // the launcher pinned this process
+  d.cpus = AllowedCpus();
+  // Pinning is done: the launcher bound this process to its cores before exec, so every
+  // thread (BLAS, communicator, the model's workers) is born on them.
   KC_ASSIGN_OR_RETURN(auto device, hal::OpenComputeDevice(d, {.threads = p.blas_threads}));
-  if (p.pin) KC_RETURN_IF_ERROR(device->BindCallingThread());
 
   const Duration timeout =
       std::chrono::duration_cast<Duration>(std::chrono::duration<double>(a.timeout_s));
@@ -388,40 +394,43 @@ int RunWorker(const TrainArgs& a, const Plan& p) {
 // ---------------------------------------------------------------------------------------
 // Launcher.
 
-std::vector<std::string> WorkerArgv(const TrainArgs& a, int rank, const std::string& store,
-                                    const std::string& group) {
-  std::vector<std::string> v = {"kc",
-                                "train",
-                                a.config,
-                                "--ranks",
-                                std::to_string(a.ranks),
-                                "--threads-per-rank",
-                                std::to_string(a.threads_per_rank),
-                                "--steps",
-                                std::to_string(a.steps),
-                                "--global-batch",
-                                std::to_string(a.global_batch),
-                                "--data",
-                                a.data,
-                                "--eval-every",
-                                std::to_string(a.eval_every),
-                                "--eval-batches",
-                                std::to_string(a.eval_batches),
-                                "--grad-sync",
-                                a.grad_sync,
-                                "--bucket-mb",
-                                fmt::format("{}", a.bucket_mb),
-                                "--transport",
-                                a.transport,
+std::vector<std::string> WorkerArgv(const TrainArgs& a, const Plan& p, int rank,
+                                    const std::string& store, const std::string& group) {
+  std::vector<std::string> v = {
+      "kc",
+      "train",
+      a.config,
+      "--ranks",
+      std::to_string(a.ranks),
+      "--threads-per-rank",
+      std::to_string(p.threads),  // resolved: workers see only their cores
+      "--steps",
+      std::to_string(a.steps),
+      "--global-batch",
+      std::to_string(a.global_batch),
+      "--data",
+      a.data,
+      "--eval-every",
+      std::to_string(a.eval_every),
+      "--eval-batches",
+      std::to_string(a.eval_batches),
+      "--grad-sync",
+      a.grad_sync,
+      "--bucket-mb",
+      fmt::format("{}", a.bucket_mb),
+      "--transport",
+      a.transport,
 
-                                "--timeout",
-                                fmt::format("{}", a.timeout_s),
-                                "--worker-rank",
-                                std::to_string(rank),
-                                "--store",
-                                store,
-                                "--group",
-                                group};
+      "--timeout",
+      fmt::format("{}", a.timeout_s),
+      "--worker-rank",
+      std::to_string(rank),
+      "--store",
+      store,
+      "--group",
+      group,
+      "--has-validation",
+      p.validation ? "1" : "0"};
   if (!a.export_dir.empty()) {
     v.push_back("--export");
     v.push_back(a.export_dir);
@@ -451,7 +460,7 @@ Result<Child> Spawn(const TrainArgs& a, const Plan& p, int rank, const std::stri
   int err[2];
   if (pipe2(err, O_CLOEXEC) != 0)
     return InternalError(std::string("pipe: ") + std::strerror(errno));
-  std::vector<std::string> args = WorkerArgv(a, rank, store, group);
+  std::vector<std::string> args = WorkerArgv(a, p, rank, store, group);
   std::vector<char*> argv;
   for (std::string& s : args) argv.push_back(s.data());
   argv.push_back(nullptr);
@@ -907,9 +916,10 @@ void AddTrainCommand(CLI::App& app, Action* action) {
   c->add_option("--inject-fault", a->inject_fault,
                 "RANK:STEP: that worker dies before that step (checks that a failure stops the "
                 "job)");
-  c->add_option("--worker-rank", a->worker_rank)->group("");  // internal: run as this rank
-  c->add_option("--store", a->store)->group("");              // internal
-  c->add_option("--group", a->group)->group("");              // internal
+  c->add_option("--worker-rank", a->worker_rank)->group("");        // internal: run as this rank
+  c->add_option("--store", a->store)->group("");                    // internal
+  c->add_option("--group", a->group)->group("");                    // internal
+  c->add_option("--has-validation", a->has_validation)->group("");  // internal
   c->callback([action, a] { *action = [a] { return RunTrain(*a); }; });
 }
 
