@@ -886,7 +886,8 @@ void AddTrainCommand(CLI::App& app, Action* action) {
   c->add_option("--ranks", a->ranks, "Worker processes (data-parallel ranks)")
       ->capture_default_str();
   c->add_option("--threads-per-rank", a->threads_per_rank,
-                "BLAS threads of each rank (default: the cores this process may use / ranks)");
+                "Cores of each rank: threads that split its batch (default: the cores this "
+                "process may use / ranks)");
   c->add_option("--steps", a->steps, "Training steps")->capture_default_str();
   c->add_option("--global-batch", a->global_batch,
                 "Sequences per step over all ranks (default: ranks x the model's batch_per_rank)");
