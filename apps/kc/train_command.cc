@@ -41,6 +41,7 @@
 #include "hal/measure.h"
 #include "parallel/data/loader.h"
 #include "parallel/model_spec.h"
+#include "parallel/timeline.h"
 #include "parallel/trainer.h"
 
 namespace kc::app {
@@ -66,6 +67,7 @@ struct TrainArgs {
   std::string grad_sync = "bucketed";
   double bucket_mb = 2;
   std::string transport = "auto";
+  std::string trace;
   std::string export_dir;
   std::string progress = "auto";
   double timeout_s = 300;
@@ -278,6 +280,11 @@ Status Export(const TrainArgs& a, const Plan& p, parallel::Trainer& trainer) {
   return OkStatus();
 }
 
+// Where rank `rank` leaves its trace events for the launcher to join.
+std::string TracePart(const std::string& trace, int rank) {
+  return fmt::format("{}.rank{}.part", trace, rank);
+}
+
 class MetricsPipe {
  public:
   // Rank 0 writes to the launcher's pipe; other ranks, or a worker run by hand, write nowhere.
@@ -343,6 +350,12 @@ Status RunWorkerRank(const TrainArgs& a, const Plan& p) {
   o.compute_threads = p.compute_threads;
   o.grad_sync = p.grad_sync;
   o.bucket_bytes = static_cast<int64_t>(a.bucket_mb * (1 << 20));
+  // About 60 spans a step (most are the backward's bucket hand-offs), reserved up front.
+  std::unique_ptr<parallel::Timeline> timeline;
+  if (!a.trace.empty()) {
+    timeline = std::make_unique<parallel::Timeline>(static_cast<size_t>(a.steps) * 64);
+    o.timeline = timeline.get();
+  }
   KC_ASSIGN_OR_RETURN(auto trainer, parallel::Trainer::Create(o));
   if (!a.export_dir.empty() && rank == 0) KC_RETURN_IF_ERROR(Export(a, p, *trainer));
 
@@ -379,6 +392,10 @@ Status RunWorkerRank(const TrainArgs& a, const Plan& p) {
     if ((p.eval_every > 0 && done % p.eval_every == 0) || done == a.steps) {
       KC_RETURN_IF_ERROR(evaluate(done));
     }
+  }
+  if (timeline != nullptr) {
+    const std::string events = timeline->ChromeTraceEvents(rank);
+    KC_RETURN_IF_ERROR(WriteFile(TracePart(a.trace, rank), events.data(), events.size()));
   }
   return OkStatus();
 }
@@ -434,6 +451,10 @@ std::vector<std::string> WorkerArgv(const TrainArgs& a, const Plan& p, int rank,
   if (!a.export_dir.empty()) {
     v.push_back("--export");
     v.push_back(a.export_dir);
+  }
+  if (!a.trace.empty()) {
+    v.push_back("--trace");
+    v.push_back(a.trace);
   }
   if (!a.inject_fault.empty()) {
     v.push_back("--inject-fault");
@@ -614,6 +635,25 @@ std::string DescribeExit(int status) {
   return fmt::format("exited with status {}", WEXITSTATUS(status));
 }
 
+// Joins the ranks' trace events into one Chrome-trace / Perfetto file and removes the parts.
+Status JoinTrace(const std::string& trace, int ranks) {
+  std::ofstream out(trace, std::ios::trunc);
+  out << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
+  for (int r = 0; r < ranks; ++r) {
+    const std::string part = TracePart(trace, r);
+    std::ifstream in(part);
+    if (!in) return NotFoundError("rank " + std::to_string(r) + " wrote no trace (" + part + ")");
+    if (r > 0) out << ",\n";
+    out << in.rdbuf();
+    in.close();
+    fs::remove(part);
+  }
+  out << "\n]}\n";
+  out.close();
+  if (!out) return InternalError("cannot write " + trace);
+  return OkStatus();
+}
+
 void PrintSummary(const TrainArgs& a, const Plan& p, const Monitor& m, double peak_per_core,
                   const fs::path& metrics_path, const fs::path& plot_path, Json* summary_json) {
   const TrainSummary s = Summarise(m.steps());
@@ -651,6 +691,7 @@ void PrintSummary(const TrainArgs& a, const Plan& p, const Monitor& m, double pe
   std::cout << fmt::format("  wall time       {}\n", FormatDuration(s.total_s));
   std::cout << fmt::format("  metrics         {}\n  plot            {}\n", metrics_path.string(),
                            plot_path.string());
+  if (!a.trace.empty()) std::cout << fmt::format("  trace           {}\n", a.trace);
   *summary_json = {{"type", "summary"},
                    {"model", p.spec.name},
                    {"ranks", a.ranks},
@@ -685,7 +726,7 @@ int RunLauncher(TrainArgs a) {
   const fs::path metrics_path = a.metrics.empty() ? out / "metrics.jsonl" : fs::path(a.metrics);
   const fs::path plot_path = a.plot.empty() ? out / "loss.svg" : fs::path(a.plot);
   std::error_code ec;
-  for (const fs::path& f : {metrics_path, plot_path}) {
+  for (const fs::path& f : {metrics_path, plot_path, fs::path(a.trace)}) {
     if (f.has_parent_path()) fs::create_directories(f.parent_path(), ec);
     if (ec) {
       std::cerr << "kc train: " << f.parent_path().string() << ": " << ec.message() << "\n";
@@ -833,6 +874,7 @@ int RunLauncher(TrainArgs a) {
   monitor.Finish();
   if (server != nullptr) server->Stop();
   if (failure) {
+    for (int r = 0; r < a.ranks && !a.trace.empty(); ++r) fs::remove(TracePart(a.trace, r), ec);
     metrics.flush();
     std::cerr << "kc train: " << *failure << "; the other ranks were stopped\n";
     return kExitFailure;
@@ -841,6 +883,12 @@ int RunLauncher(TrainArgs a) {
     std::cerr << "kc train: rank 0 reported " << monitor.steps().size() << " of " << a.steps
               << " steps\n";
     return kExitFailure;
+  }
+  if (!a.trace.empty()) {
+    if (Status st = JoinTrace(a.trace, a.ranks); !st.ok()) {
+      std::cerr << "kc train: --trace: " << st.message() << "\n";
+      return kExitFailure;
+    }
   }
   // The peak MFU is measured against: one core's sgemm, now that the workers are done.
   Result<double> peak = hal::MeasureSgemmFlops({.n = 512, .threads = 1, .repetitions = 6});
@@ -908,6 +956,9 @@ void AddTrainCommand(CLI::App& app, Action* action) {
                 "How the ranks talk: auto (shared memory on one machine), shm or tcp (as between "
                 "machines, over loopback)")
       ->capture_default_str();
+  c->add_option("--trace", a->trace,
+                "Write every rank's compute, communication and data spans here, as one "
+                "Chrome-trace / Perfetto JSON file");
   c->add_option("--export", a->export_dir,
                 "Also write the model, initial parameters and batches here "
                 "(bench/train/compare_losses.py)");

@@ -144,28 +144,42 @@ Status Trainer::SyncGradients(double* comm_s) {
 }
 
 Result<StepStats> Trainer::Step() {
-  const auto t0 = std::chrono::steady_clock::now();
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point t0 = Clock::now();
+  // Records [from, now) on the timeline, if any, and returns now.
+  auto span = [&](const char* name, SpanKind kind, Clock::time_point from) {
+    const Clock::time_point now = Clock::now();
+    if (options_.timeline != nullptr) options_.timeline->Add(name, kind, step_, from, now);
+    return now;
+  };
   StepStats stats;
   stats.step = step_;
   loader_->Next(&batch_);
+  Clock::time_point t = span("data", SpanKind::kData, t0);
   const double local_tokens = static_cast<double>(model_->tokens());
   KC_ASSIGN_OR_RETURN(double loss,
                       model_->Forward(batch_.inputs, batch_.targets, 1.0 / local_tokens));
+  t = span("forward", SpanKind::kCompute, t);
   double comm_s = 0;
   KC_RETURN_IF_ERROR(model_->Backward(false, [&](int tensor) -> Status {
     if (buckets_ == nullptr) return OkStatus();
-    const auto m0 = std::chrono::steady_clock::now();
+    const Clock::time_point m0 = Clock::now();
     Status s = buckets_->MarkReady(bucket_index_[tensor]);
     comm_s += Since(m0);
+    span("mark ready", SpanKind::kComm, m0);
     return s;
   }));
+  t = span("backward", SpanKind::kCompute, t);
   KC_RETURN_IF_ERROR(SyncGradients(&comm_s));
-  const auto l0 = std::chrono::steady_clock::now();
+  t = span(buckets_ != nullptr ? "wait for gradient buckets" : "all-reduce per tensor",
+           SpanKind::kComm, t);
   KC_ASSIGN_OR_RETURN(stats.loss, AverageAcrossRanks(loss));
-  comm_s += Since(l0);
+  comm_s += Since(t);
+  t = span("all-reduce loss", SpanKind::kComm, t);
   stats.grad_norm = optimizer_->GradNorm();
   stats.lr = LearningRate(options_.spec.training, step_, options_.total_steps);
   optimizer_->Step(stats.lr, ClipScale(options_.spec.training, stats.grad_norm));
+  span("optimizer", SpanKind::kCompute, t);
   ++step_;
   stats.step_s = Since(t0);
   stats.comm_exposed_s = comm_s;

@@ -22,6 +22,7 @@
 #include "parallel/gpt_model.h"
 #include "parallel/model_spec.h"
 #include "parallel/optimizer.h"
+#include "parallel/timeline.h"
 
 namespace kc::parallel {
 
@@ -45,6 +46,9 @@ struct TrainerOptions {
   int compute_threads = 1;  // threads sharing each pass, by sequences (GptOptions::threads)
   GradSync grad_sync = GradSync::kBucketed;
   int64_t bucket_bytes = 2 << 20;
+  // Where each step's spans go (data, forward, backward, optimizer, and the communication
+  // the step waits for); not owned; null: none.
+  Timeline* timeline = nullptr;
 };
 
 // What one step did, on this rank. Times are seconds of wall clock.

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -173,6 +174,28 @@ TEST(KcTrainTest, WritesMetricsPlotAndSummary) {
   EXPECT_THAT(plot, HasSubstr("<svg"));
   EXPECT_THAT(plot, HasSubstr("<polyline"));
   EXPECT_THAT(plot, HasSubstr("</svg>"));
+}
+
+TEST(KcTrainTest, TraceHoldsEveryRanksSpansInOneFile) {
+  const std::string trace = TheCorpus().dir().Path("traces/run.json");
+  TrainRun run =
+      Train(TheCorpus().model(), "--steps 3 --ranks 2 --eval-every 0 --trace " + trace, "trace");
+  ASSERT_EQ(run.result.exit_code, 0) << run.result.err;
+  std::ifstream in(trace);
+  const nlohmann::json json = nlohmann::json::parse(in);
+  std::map<std::pair<int, std::string>, int> count;
+  for (const nlohmann::json& e : json["traceEvents"]) {
+    if (e["ph"] == "X") ++count[{e["pid"].get<int>(), e["name"].get<std::string>()}];
+  }
+  for (int rank : {0, 1}) {
+    for (const char* name : {"data", "forward", "backward", "wait for gradient buckets",
+                             "all-reduce loss", "optimizer"}) {
+      EXPECT_EQ((count[{rank, name}]), 3) << "rank " << rank << " " << name;
+    }
+  }
+  // The ranks' parts are joined and gone.
+  EXPECT_FALSE(fs::exists(trace + ".rank0.part"));
+  EXPECT_FALSE(fs::exists(trace + ".rank1.part"));
 }
 
 TEST(KcTrainTest, ExportWritesModelParametersAndBatches) {
