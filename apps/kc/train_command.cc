@@ -41,6 +41,7 @@
 #include "hal/measure.h"
 #include "parallel/data/loader.h"
 #include "parallel/model_spec.h"
+#include "parallel/plan.h"
 #include "parallel/timeline.h"
 #include "parallel/trainer.h"
 
@@ -54,7 +55,8 @@ constexpr int kMetricsFd = 3;  // rank 0's step reports, in the worker
 
 struct TrainArgs {
   std::string config;
-  int ranks = 1;
+  int ranks = 0;             // 0: the plan's t*p*d, else 1
+  std::string plan;          // a plan file or its flag form
   int threads_per_rank = 0;  // 0: the allowed cores / ranks
   int64_t steps = 300;
   int64_t global_batch = 0;  // sequences; 0: ranks * batch_per_rank
@@ -83,7 +85,10 @@ struct TrainArgs {
 
 // Everything checked before a worker starts.
 struct Plan {
-  parallel::ModelSpec spec;  // batch_per_rank: this layout's per-rank batch
+  parallel::ModelSpec spec;   // batch_per_rank: the micro-batch, sequences per pass
+  int64_t micro_batches = 1;  // per step per rank
+  int zero_stage = 0;
+  int64_t global_batch = 0;  // sequences per step over all ranks
   int threads = 1;           // cores per rank
   // How a rank uses its cores: threads that each take whole sequences of the batch, with
   // single-threaded products (the default when the batch has a sequence per thread), or one
@@ -121,8 +126,20 @@ parallel::LoaderOptions DataOptions(const TrainArgs& a, const std::string& split
 }
 
 // The checks of `kc train` that need no worker: the model file, the layout, the data.
-Result<Plan> Check(const TrainArgs& a) {
+Result<Plan> Check(TrainArgs* args) {
   Plan p;
+  // The plan, if any, decides the rank count when --ranks does not.
+  parallel::ParallelPlan plan;
+  if (!args->plan.empty()) {
+    Result<parallel::ParallelPlan> r = fs::is_regular_file(args->plan)
+                                           ? parallel::LoadPlan(args->plan)
+                                           : parallel::ParsePlanFlag(args->plan);
+    KC_RETURN_IF_ERROR(r.status());
+    plan = *r;
+    if (args->ranks == 0) args->ranks = plan.world();
+  }
+  if (args->ranks == 0) args->ranks = 1;
+  const TrainArgs& a = *args;
   if (a.ranks < 1)
     return InvalidArgumentError("--ranks " + std::to_string(a.ranks) + ": must be at least 1");
   if (a.steps < 1)
@@ -154,7 +171,24 @@ Result<Plan> Check(const TrainArgs& a) {
     p.fault_step = step;
   }
   KC_ASSIGN_OR_RETURN(p.spec, parallel::LoadModelSpec(a.config));
-  if (a.global_batch != 0) {
+  if (!a.plan.empty()) {
+    const int64_t global = a.global_batch != 0 ? a.global_batch : plan.global_batch();
+    KC_RETURN_IF_ERROR(
+        parallel::ValidatePlan(plan, p.spec, a.ranks, global).WithContext("--plan " + a.plan));
+    if (plan.t > 1 || plan.p > 1) {
+      return UnimplementedError(fmt::format(
+          "--plan {}: t={} p={}: tensor and pipeline parallelism are not built yet; kc train "
+          "runs plans with t=1 and p=1 (data parallel, micro-batches, zero_stage 0 or 1)",
+          a.plan, plan.t, plan.p));
+    }
+    if (plan.zero_stage > 1 || plan.recompute) {
+      return UnimplementedError("--plan " + a.plan +
+                                ": zero_stage above 1 and recompute are not built yet");
+    }
+    p.spec.batch_per_rank = plan.micro_batch_size;
+    p.micro_batches = plan.micro_batches;
+    p.zero_stage = plan.zero_stage;
+  } else if (a.global_batch != 0) {
     if (a.global_batch < a.ranks || a.global_batch % a.ranks != 0) {
       return InvalidArgumentError(fmt::format(
           "--global-batch {} cannot be split over {} ranks: it must be a multiple of the rank "
@@ -164,6 +198,7 @@ Result<Plan> Check(const TrainArgs& a) {
     }
     p.spec.batch_per_rank = a.global_batch / a.ranks;
   }
+  p.global_batch = p.spec.batch_per_rank * p.micro_batches * a.ranks;
   p.cpus = AllowedCpus();
   const int ncpu = static_cast<int>(p.cpus.size());
   p.threads = a.threads_per_rank > 0 ? a.threads_per_rank : std::max(1, ncpu / a.ranks);
@@ -191,7 +226,7 @@ Result<Plan> Check(const TrainArgs& a) {
   // little data for one global batch fail here, before anything starts.
   parallel::LoaderOptions data = DataOptions(a, "train");
   data.seq_len = p.spec.seq_len;
-  data.batch = p.spec.batch_per_rank;
+  data.batch = p.spec.batch_per_rank * p.micro_batches;
   data.world_size = a.ranks;
   data.seed = p.spec.training.seed;
   Result<std::unique_ptr<parallel::DataLoader>> loader = parallel::OpenDataLoader(data);
@@ -229,7 +264,7 @@ Status Export(const TrainArgs& a, const Plan& p, parallel::Trainer& trainer) {
   fs::create_directories(dir, ec);
   if (ec) return InternalError("--export " + dir.string() + ": " + ec.message());
   const parallel::ModelSpec& s = p.spec;
-  const int64_t global = s.batch_per_rank * a.ranks;
+  const int64_t global = p.global_batch;
   Json model = {{"name", s.name},
                 {"layers", s.layers},
                 {"hidden", s.hidden},
@@ -348,6 +383,8 @@ Status RunWorkerRank(const TrainArgs& a, const Plan& p) {
   o.device = device.get();
   o.comm = comm.get();
   o.compute_threads = p.compute_threads;
+  o.micro_batches = p.micro_batches;
+  o.zero_stage = p.zero_stage;
   o.grad_sync = p.grad_sync;
   o.bucket_bytes = static_cast<int64_t>(a.bucket_mb * (1 << 20));
   // About 60 spans a step (most are the backward's bucket hand-offs), reserved up front.
@@ -455,6 +492,10 @@ std::vector<std::string> WorkerArgv(const TrainArgs& a, const Plan& p, int rank,
   if (!a.trace.empty()) {
     v.push_back("--trace");
     v.push_back(a.trace);
+  }
+  if (!a.plan.empty()) {
+    v.push_back("--plan");
+    v.push_back(a.plan);
   }
   if (!a.inject_fault.empty()) {
     v.push_back("--inject-fault");
@@ -661,7 +702,7 @@ void PrintSummary(const TrainArgs& a, const Plan& p, const Monitor& m, double pe
   const int cores = a.ranks * p.threads;
   const double achieved = s.tokens_per_s * flops_per_token;
   const double mfu = peak_per_core > 0 ? achieved / (cores * peak_per_core) : 0;
-  const int64_t global = p.spec.batch_per_rank * a.ranks;
+  const int64_t global = p.global_batch;
   std::string val;
   if (!m.val().empty()) val = fmt::format(" (validation {:.4f})", m.val().back().loss);
   std::cout << fmt::format(
@@ -716,7 +757,7 @@ void PrintSummary(const TrainArgs& a, const Plan& p, const Monitor& m, double pe
 }
 
 int RunLauncher(TrainArgs a) {
-  Result<Plan> plan = Check(a);
+  Result<Plan> plan = Check(&a);
   if (!plan.ok()) {
     std::cerr << "kc train: " << plan.status().message() << "\n";
     return kExitBadInput;
@@ -744,7 +785,9 @@ int RunLauncher(TrainArgs a) {
                   {"ranks", a.ranks},
                   {"threads_per_rank", p.threads},
                   {"steps", a.steps},
-                  {"global_batch", p.spec.batch_per_rank * a.ranks},
+                  {"global_batch", p.global_batch},
+                  {"micro_batches", p.micro_batches},
+                  {"zero_stage", p.zero_stage},
                   {"seq_len", p.spec.seq_len},
                   {"grad_sync", a.grad_sync},
                   {"data", a.data}}
@@ -898,7 +941,7 @@ int RunLauncher(TrainArgs a) {
   metrics.close();
   std::ofstream plot(plot_path, std::ios::trunc);
   plot << LossCurveSvg(fmt::format("{}: {} rank{}, global batch {}", p.spec.name, a.ranks,
-                                   a.ranks == 1 ? "" : "s", p.spec.batch_per_rank * a.ranks),
+                                   a.ranks == 1 ? "" : "s", p.global_batch),
                        monitor.steps(), monitor.val());
   plot.close();
   if (!metrics || !plot) {
@@ -909,9 +952,9 @@ int RunLauncher(TrainArgs a) {
   return kExitOk;
 }
 
-int RunTrain(const TrainArgs& a) {
+int RunTrain(TrainArgs a) {
   if (a.worker_rank >= 0) {
-    Result<Plan> plan = Check(a);
+    Result<Plan> plan = Check(&a);
     if (!plan.ok()) {
       std::cerr << "kc train: rank " << a.worker_rank << ": " << plan.status().message() << "\n";
       return kExitBadInput;
@@ -931,8 +974,11 @@ void AddTrainCommand(CLI::App& app, Action* action) {
   auto a = std::make_shared<TrainArgs>();
   c->add_option("config", a->config, "Model file (YAML), e.g. examples/models/gpt-tiny.yaml")
       ->required();
-  c->add_option("--ranks", a->ranks, "Worker processes (data-parallel ranks)")
-      ->capture_default_str();
+  c->add_option("--ranks", a->ranks,
+                "Worker processes (data-parallel ranks; default: the plan's t*p*d, else 1)");
+  c->add_option("--plan", a->plan,
+                "A parallel plan: a plan file, or its keys as t=1,p=1,d=2,micro_batch_size=4,"
+                "micro_batches=2,zero_stage=1 (docs/user-guide/plans.md)");
   c->add_option("--threads-per-rank", a->threads_per_rank,
                 "Cores of each rank: threads that split its batch (default: the cores this "
                 "process may use / ranks)");

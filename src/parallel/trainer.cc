@@ -1,10 +1,13 @@
 #include "parallel/trainer.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <span>
 #include <utility>
 
 #include "base/check.h"
+#include "comm/collectives.h"
 
 namespace kc::parallel {
 namespace {
@@ -53,9 +56,12 @@ Status Trainer::Init() {
   comm::Communicator* comm = options_.comm;
   world_ = comm != nullptr ? comm->size() : 1;
   const int rank = comm != nullptr ? comm->rank() : 0;
+  if (options_.micro_batches < 1 || options_.zero_stage < 0 || options_.zero_stage > 1) {
+    return InvalidArgumentError("trainer: micro_batches must be >= 1 and zero_stage 0 or 1");
+  }
   auto loader_options = [&](LoaderOptions o) {
     o.seq_len = spec.seq_len;
-    o.batch = spec.batch_per_rank;
+    o.batch = spec.batch_per_rank * options_.micro_batches;
     o.rank = rank;
     o.world_size = world_;
     if (o.seed == 0) o.seed = spec.training.seed;
@@ -107,14 +113,38 @@ Status Trainer::Init() {
       model_->SetGradientStorage(std::move(storage));
     }
   }
+  // The parameters this rank updates: all of them, or with ZeRO-1 its chunk of the arena
+  // (ChunkOf, as Allgather splits it), which may cut tensors.
+  size_t lo = 0, hi = model_->params().size();
+  if (options_.zero_stage == 1 && world_ > 1) {
+    const comm::ChunkRange c = comm::ChunkOf(hi, world_, rank);
+    lo = c.offset;
+    hi = c.offset + c.count;
+  }
   std::vector<OptimizerSlot<float>> slots;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    slots.push_back({model_->param(static_cast<int>(i)), model_->grad(static_cast<int>(i)),
+    const size_t begin = static_cast<size_t>(tensors[i].offset);
+    const size_t end = begin + static_cast<size_t>(tensors[i].num_elements);
+    const size_t from = std::max(begin, lo), to = std::min(end, hi);
+    if (from >= to) continue;
+    slots.push_back({model_->param(static_cast<int>(i)).subspan(from - begin, to - from),
+                     model_->grad(static_cast<int>(i)).subspan(from - begin, to - from),
                      tensors[i].shape.size() == 2});
   }
   KC_ASSIGN_OR_RETURN(optimizer_,
                       AdamW<float>::Create(spec.training, std::move(slots), options_.device));
   return OkStatus();
+}
+
+double Trainer::GradNorm() {
+  double sum = 0;
+  for (int i = 0; i < static_cast<int>(model_->tensors().size()); ++i) {
+    // Per tensor in float (vectorises), then in double across tensors, as AdamW::GradNorm.
+    float part = 0;
+    for (float g : model_->grad(i)) part += g * g;
+    sum += static_cast<double>(part);
+  }
+  return std::sqrt(sum);
 }
 
 Result<double> Trainer::AverageAcrossRanks(double value) {
@@ -156,35 +186,56 @@ Result<StepStats> Trainer::Step() {
   stats.step = step_;
   loader_->Next(&batch_);
   Clock::time_point t = span("data", SpanKind::kData, t0);
-  const double local_tokens = static_cast<double>(model_->tokens());
-  KC_ASSIGN_OR_RETURN(double loss,
-                      model_->Forward(batch_.inputs, batch_.targets, 1.0 / local_tokens));
-  t = span("forward", SpanKind::kCompute, t);
+  // Each micro-batch's gradient is scaled to its share of the rank's mean; they add up.
+  const int64_t m = options_.micro_batches;
+  const size_t micro_tokens = static_cast<size_t>(model_->tokens());
+  const double grad_scale = 1.0 / static_cast<double>(micro_tokens * m);
+  double loss = 0;
   double comm_s = 0;
-  KC_RETURN_IF_ERROR(model_->Backward(false, [&](int tensor) -> Status {
-    if (buckets_ == nullptr) return OkStatus();
-    const Clock::time_point m0 = Clock::now();
-    Status s = buckets_->MarkReady(bucket_index_[tensor]);
-    comm_s += Since(m0);
-    span("mark ready", SpanKind::kComm, m0);
-    return s;
-  }));
-  t = span("backward", SpanKind::kCompute, t);
+  for (int64_t k = 0; k < m; ++k) {
+    const std::span<const int32_t> in =
+        std::span<const int32_t>(batch_.inputs).subspan(k * micro_tokens, micro_tokens);
+    const std::span<const int32_t> tg =
+        std::span<const int32_t>(batch_.targets).subspan(k * micro_tokens, micro_tokens);
+    KC_ASSIGN_OR_RETURN(double micro_loss, model_->Forward(in, tg, grad_scale));
+    loss += micro_loss / static_cast<double>(m);
+    t = span("forward", SpanKind::kCompute, t);
+    // Buckets start on the last micro-batch only (DDP's no_sync for the others).
+    const bool last = k + 1 == m;
+    KC_RETURN_IF_ERROR(model_->Backward(k > 0, [&](int tensor) -> Status {
+      if (buckets_ == nullptr || !last) return OkStatus();
+      const Clock::time_point m0 = Clock::now();
+      Status s = buckets_->MarkReady(bucket_index_[tensor]);
+      comm_s += Since(m0);
+      span("mark ready", SpanKind::kComm, m0);
+      return s;
+    }));
+    t = span("backward", SpanKind::kCompute, t);
+  }
   KC_RETURN_IF_ERROR(SyncGradients(&comm_s));
   t = span(buckets_ != nullptr ? "wait for gradient buckets" : "all-reduce per tensor",
            SpanKind::kComm, t);
   KC_ASSIGN_OR_RETURN(stats.loss, AverageAcrossRanks(loss));
   comm_s += Since(t);
   t = span("all-reduce loss", SpanKind::kComm, t);
-  stats.grad_norm = optimizer_->GradNorm();
+  stats.grad_norm = GradNorm();
   stats.lr = LearningRate(options_.spec.training, step_, options_.total_steps);
   optimizer_->Step(stats.lr, ClipScale(options_.spec.training, stats.grad_norm));
-  span("optimizer", SpanKind::kCompute, t);
+  t = span("optimizer", SpanKind::kCompute, t);
+  if (options_.zero_stage == 1 && world_ > 1) {
+    // Every rank updated its chunk; gather the others'.
+    std::span<float> params = model_->params();
+    KC_ASSIGN_OR_RETURN(auto work, options_.comm->Allgather(std::as_writable_bytes(params),
+                                                            params.size(), hal::DataType::kF32));
+    KC_RETURN_IF_ERROR(work->Wait());
+    comm_s += Since(t);
+    span("all-gather parameters", SpanKind::kComm, t);
+  }
   ++step_;
   stats.step_s = Since(t0);
   stats.comm_exposed_s = comm_s;
   stats.compute_s = stats.step_s - comm_s;
-  stats.tokens = static_cast<int64_t>(local_tokens) * world_;
+  stats.tokens = static_cast<int64_t>(micro_tokens) * m * world_;
   return stats;
 }
 
@@ -196,10 +247,18 @@ Result<double> Trainer::Evaluate(int64_t batches) {
   KC_RETURN_IF_ERROR(validation_->Restore(validation_start_));
   Batch batch;
   double sum = 0;
+  const size_t micro_tokens = static_cast<size_t>(model_->tokens());
+  const int64_t m = options_.micro_batches;
   for (int64_t i = 0; i < batches; ++i) {
     validation_->Next(&batch);
-    KC_ASSIGN_OR_RETURN(double loss, model_->Forward(batch.inputs, batch.targets, 0));
-    sum += loss;
+    for (int64_t k = 0; k < m; ++k) {
+      KC_ASSIGN_OR_RETURN(
+          double loss,
+          model_->Forward(
+              std::span<const int32_t>(batch.inputs).subspan(k * micro_tokens, micro_tokens),
+              std::span<const int32_t>(batch.targets).subspan(k * micro_tokens, micro_tokens), 0));
+      sum += loss / static_cast<double>(m);
+    }
   }
   return AverageAcrossRanks(batches > 0 ? sum / static_cast<double>(batches) : 0);
 }

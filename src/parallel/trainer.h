@@ -44,6 +44,14 @@ struct TrainerOptions {
   hal::ComputeDevice* device = nullptr;  // not owned; outlives the trainer
   comm::Communicator* comm = nullptr;    // not owned; null for one rank
   int compute_threads = 1;  // threads sharing each pass, by sequences (GptOptions::threads)
+  // Micro-batches per step: the rank's batch is micro_batches * spec.batch_per_rank sequences,
+  // run as that many forward/backward passes whose gradients add up (the buckets start after
+  // the last one).
+  int64_t micro_batches = 1;
+  // 1: ZeRO stage 1, the optimizer's moments and update sharded over the ranks (each updates
+  // its 1/N of the parameters, then the parameters are all-gathered). 0: every rank updates
+  // everything.
+  int zero_stage = 0;
   GradSync grad_sync = GradSync::kBucketed;
   int64_t bucket_bytes = 2 << 20;
   // Where each step's spans go (data, forward, backward, optimizer, and the communication
@@ -89,6 +97,8 @@ class Trainer {
   Status Init();
   Status SyncGradients(double* comm_s);
   Result<double> AverageAcrossRanks(double value);
+  // The L2 norm of the whole (averaged) gradient; every rank gets the same.
+  double GradNorm();
 
   TrainerOptions options_;
   int world_ = 1;

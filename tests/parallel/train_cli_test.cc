@@ -128,6 +128,24 @@ TEST(KcTrainTest, DataParallelRanksGiveTheLossesOfOneRank) {
   EXPECT_LT(one.losses.back(), 3.5);
 }
 
+// Data-parallel plans with micro-batches and ZeRO-1 train the same global batch: the same
+// losses as one rank taking all of it in one pass.
+TEST(KcTrainTest, PlansWithMicroBatchesAndZeroGiveTheLossesOfOneRank) {
+  const std::string common = "--steps 20 --eval-every 0 --threads-per-rank 1 --plan ";
+  TrainRun one = Train(TheCorpus().model(), common + "d=1,micro_batch_size=8", "plan1");
+  ASSERT_EQ(one.result.exit_code, 0) << one.result.err;
+  ASSERT_EQ(one.losses.size(), 20u);
+  for (const char* plan : {"d=2,micro_batch_size=2,micro_batches=2",
+                           "d=2,micro_batch_size=2,micro_batches=2,zero_stage=1",
+                           "d=4,micro_batch_size=1,micro_batches=2,zero_stage=1"}) {
+    TrainRun run = Train(TheCorpus().model(), common + plan, "plan");
+    ASSERT_EQ(run.result.exit_code, 0) << plan << "\n" << run.result.err;
+    ASSERT_EQ(run.losses.size(), 20u) << plan;
+    EXPECT_LT(MaxRelativeDifference(one.losses, run.losses), 1e-5) << plan;
+    EXPECT_EQ(run.records.front()["global_batch"], 8) << plan;
+  }
+}
+
 TEST(KcTrainTest, PerTensorSyncGivesTheSameLossesAsBuckets) {
   const std::string common = "--steps 8 --ranks 2 --eval-every 0 --threads-per-rank 1";
   TrainRun buckets = Train(TheCorpus().model(), common + " --bucket-mb 0.05", "buckets");
@@ -268,6 +286,20 @@ TEST_F(KcTrainBadInputTest, MoreRanksThanTheBatchSplitsInto) {
   EXPECT_THAT(r.err, HasSubstr("--global-batch 2 cannot be split over 4 ranks"));
   r = Expect2(TheCorpus().model(), data() + " --ranks 2 --global-batch 5");
   EXPECT_THAT(r.err, HasSubstr("multiple of the rank count"));
+}
+
+TEST_F(KcTrainBadInputTest, PlansThatCannotRunSayWhy) {
+  KcRun r = Expect2(TheCorpus().model(), data() + " --ranks 2 --plan d=3");
+  EXPECT_THAT(r.err, HasSubstr("t*p*d = 1*1*3 = 3, but there are 2 ranks; with t=1 p=1, d=2"));
+  r = Expect2(TheCorpus().model(), data() + " --plan t=3");
+  EXPECT_THAT(r.err, HasSubstr("t=3 does not divide the 4 heads"));
+  r = Expect2(TheCorpus().model(), data() + " --plan t=2");
+  EXPECT_THAT(r.err, HasSubstr("tensor and pipeline parallelism are not built yet"));
+  r = Expect2(TheCorpus().model(), data() + " --plan d=2,micro_batches=3 --global-batch 8");
+  EXPECT_THAT(r.err, HasSubstr("micro_batch_size*micro_batches*d = 1*3*2 = 6, but the global "
+                               "batch is 8"));
+  r = Expect2(TheCorpus().model(), data() + " --plan d=2,mcro_batches=3");
+  EXPECT_THAT(r.err, HasSubstr("mcro_batches"));
 }
 
 TEST_F(KcTrainBadInputTest, VocabSmallerThanTheData) {
