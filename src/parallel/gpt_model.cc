@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "base/check.h"
+#include "base/layer_guard.h"
 
 namespace kc::parallel {
 namespace {
@@ -73,6 +74,7 @@ template <typename Real>
 Result<std::unique_ptr<Gpt<Real>>> Gpt<Real>::Create(const ModelSpec& spec,
                                                      hal::ComputeDevice* device,
                                                      const GptOptions& options) {
+  KC_LAYER_ENTRY(Layer::kParallel, "model");
   KC_RETURN_IF_ERROR(ValidateModelSpec(spec));
   KC_CHECK(device != nullptr);
   if (options.batch < 0) {
@@ -217,6 +219,7 @@ void Gpt<Real>::InitParameters(uint64_t seed) {
 template <typename Real>
 Result<double> Gpt<Real>::Forward(std::span<const int32_t> inputs, std::span<const int32_t> targets,
                                   double grad_scale) {
+  KC_LAYER_ENTRY(Layer::kParallel, "model");
   const int64_t V = spec_.vocab, BT = tokens();
   if (static_cast<int64_t>(inputs.size()) != BT || static_cast<int64_t>(targets.size()) != BT) {
     return InvalidArgumentError(
@@ -304,6 +307,7 @@ typename Gpt<Real>::LayerActs Gpt<Real>::Slice(const LayerActs& a, int64_t b0) c
 
 template <typename Real>
 Status Gpt<Real>::Backward(bool accumulate, const std::function<Status(int tensor)>& on_ready) {
+  KC_LAYER_ENTRY(Layer::kParallel, "model");
   if (!have_grad_) {
     return FailedPreconditionError("model " + spec_.name +
                                    ": Backward without a Forward that computed the loss gradient");

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "base/check.h"
+#include "base/layer_guard.h"
 #include "comm/collectives.h"
 
 namespace kc::parallel {
@@ -44,6 +45,7 @@ Result<GradSync> ParseGradSync(std::string_view name) {
 Trainer::~Trainer() = default;
 
 Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& options) {
+  KC_LAYER_ENTRY(Layer::kParallel, "trainer");
   KC_CHECK(options.device != nullptr);
   std::unique_ptr<Trainer> t(new Trainer(options));
   KC_RETURN_IF_ERROR(t->Init());
@@ -174,6 +176,7 @@ Status Trainer::SyncGradients(double* comm_s) {
 }
 
 Result<StepStats> Trainer::Step() {
+  KC_LAYER_ENTRY(Layer::kParallel, "trainer");
   using Clock = std::chrono::steady_clock;
   const Clock::time_point t0 = Clock::now();
   // Records [from, now) on the timeline, if any, and returns now.
@@ -240,6 +243,7 @@ Result<StepStats> Trainer::Step() {
 }
 
 Result<double> Trainer::Evaluate(int64_t batches) {
+  KC_LAYER_ENTRY(Layer::kParallel, "trainer");
   if (validation_ == nullptr) {
     return FailedPreconditionError("model " + options_.spec.name + ": no validation data");
   }

@@ -75,10 +75,10 @@ class Corpus {
   std::string model_;
 };
 
-// The shared corpus: preparing it once keeps the suite quick.
+// The shared corpus: prepared once per test process, removed when the process exits.
 const Corpus& TheCorpus() {
-  static const Corpus* corpus = new Corpus();
-  return *corpus;
+  static const Corpus corpus;
+  return corpus;
 }
 
 struct TrainRun {

@@ -7,6 +7,7 @@
 #include <charconv>
 #include <filesystem>
 
+#include "base/layer_guard.h"
 #include "parallel/data/token_shard.h"
 
 namespace kc::parallel {
@@ -222,6 +223,7 @@ std::vector<uint64_t> DeterministicPermutation(uint64_t n, uint64_t seed) {
 }
 
 Result<std::unique_ptr<DataLoader>> OpenDataLoader(const LoaderOptions& options) {
+  KC_LAYER_ENTRY(Layer::kParallel, "data");
   KC_RETURN_IF_ERROR(CheckOptions(options));
   // The shard files, and the token counts the manifest promises for them.
   std::vector<std::string> paths = options.files;
