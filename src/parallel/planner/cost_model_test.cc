@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "parallel/planner/search.h"
 #include "tests/support/repo_root.h"
 
 namespace kc::parallel::planner {
@@ -270,6 +271,7 @@ TEST(CostModelTest, PublishedMegatronCases) {
   std::string table =
       fmt::format("{:<32} {:>4} {:>3} {:>4} {:>3} {:>4} {:>9} {:>9} {:>7} {:>6}\n", "case", "t",
                   "p", "d", "b", "m", "published", "predicted", "error", "mem GB");
+  std::string searched;
   int checked = 0;
   for (const nlohmann::json& c : cases) {
     const nlohmann::json& md = c["model"];
@@ -316,6 +318,26 @@ TEST(CostModelTest, PublishedMegatronCases) {
     Result<PlanEstimate> e = EstimatePlan(spec, plan, cluster, global_batch, options);
     ASSERT_TRUE(e.ok()) << id << ": " << e.status();
     const double error = e->model_tflops_per_device / published - 1;
+    // The search's choice predicts at least the published plan's throughput and fits; the
+    // seed's rules give a plan no faster than the search's.
+    Result<SearchResult> found = SearchPlans(spec, cluster, global_batch, {}, options, 3);
+    ASSERT_TRUE(found.ok()) << id << ": " << found.status();
+    const PlanEstimate& best = found->ranked.front().estimate;
+    EXPECT_TRUE(best.memory.fits) << id;
+    if (e->memory.fits) {
+      EXPECT_GE(best.model_tflops_per_device, e->model_tflops_per_device * (1 - 1e-9))
+          << id << ": chose " << PlanToString(found->ranked.front().plan);
+    }
+    Result<RankedPlan> baseline = BaselinePlan(spec, cluster, global_batch, options);
+    if (baseline.ok()) {
+      EXPECT_LE(best.step_time_s, baseline->estimate.step_time_s * (1 + 1e-9)) << id;
+    }
+    searched += fmt::format(
+        "{:<32} chosen {} -> {:.1f} TFLOP/s; seed's rules {} -> {}\n", id,
+        PlanToString(found->ranked.front().plan), best.model_tflops_per_device,
+        baseline.ok() ? PlanToString(baseline->plan) : "(none fits)",
+        baseline.ok() ? fmt::format("{:.1f} TFLOP/s", baseline->estimate.model_tflops_per_device)
+                      : "-");
     table +=
         fmt::format("{:<32} {:>4} {:>3} {:>4} {:>3} {:>4} {:>9.1f} {:>9.1f} {:>+6.1f}% {:>6.1f}\n",
                     id, plan.t, plan.p, plan.d, plan.micro_batch_size, plan.micro_batches,
@@ -326,8 +348,42 @@ TEST(CostModelTest, PublishedMegatronCases) {
     }
     ++checked;
   }
-  std::cout << table;
+  std::cout << table << searched;
   EXPECT_EQ(checked, 7);
+}
+
+TEST(PlanSearchTest, RanksFittingPlansAndSaysWhyTheOthersLost) {
+  const ModelSpec spec = Model(24, 2048, 16, 8192, 51200, 2048);
+  ClusterSpec cluster = Cluster(64, 8);
+  Result<SearchResult> r = SearchPlans(spec, cluster, 512, {}, {}, 5);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->ranked.size(), 5u);
+  EXPECT_GT(r->evaluated, r->fitting);
+  EXPECT_GT(r->fitting, 5);
+  EXPECT_TRUE(r->ranked[0].reason.empty());
+  for (size_t i = 1; i < r->ranked.size(); ++i) {
+    EXPECT_LE(r->ranked[i - 1].estimate.step_time_s, r->ranked[i].estimate.step_time_s);
+    EXPECT_TRUE(r->ranked[i].estimate.memory.fits);
+    EXPECT_THAT(r->ranked[i].reason, ::testing::HasSubstr("% step time, mostly "));
+  }
+  // Constraints hold.
+  Result<SearchResult> t2 = SearchPlans(spec, cluster, 512, {.fixed_t = 2, .max_p = 2}, {}, 3);
+  ASSERT_TRUE(t2.ok()) << t2.status();
+  for (const RankedPlan& p : t2->ranked) {
+    EXPECT_EQ(p.plan.t, 2);
+    EXPECT_LE(p.plan.p, 2);
+  }
+}
+
+TEST(PlanSearchTest, AModelThatCannotFitSaysWhatWouldDo) {
+  const ModelSpec spec = Model(24, 2048, 16, 8192, 51200, 2048);
+  ClusterSpec cluster = Cluster(2, 2);
+  cluster.memory_bytes = 4e9;
+  Result<SearchResult> r = SearchPlans(spec, cluster, 8);
+  EXPECT_EQ(r.status().code(), ErrorCode::kResourceExhausted);
+  EXPECT_THAT(r.status().message(), ::testing::HasSubstr("does not fit on 2 devices of 4.0 GB"));
+  EXPECT_THAT(r.status().message(), ::testing::HasSubstr("devices, would do"));
+  EXPECT_EQ(SearchPlans(spec, cluster, 0).status().code(), ErrorCode::kInvalidArgument);
 }
 
 }  // namespace
