@@ -44,12 +44,7 @@ Result<std::unique_ptr<AdamW<Real>>> AdamW<Real>::Create(const TrainingSpec& tra
 template <typename Real>
 double AdamW<Real>::GradNorm() const {
   double sum = 0;
-  for (const OptimizerSlot<Real>& s : slots_) {
-    // Per tensor in Real (vectorises), then in double across tensors.
-    Real part = 0;
-    for (Real g : s.grad) part += g * g;
-    sum += static_cast<double>(part);
-  }
+  for (const OptimizerSlot<Real>& s : slots_) sum += SquaredNorm(s.grad);
   return std::sqrt(sum);
 }
 

@@ -26,6 +26,15 @@ double LearningRate(const TrainingSpec& training, int64_t step, int64_t total_st
 // is on (grad_clip > 0) and norm > grad_clip, else 1.
 double ClipScale(const TrainingSpec& training, double grad_norm);
 
+// The sum of squares of one tensor's gradient: accumulated in Real (the loop vectorises), then
+// widened, so that norms summed over tensors in double are the same wherever they are taken.
+template <typename Real>
+double SquaredNorm(std::span<const Real> grad) {
+  Real part = 0;
+  for (Real g : grad) part += g * g;
+  return static_cast<double>(part);
+}
+
 // One tensor the optimizer updates.
 template <typename Real>
 struct OptimizerSlot {

@@ -140,11 +140,9 @@ Status Trainer::Init() {
 
 double Trainer::GradNorm() {
   double sum = 0;
+  // Over every tensor, not the optimizer's slots: with ZeRO-1 those are this rank's chunk.
   for (int i = 0; i < static_cast<int>(model_->tensors().size()); ++i) {
-    // Per tensor in float (vectorises), then in double across tensors, as AdamW::GradNorm.
-    float part = 0;
-    for (float g : model_->grad(i)) part += g * g;
-    sum += static_cast<double>(part);
+    sum += SquaredNorm<float>(model_->grad(i));
   }
   return std::sqrt(sum);
 }
