@@ -1,6 +1,9 @@
 #include "apps/kc/command.h"
 
 #include <charconv>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 
 namespace kc::app {
 
@@ -15,6 +18,33 @@ Status ParseHostPort(const std::string& s, std::string* host, int* port) {
   if (ec != std::errc() || ptr != p.data() + p.size() || *port < 0 || *port > 65535) {
     return InvalidArgumentError("--store: bad port in \"" + s + "\"");
   }
+  return OkStatus();
+}
+
+std::string UserConfigPath(const std::string& file) {
+  if (const char* xdg = std::getenv("XDG_CONFIG_HOME"); xdg != nullptr && *xdg != '\0') {
+    return std::string(xdg) + "/kc/" + file;
+  }
+  if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
+    return std::string(home) + "/.config/kc/" + file;
+  }
+  return file;
+}
+
+Status WriteFileAtomically(const std::string& path, const std::string& text) {
+  std::error_code ec;
+  const std::filesystem::path p(path);
+  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path(), ec);
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    if (!f) return UnavailableError("cannot write \"" + tmp + "\"");
+    f << text;
+    if (!f.flush()) return UnavailableError("cannot write \"" + tmp + "\"");
+  }
+  std::filesystem::rename(tmp, path, ec);
+  if (ec)
+    return UnavailableError("cannot rename \"" + tmp + "\" to \"" + path + "\": " + ec.message());
   return OkStatus();
 }
 

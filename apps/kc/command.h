@@ -19,4 +19,13 @@ using Action = std::function<int()>;
 // Splits the value of --store, "HOST:PORT" (port 0-65535), for the workers a launcher starts.
 Status ParseHostPort(const std::string& s, std::string* host, int* port);
 
+// `file` in kc's per-user configuration directory: $XDG_CONFIG_HOME/kc/, else ~/.config/kc/,
+// else the working directory. Where `kc topo probe` writes topology.yaml and
+// `kc plan --calibrate` calibration.json.
+std::string UserConfigPath(const std::string& file);
+
+// Writes `text` to `path` through a temporary file and a rename, creating the parent
+// directories; kUnavailable naming the file when that fails.
+Status WriteFileAtomically(const std::string& path, const std::string& text);
+
 }  // namespace kc::app

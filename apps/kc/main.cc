@@ -7,6 +7,7 @@
 #include "apps/kc/bench_command.h"
 #include "apps/kc/command.h"
 #include "apps/kc/data_command.h"
+#include "apps/kc/plan_command.h"
 #include "apps/kc/topo_command.h"
 #include "apps/kc/train_command.h"
 #include "base/settings.h"
@@ -63,6 +64,7 @@ int main(int argc, char** argv) {
   AddBenchCommand(app, &action);
   AddDataCommand(app, &action);
   AddTrainCommand(app, &action);
+  AddPlanCommand(app, &action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {

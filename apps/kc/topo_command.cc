@@ -55,17 +55,6 @@ std::string GBs(double bytes_per_second) {
 }
 std::string Micros(double seconds) { return fmt::format("{:.2f} us", seconds * 1e6); }
 
-// Where `kc topo probe` writes and `kc topo report` reads the measured topology by default.
-std::string DefaultTopologyPath() {
-  if (const char* xdg = std::getenv("XDG_CONFIG_HOME"); xdg != nullptr && *xdg != '\0') {
-    return std::string(xdg) + "/kc/topology.yaml";
-  }
-  if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
-    return std::string(home) + "/.config/kc/topology.yaml";
-  }
-  return "topology.yaml";
-}
-
 // Progress on stderr: a redrawn bar on a terminal, one line per phase otherwise.
 class Progress {
  public:
@@ -126,23 +115,6 @@ Status ParsePeer(const std::string& peer, std::string* host, int* port) {
   return OkStatus();
 }
 
-Status WriteFileAtomically(const std::string& path, const std::string& text) {
-  std::error_code ec;
-  const std::filesystem::path p(path);
-  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path(), ec);
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    if (!f) return UnavailableError("cannot write \"" + tmp + "\"");
-    f << text;
-    if (!f.flush()) return UnavailableError("cannot write \"" + tmp + "\"");
-  }
-  std::filesystem::rename(tmp, path, ec);
-  if (ec)
-    return UnavailableError("cannot rename \"" + tmp + "\" to \"" + path + "\": " + ec.message());
-  return OkStatus();
-}
-
 int RunProbe(const ProbeArgs& args) {
   // Validate every argument before measuring anything.
   std::vector<std::pair<std::string, int>> peers;
@@ -167,54 +139,18 @@ int RunProbe(const ProbeArgs& args) {
     return kExitBadInput;
   }
 
-  const int64_t size = args.quick ? 32 * hal::kMiB : 256 * hal::kMiB;
-  std::vector<int> cpus;
-  for (const hal::NumaNode& n : info->numa_nodes)
-    cpus.insert(cpus.end(), n.cpus.begin(), n.cpus.end());
-  Progress progress(3 + static_cast<int>(peers.size()));
-
-  progress.Update(0, 0, "STREAM-style copy (one core)");
-  Result<hal::StreamMeasurement> stream =
-      hal::MeasureStreamCopy({.array_bytes = size,
-                              .threads = 1,
-                              .passes = args.quick ? 2 : 5,
-                              .cpus = {cpus.empty() ? 0 : cpus[0]}});
-  if (!stream.ok()) {
+  const int phases = 1 + static_cast<int>(peers.size());
+  Progress progress(phases);
+  Result<hal::HostMeasurement> host = hal::MeasureHost(
+      *info, {.quick = args.quick,
+              .progress = [&](double f, std::string_view what) { progress.Update(0, f, what); }});
+  if (!host.ok()) {
     progress.Done();
-    std::cerr << "kc: topo probe: stream copy: " << stream.status().message() << "\n";
+    std::cerr << "kc: topo probe: " << host.status().message() << "\n";
     return kExitFailure;
   }
-  hal::CpuMeasurements measured;
-  measured.memory_bandwidth_per_core = stream->stream_bytes_per_second();
-
-  progress.Update(1, 0, "sgemm rate (one core)");
-  Result<double> flops = hal::MeasureSgemmFlops({.n = args.quick ? 256 : 512, .threads = 1});
-  if (!flops.ok()) {
-    progress.Done();
-    std::cerr << "kc: topo probe: sgemm: " << flops.status().message() << "\n";
-    return kExitFailure;
-  }
-  measured.flops_fp32_per_core = *flops;
-
-  std::optional<hal::ShmMeasurement> shm;
-  if (cpus.size() >= 2) {
-    hal::ShmOptions opts;
-    opts.total_bytes = size;
-    opts.message_bytes = std::min<int64_t>(opts.message_bytes, size);
-    opts.sender_cpus = {cpus[0]};
-    opts.receiver_cpus = {cpus[1]};
-    opts.latency_round_trips = args.quick ? 1000 : 10000;
-    opts.progress = [&](double f, std::string_view what) { progress.Update(2, f, what); };
-    Result<hal::ShmMeasurement> m = hal::MeasureSharedMemory(opts);
-    if (!m.ok()) {
-      progress.Done();
-      std::cerr << "kc: topo probe: shared memory: " << m.status().message() << "\n";
-      return kExitFailure;
-    }
-    shm = *m;
-    measured.shm_bandwidth = shm->bandwidth;
-    measured.shm_latency = shm->latency;
-  }
+  const hal::StreamMeasurement& stream = host->stream;
+  const std::optional<hal::ShmMeasurement>& shm = host->shm;
 
   std::vector<PeerResult> peer_results;
   for (size_t i = 0; i < peers.size(); ++i) {
@@ -222,14 +158,14 @@ int RunProbe(const ProbeArgs& args) {
     hal::TcpProbeOptions opts;
     opts.bandwidth_bytes = args.quick ? 16 * hal::kMiB : 64 * hal::kMiB;
     opts.progress = [&, i](double f, std::string_view) {
-      progress.Update(3 + static_cast<int>(i), f, "TCP to " + address);
+      progress.Update(1 + static_cast<int>(i), f, "TCP to " + address);
     };
     peer_results.push_back({address, hal::MeasureTcpPeer(peers[i].first, peers[i].second, opts)});
   }
   progress.Done();
 
   Result<hal::TopologySpec> spec =
-      hal::MakeCpuTopologySpec(*info, {.num_devices = args.cpu_devices, .measured = measured});
+      hal::MakeCpuTopologySpec(*info, {.num_devices = args.cpu_devices, .measured = host->cpu});
   if (!spec.ok()) {
     std::cerr << "kc: " << spec.status().message() << "\n";
     return kExitBadInput;
@@ -258,7 +194,7 @@ int RunProbe(const ProbeArgs& args) {
     }
   }
 
-  const std::string out = args.out.empty() ? DefaultTopologyPath() : args.out;
+  const std::string out = args.out.empty() ? UserConfigPath("topology.yaml") : args.out;
   std::string written;
   if (!args.no_write) {
     Result<std::string> yaml = hal::InventoryToYaml(*spec);
@@ -271,7 +207,7 @@ int RunProbe(const ProbeArgs& args) {
   }
 
   const double ratio =
-      shm && stream->copy_bytes_per_second > 0 ? shm->bandwidth / stream->copy_bytes_per_second : 0;
+      shm && stream.copy_bytes_per_second > 0 ? shm->bandwidth / stream.copy_bytes_per_second : 0;
   if (args.json) {
     nlohmann::json j = {{"hostname", info->hostname},
                         {"cpu_model", info->cpu_model},
@@ -282,8 +218,8 @@ int RunProbe(const ProbeArgs& args) {
                         {"numa_nodes", nlohmann::json::array()},
                         {"caches", nlohmann::json::array()},
                         {"devices", nlohmann::json::array()},
-                        {"stream_copy_bytes_per_second", stream->copy_bytes_per_second},
-                        {"sgemm_flops_per_core", *flops},
+                        {"stream_copy_bytes_per_second", stream.copy_bytes_per_second},
+                        {"sgemm_flops_per_core", host->sgemm_flops_per_core},
                         {"peers", nlohmann::json::array()}};
     for (const hal::NumaNode& n : info->numa_nodes) {
       j["numa_nodes"].push_back(
@@ -340,8 +276,9 @@ int RunProbe(const ProbeArgs& args) {
                                d.memory_bytes > 0 ? ", " + Bytes(d.memory_bytes) : "");
     }
     std::cout << fmt::format("measured STREAM copy {} (one core)\n",
-                             GBs(stream->copy_bytes_per_second));
-    std::cout << fmt::format("measured sgemm {:.1f} GFLOP/s (one core, fp32)\n", *flops / 1e9);
+                             GBs(stream.copy_bytes_per_second));
+    std::cout << fmt::format("measured sgemm {:.1f} GFLOP/s (one core, fp32)\n",
+                             host->sgemm_flops_per_core / 1e9);
     if (shm) {
       std::cout << fmt::format(
           "measured shared memory {} process to process ({:.0f}% of STREAM copy), latency {}\n",
@@ -392,8 +329,8 @@ int RunReport(const ReportArgs& args) {
   }
 
   std::string source = args.inventory;
-  if (source.empty() && std::filesystem::exists(DefaultTopologyPath())) {
-    source = DefaultTopologyPath();
+  if (source.empty() && std::filesystem::exists(UserConfigPath("topology.yaml"))) {
+    source = UserConfigPath("topology.yaml");
   }
   Result<hal::TopologySpec> spec = source.empty() ? local : hal::LoadInventory(source);
   if (!spec.ok()) {
@@ -479,7 +416,7 @@ void AddTopoCommand(CLI::App& app, Action* action) {
   probe->add_option("--peers", pa->peers, "Measure TCP to these `kc topo serve` peers (host:port)")
       ->delimiter(',');
   probe->add_option("--out", pa->out,
-                    "Topology file to write (default: " + DefaultTopologyPath() + ")");
+                    "Topology file to write (default: " + UserConfigPath("topology.yaml") + ")");
   probe->add_flag("--no-write", pa->no_write, "Measure and print only");
   probe->add_flag("--quick", pa->quick, "Smaller measurements (less accurate, about 1 s)");
   probe->add_flag("--json", pa->json, "Print JSON instead of a table");

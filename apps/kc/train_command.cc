@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/kc/plan_command.h"
 #include "apps/kc/train_report.h"
 #include "base/clock.h"
 #include "comm/communicator.h"
@@ -756,7 +757,40 @@ void PrintSummary(const TrainArgs& a, const Plan& p, const Monitor& m, double pe
                    {"wall_s", s.total_s}};
 }
 
+// `--plan auto`: the planner's choice for this machine, among the plans kc train runs, written
+// back into a.plan in the flag form (the workers get that plan, not "auto"). Returns the
+// predicted step time.
+Result<double> ResolveAutoPlan(TrainArgs* args) {
+  TrainArgs& a = *args;
+  KC_ASSIGN_OR_RETURN(parallel::ModelSpec spec, parallel::LoadModelSpec(a.config));
+  const int ncpu = static_cast<int>(AllowedCpus().size());
+  if (a.ranks == 0)
+    a.ranks = std::max(1, a.threads_per_rank > 0 ? ncpu / a.threads_per_rank : ncpu);
+  const int64_t batch = a.global_batch != 0 ? a.global_batch : spec.batch_per_rank * a.ranks;
+  KC_ASSIGN_OR_RETURN(LocalCluster local,
+                      ProbeLocalCluster(a.ranks, UserConfigPath("calibration.json")));
+  Result<parallel::planner::SearchResult> found = parallel::planner::SearchPlans(
+      spec, local.cluster.spec, batch, EngineConstraints(), local.cluster.options, 1);
+  KC_RETURN_IF_ERROR(found.status().WithContext("--plan auto"));
+  const parallel::planner::RankedPlan& best = found->ranked.front();
+  std::string flag = parallel::PlanToString(best.plan);
+  std::replace(flag.begin(), flag.end(), ' ', ',');
+  std::cerr << fmt::format("kc train: --plan auto: {} (predicted {:.1f} ms per step; {})\n", flag,
+                           best.estimate.step_time_s * 1e3, local.source);
+  a.plan = flag;
+  return best.estimate.step_time_s;
+}
+
 int RunLauncher(TrainArgs a) {
+  std::optional<double> predicted_step_s;
+  if (a.plan == "auto") {
+    Result<double> predicted = ResolveAutoPlan(&a);
+    if (!predicted.ok()) {
+      std::cerr << "kc train: " << predicted.status().message() << "\n";
+      return kExitBadInput;
+    }
+    predicted_step_s = *predicted;
+  }
   Result<Plan> plan = Check(&a);
   if (!plan.ok()) {
     std::cerr << "kc train: " << plan.status().message() << "\n";
@@ -790,7 +824,9 @@ int RunLauncher(TrainArgs a) {
                   {"zero_stage", p.zero_stage},
                   {"seq_len", p.spec.seq_len},
                   {"grad_sync", a.grad_sync},
-                  {"data", a.data}}
+                  {"data", a.data},
+                  {"plan", a.plan},
+                  {"predicted_step_s", predicted_step_s ? Json(*predicted_step_s) : Json()}}
                  .dump()
           << "\n";
 
@@ -977,8 +1013,9 @@ void AddTrainCommand(CLI::App& app, Action* action) {
   c->add_option("--ranks", a->ranks,
                 "Worker processes (data-parallel ranks; default: the plan's t*p*d, else 1)");
   c->add_option("--plan", a->plan,
-                "A parallel plan: a plan file, or its keys as t=1,p=1,d=2,micro_batch_size=4,"
-                "micro_batches=2,zero_stage=1 (docs/user-guide/plans.md)");
+                "A parallel plan: a plan file, its keys as t=1,p=1,d=2,micro_batch_size=4,"
+                "micro_batches=2,zero_stage=1, or auto: the planner's choice for this machine "
+                "(docs/user-guide/plans.md)");
   c->add_option("--threads-per-rank", a->threads_per_rank,
                 "Cores of each rank: threads that split its batch (default: the cores this "
                 "process may use / ranks)");

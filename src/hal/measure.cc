@@ -690,4 +690,47 @@ Result<StreamMeasurement> MeasureStreamCopy(const StreamOptions& options) {
   return m;
 }
 
+Result<HostMeasurement> MeasureHost(const HostInfo& info, const HostMeasureOptions& options) {
+  const int64_t size = options.quick ? 32 * kMiB : 256 * kMiB;
+  std::vector<int> cpus;
+  for (const NumaNode& n : info.numa_nodes) cpus.insert(cpus.end(), n.cpus.begin(), n.cpus.end());
+  const int phases = cpus.size() >= 2 ? 3 : 2;
+  auto report = [&](int phase, double fraction, std::string_view what) {
+    if (options.progress) options.progress((phase + fraction) / phases, what);
+  };
+
+  HostMeasurement m;
+  report(0, 0, "STREAM-style copy (one core)");
+  Result<StreamMeasurement> stream = MeasureStreamCopy({.array_bytes = size,
+                                                        .threads = 1,
+                                                        .passes = options.quick ? 2 : 5,
+                                                        .cpus = {cpus.empty() ? 0 : cpus[0]}});
+  if (!stream.ok()) return stream.status().WithContext("stream copy");
+  m.stream = *stream;
+  m.cpu.memory_bandwidth_per_core = stream->stream_bytes_per_second();
+
+  report(1, 0, "sgemm rate (one core)");
+  Result<double> flops = MeasureSgemmFlops({.n = options.quick ? 256 : 512, .threads = 1});
+  if (!flops.ok()) return flops.status().WithContext("sgemm");
+  m.sgemm_flops_per_core = *flops;
+  m.cpu.flops_fp32_per_core = *flops;
+
+  if (cpus.size() >= 2) {
+    ShmOptions opts;
+    opts.total_bytes = size;
+    opts.message_bytes = std::min<int64_t>(opts.message_bytes, size);
+    opts.sender_cpus = {cpus[0]};
+    opts.receiver_cpus = {cpus[1]};
+    opts.latency_round_trips = options.quick ? 1000 : 10000;
+    opts.progress = [&](double f, std::string_view what) { report(2, f, what); };
+    Result<ShmMeasurement> shm = MeasureSharedMemory(opts);
+    if (!shm.ok()) return shm.status().WithContext("shared memory");
+    m.shm = *shm;
+    m.cpu.shm_bandwidth = shm->bandwidth;
+    m.cpu.shm_latency = shm->latency;
+  }
+  if (options.progress) options.progress(1, "done");
+  return m;
+}
+
 }  // namespace kc::hal

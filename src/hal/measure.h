@@ -6,11 +6,14 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string_view>
 #include <vector>
 
 #include "base/clock.h"
 #include "base/status.h"
+#include "hal/cpu_devices.h"
+#include "hal/host_probe.h"
 
 namespace kc::hal {
 
@@ -98,5 +101,25 @@ struct SgemmRateOptions {
 // kernels (hal/kernels.h): 2n^3 FLOP per call over the best wall time. This is what a CPU
 // device's peak_flops_fp32 is set from. Takes well under a second for n = 512.
 Result<double> MeasureSgemmFlops(const SgemmRateOptions& options);
+
+// What `kc topo probe` and `kc plan --calibrate` measure on this host: a one-core STREAM
+// copy, the one-core sgemm rate and, when the process may use two or more cores, a
+// shared-memory copy between the first two.
+struct HostMeasureOptions {
+  bool quick = false;   // smaller arrays and fewer passes: about 1 s, less accurate
+  ProgressFn progress;  // may be empty; fraction over the whole measurement
+};
+
+struct HostMeasurement {
+  StreamMeasurement stream;
+  double sgemm_flops_per_core = 0;
+  std::optional<ShmMeasurement> shm;  // empty with one core
+  CpuMeasurements cpu;                // the above in the form MakeCpuDevices takes
+};
+
+// Runs the three measurements on the cores of `info` (the caller's cpuset). Errors as the
+// measurement that failed, its name prefixed ("stream copy: ...", "sgemm: ...",
+// "shared memory: ...").
+Result<HostMeasurement> MeasureHost(const HostInfo& info, const HostMeasureOptions& options);
 
 }  // namespace kc::hal

@@ -9,15 +9,18 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "parallel/planner/cases.h"
 #include "parallel/planner/search.h"
 #include "tests/support/repo_root.h"
+#include "tests/support/temp_dir.h"
 
 namespace kc::parallel::planner {
 namespace {
+
+using ::testing::HasSubstr;
 
 ModelSpec Model(int64_t layers, int64_t hidden, int64_t heads, int64_t ffn, int64_t vocab,
                 int64_t seq_len) {
@@ -261,9 +264,9 @@ TEST(CostModelTest, RejectsInvalidPlansAndClusters) {
 // Table 5), each with its published plan and the default options.
 TEST(CostModelTest, PublishedMegatronCases) {
   const std::string path = kc::testing::RepoRoot() + "../shared/data/planner_cases_published.json";
-  std::ifstream in(path);
-  if (!in) GTEST_SKIP() << "no published cases at " << path;
-  const nlohmann::json cases = nlohmann::json::parse(in);
+  if (!std::ifstream(path)) GTEST_SKIP() << "no published cases at " << path;
+  Result<std::vector<PublishedCase>> cases = LoadCases(path);
+  ASSERT_TRUE(cases.ok()) << cases.status();
 
   // Cases the model misses by more than 15% with the default constants (none, or listed in
   // docs/design/planner-cost-model.md with the miss).
@@ -273,83 +276,62 @@ TEST(CostModelTest, PublishedMegatronCases) {
                   "p", "d", "b", "m", "published", "predicted", "error", "mem GB");
   std::string searched;
   int checked = 0;
-  for (const nlohmann::json& c : cases) {
-    const nlohmann::json& md = c["model"];
-    const nlohmann::json& cl = c["cluster"];
-    const nlohmann::json& pub = c["published"];
-    const ModelSpec spec = Model(md["layers"].get<int64_t>(), md["hidden"].get<int64_t>(),
-                                 md["heads"].get<int64_t>(), md["ffn_hidden"].get<int64_t>(),
-                                 md["vocab"].get<int64_t>(), md["seq_len"].get<int64_t>());
-    ClusterSpec cluster;
-    cluster.devices = cl["gpus"].get<int>();
-    cluster.devices_per_node = cl["gpus_per_node"].get<int>();
-    cluster.peak_flops = cl["peak_tflops"].get<double>() * 1e12;
-    cluster.memory_bytes = cl["mem_gb"].get<double>() * 1e9;
-    cluster.intra_node_bandwidth = cl["intra_node_GBps"].get<double>() * 1e9;
-    cluster.inter_node_bandwidth = cl["inter_node_GBps_per_gpu"].get<double>() * 1e9;
-    // The file does not give HBM bandwidth; an A100-SXM4-80GB's datasheet says 2039 GB/s.
-    if (cl.value("gpu_type", "").find("A100-SXM4-80GB") != std::string::npos) {
-      cluster.memory_bandwidth = 2039e9;
-    }
-
-    const int64_t global_batch = c["global_batch"].get<int64_t>();
-    ParallelPlan plan;
-    plan.t = pub["tp"].get<int>();
-    plan.p = pub["pp"].get<int>();
-    plan.d = pub["dp"].get<int>();
-    plan.micro_batch_size = pub["microbatch"].is_null() ? 1 : pub["microbatch"].get<int64_t>();
-    plan.micro_batches = global_batch / (plan.micro_batch_size * plan.d);
-    if (plan.p == 1) {
-      plan.schedule = Schedule::k1F1B;
-    } else {
-      plan.schedule = Schedule::kInterleaved;
-      plan.v = pub["interleave"].is_null() ? 2 : pub["interleave"].get<int>();
-    }
-    plan.recompute = pub.value("activation_recompute", "").starts_with("full");
-    CostModelOptions options;
-    options.sequence_parallel = pub.value("sequence_parallel", false);
-    options.selective_recompute = pub.value("activation_recompute", "") == "selective";
-
-    // Korthikanti et al. publish MFU, not TFLOP/s; the file derives model TFLOP/s from it.
-    const double published = pub["tflops_per_gpu"].is_null()
-                                 ? c["derived"]["model_tflops_per_gpu"].get<double>()
-                                 : pub["tflops_per_gpu"].get<double>();
-    const std::string id = c["id"].get<std::string>();
-    Result<PlanEstimate> e = EstimatePlan(spec, plan, cluster, global_batch, options);
-    ASSERT_TRUE(e.ok()) << id << ": " << e.status();
-    const double error = e->model_tflops_per_device / published - 1;
+  for (const PublishedCase& c : *cases) {
+    Result<CaseResult> r = EvaluateCase(c);
+    ASSERT_TRUE(r.ok()) << c.id << ": " << r.status();
+    const PlanEstimate& e = r->published;
+    const double error = e.model_tflops_per_device / c.published_tflops - 1;
     // The search's choice predicts at least the published plan's throughput and fits; the
     // seed's rules give a plan no faster than the search's.
-    Result<SearchResult> found = SearchPlans(spec, cluster, global_batch, {}, options, 3);
-    ASSERT_TRUE(found.ok()) << id << ": " << found.status();
-    const PlanEstimate& best = found->ranked.front().estimate;
-    EXPECT_TRUE(best.memory.fits) << id;
-    if (e->memory.fits) {
-      EXPECT_GE(best.model_tflops_per_device, e->model_tflops_per_device * (1 - 1e-9))
-          << id << ": chose " << PlanToString(found->ranked.front().plan);
+    ASSERT_TRUE(r->chosen.has_value()) << c.id << ": " << r->search_status;
+    const PlanEstimate& best = r->chosen->estimate;
+    EXPECT_TRUE(best.memory.fits) << c.id;
+    if (e.memory.fits) {
+      EXPECT_GE(best.model_tflops_per_device, e.model_tflops_per_device * (1 - 1e-9))
+          << c.id << ": chose " << PlanToString(r->chosen->plan);
     }
-    Result<RankedPlan> baseline = BaselinePlan(spec, cluster, global_batch, options);
-    if (baseline.ok()) {
-      EXPECT_LE(best.step_time_s, baseline->estimate.step_time_s * (1 + 1e-9)) << id;
+    if (r->baseline) {
+      EXPECT_LE(best.step_time_s, r->baseline->estimate.step_time_s * (1 + 1e-9)) << c.id;
     }
     searched += fmt::format(
-        "{:<32} chosen {} -> {:.1f} TFLOP/s; seed's rules {} -> {}\n", id,
-        PlanToString(found->ranked.front().plan), best.model_tflops_per_device,
-        baseline.ok() ? PlanToString(baseline->plan) : "(none fits)",
-        baseline.ok() ? fmt::format("{:.1f} TFLOP/s", baseline->estimate.model_tflops_per_device)
-                      : "-");
-    table +=
-        fmt::format("{:<32} {:>4} {:>3} {:>4} {:>3} {:>4} {:>9.1f} {:>9.1f} {:>+6.1f}% {:>6.1f}\n",
-                    id, plan.t, plan.p, plan.d, plan.micro_batch_size, plan.micro_batches,
-                    published, e->model_tflops_per_device, 100 * error, e->memory.total / 1e9);
-    EXPECT_TRUE(e->memory.fits) << id << ": " << e->memory.total / 1e9 << " GB";
-    if (std::find(known_misses.begin(), known_misses.end(), id) == known_misses.end()) {
-      EXPECT_LT(std::abs(error), 0.15) << id;
+        "{:<32} chosen {} -> {:.1f} TFLOP/s; seed's rules {} -> {}\n", c.id,
+        PlanToString(r->chosen->plan), best.model_tflops_per_device,
+        r->baseline ? PlanToString(r->baseline->plan) : "(none fits)",
+        r->baseline ? fmt::format("{:.1f} TFLOP/s", r->baseline->estimate.model_tflops_per_device)
+                    : "-");
+    const ParallelPlan& plan = c.plan;
+    table += fmt::format(
+        "{:<32} {:>4} {:>3} {:>4} {:>3} {:>4} {:>9.1f} {:>9.1f} {:>+6.1f}% {:>6.1f}\n", c.id,
+        plan.t, plan.p, plan.d, plan.micro_batch_size, plan.micro_batches, c.published_tflops,
+        e.model_tflops_per_device, 100 * error, e.memory.total / 1e9);
+    EXPECT_TRUE(e.memory.fits) << c.id << ": " << e.memory.total / 1e9 << " GB";
+    if (std::find(known_misses.begin(), known_misses.end(), c.id) == known_misses.end()) {
+      EXPECT_LT(std::abs(error), 0.15) << c.id;
     }
     ++checked;
   }
   std::cout << table << searched;
   EXPECT_EQ(checked, 7);
+}
+
+TEST(PublishedCasesTest, ABadFileNamesTheCaseAndTheKey) {
+  kc::testing::TempDir dir("kc_cases");
+  const std::string missing_key = dir.Write(
+      "a.json", R"([{"id": "x", "model": {"layers": 2, "hidden": 64, "heads": 4, "seq_len": 8,
+      "vocab": 100}, "global_batch": 8, "cluster": {"gpus": 2, "gpus_per_node": 2,
+      "peak_tflops": 100, "mem_gb": 80, "intra_node_GBps": 100},
+      "published": {"tp": 1, "pp": 1, "dp": 2, "tflops_per_gpu": 50}}])");
+  Result<std::vector<PublishedCase>> r = LoadCases(missing_key);
+  EXPECT_EQ(r.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("a.json: case 1 (x): cluster.inter_node_GBps_per_gpu: missing"));
+  const std::string wrong_type =
+      dir.Write("b.json", R"([{"id": "y", "model": {"layers": "two"}}])");
+  EXPECT_THAT(LoadCases(wrong_type).status().message(),
+              HasSubstr("case 1 (y): model.layers: expected a number"));
+  EXPECT_THAT(LoadCases(dir.Write("c.json", "{}")).status().message(),
+              ::testing::HasSubstr("an array"));
+  EXPECT_EQ(LoadCases(dir.Path("none.json")).status().code(), ErrorCode::kNotFound);
 }
 
 TEST(PlanSearchTest, RanksFittingPlansAndSaysWhyTheOthersLost) {

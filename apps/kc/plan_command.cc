@@ -1,0 +1,625 @@
+// `kc plan MODEL --cluster CLUSTER --batch B`, `kc plan --cases FILE`, `kc plan MODEL
+// --calibrate`. docs/user-guide/plan.md.
+#include "apps/kc/plan_command.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "hal/cpu_devices.h"
+#include "hal/host_probe.h"
+#include "hal/inventory.h"
+#include "hal/measure.h"
+#include "hal/topology.h"
+#include "parallel/planner/approval.h"
+#include "parallel/planner/calibration.h"
+#include "parallel/planner/cases.h"
+#include "parallel/planner/cost_model.h"
+
+namespace kc::app {
+namespace {
+
+namespace fs = std::filesystem;
+namespace pl = parallel::planner;
+using nlohmann::json;
+
+struct PlanArgs {
+  std::string model;
+  std::string cluster;  // inventory file, calibration file, or "local"
+  int64_t batch = 0;
+  int64_t steps = 0;
+  int fixed_t = 0;
+  int max_p = 0;
+  double headroom = 0;
+  int64_t max_micro_batch_size = 8;
+  int top = 5;
+  std::string approval_limits;
+  std::string out;
+  std::string cases;
+  bool calibrate = false;
+  int devices = 0;
+  std::string save;
+  bool no_save = false;
+  bool quick = false;
+  bool json = false;
+};
+
+std::string Gb(double bytes) { return fmt::format("{:.2f} GB", bytes / 1e9); }
+
+// "12.3 ms", "4.56 s", "2.1 h".
+std::string Time(double s) {
+  if (s < 1) return fmt::format("{:.1f} ms", s * 1e3);
+  if (s < 3600) return fmt::format("{:.2f} s", s);
+  return fmt::format("{:.1f} h", s / 3600);
+}
+
+json PlanJson(const parallel::ParallelPlan& p) {
+  return {{"t", p.t},
+          {"p", p.p},
+          {"d", p.d},
+          {"micro_batch_size", p.micro_batch_size},
+          {"micro_batches", p.micro_batches},
+          {"schedule", parallel::ScheduleName(p.schedule)},
+          {"v", p.v},
+          {"recompute", p.recompute},
+          {"zero_stage", p.zero_stage}};
+}
+
+json GroupJson(const pl::GroupTraffic& g) {
+  return {{"size", g.size},
+          {"link", pl::LinkName(g.link)},
+          {"bytes_per_step", g.bytes_per_step},
+          {"time_s", g.time_s},
+          {"exposed_s", g.exposed_s}};
+}
+
+json EstimateJson(const pl::PlanEstimate& e) {
+  const pl::MemoryEstimate& m = e.memory;
+  return {{"step_time_s", e.step_time_s},
+          {"compute_s", e.compute_s},
+          {"tp_exposed_s", e.tp_exposed_s},
+          {"pp_exposed_s", e.pp_exposed_s},
+          {"dp_exposed_s", e.dp_exposed_s},
+          {"bubble_s", e.bubble_s},
+          {"optimizer_s", e.optimizer_s},
+          {"bubble_fraction", e.bubble_fraction},
+          {"matmul_efficiency", e.matmul_efficiency},
+          {"flops_per_step", e.flops_per_step},
+          {"tokens_per_s", e.tokens_per_s},
+          {"model_tflops_per_device", e.model_tflops_per_device},
+          {"memory",
+           {{"weights", m.weights},
+            {"gradients", m.gradients},
+            {"optimizer_state", m.optimizer_state},
+            {"activations", m.activations},
+            {"communication_buffers", m.communication_buffers},
+            {"total", m.total},
+            {"capacity", m.capacity},
+            {"fits", m.fits}}},
+          {"communication",
+           {{"tp", GroupJson(e.tp)}, {"pp", GroupJson(e.pp)}, {"dp", GroupJson(e.dp)}}}};
+}
+
+json ClusterJson(const pl::PlannerCluster& c) {
+  const pl::ClusterSpec& s = c.spec;
+  return {{"name", c.name},
+          {"device_model", c.device_model},
+          {"precision", c.fp32 ? "fp32" : "bf16 mixed"},
+          {"devices", s.devices},
+          {"devices_per_node", s.devices_per_node},
+          {"peak_flops", s.peak_flops},
+          {"memory_bytes", s.memory_bytes},
+          {"memory_bandwidth", s.memory_bandwidth},
+          {"intra_node_bandwidth", s.intra_node_bandwidth},
+          {"inter_node_bandwidth", s.inter_node_bandwidth},
+          {"notes", c.notes}};
+}
+
+// The plan on one line with the columns of the alternatives table.
+std::string Row(int rank, const pl::RankedPlan& r) {
+  const parallel::ParallelPlan& p = r.plan;
+  const pl::PlanEstimate& e = r.estimate;
+  return fmt::format(
+      "{:>3} {:>3} {:>3} {:>5} {:>3} {:>5} {:<11} {:>2} {:>3} {:>4} {:>10} {:>8.1f} "
+      "{:>8.2f}  {}",
+      rank, p.t, p.p, p.d, p.micro_batch_size, p.micro_batches, parallel::ScheduleName(p.schedule),
+      p.v, p.recompute ? "on" : "off", p.zero_stage, Time(e.step_time_s), e.model_tflops_per_device,
+      e.memory.total / 1e9, r.reason);
+}
+
+std::string RowHeader() {
+  return fmt::format(
+      "{:>3} {:>3} {:>3} {:>5} {:>3} {:>5} {:<11} {:>2} {:>3} {:>4} {:>10} {:>8} "
+      "{:>8}  {}",
+      "#", "t", "p", "d", "b", "m", "schedule", "v", "rc", "zero", "step", "TFLOP/s", "mem GB",
+      "why it lost");
+}
+
+void PrintEstimate(std::ostream& os, const pl::PlanEstimate& e) {
+  os << fmt::format(
+      "  step time       {}  (compute {}, tensor-parallel {}, pipeline {}, "
+      "data-parallel {}, bubble {}, optimizer {})\n",
+      Time(e.step_time_s), Time(e.compute_s), Time(e.tp_exposed_s), Time(e.pp_exposed_s),
+      Time(e.dp_exposed_s), Time(e.bubble_s), Time(e.optimizer_s));
+  os << fmt::format(
+      "  throughput      {:.0f} tokens/s, {:.2f} TFLOP/s per device (model FLOPs; "
+      "matmul efficiency {:.0f}%)\n",
+      e.tokens_per_s, e.model_tflops_per_device, e.matmul_efficiency * 100);
+  os << fmt::format("  bubble          {:.1f}% of the pipeline's busy time\n",
+                    e.bubble_fraction * 100);
+  const pl::MemoryEstimate& m = e.memory;
+  os << fmt::format(
+      "  memory/device   {} = weights {} + gradients {} + optimizer {} + "
+      "activations {} + comm buffers {}; {} usable: {}\n",
+      Gb(m.total), Gb(m.weights), Gb(m.gradients), Gb(m.optimizer_state), Gb(m.activations),
+      Gb(m.communication_buffers), Gb(m.capacity), m.fits ? "fits" : "DOES NOT FIT");
+  os << "  communication per step, per device:\n";
+  for (const auto& [name, g] : {std::pair{"tensor-parallel", &e.tp}, std::pair{"pipeline", &e.pp},
+                                std::pair{"data-parallel", &e.dp}}) {
+    if (g->size <= 1) {
+      os << fmt::format("    {:<16} -\n", name);
+      continue;
+    }
+    os << fmt::format("    {:<16} {:>5} ranks over {:<10}  {:>12}  {} ({} exposed)\n", name,
+                      g->size, pl::LinkName(g->link), Gb(g->bytes_per_step), Time(g->time_s),
+                      Time(g->exposed_s));
+  }
+}
+
+// The cluster named by --cluster: an inventory (YAML), a calibration (JSON), or "local".
+Result<pl::PlannerCluster> LoadCluster(const std::string& name, int local_devices,
+                                       std::string* source) {
+  if (name == "local") {
+    KC_ASSIGN_OR_RETURN(LocalCluster local,
+                        ProbeLocalCluster(local_devices, UserConfigPath("calibration.json")));
+    *source = local.source;
+    return local.cluster;
+  }
+  if (!fs::exists(name)) return NotFoundError("--cluster " + name + ": no such file");
+  std::ifstream in(name);
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string s = text.str();
+  if (s.find("\"kc_calibration\"") != std::string::npos) {
+    KC_ASSIGN_OR_RETURN(pl::Calibration c, pl::CalibrationFromJson(s, name));
+    pl::PlannerCluster out;
+    out.spec = c.cluster;
+    out.options = c.options;
+    out.name = c.host;
+    out.device_model = fmt::format("{}-core CPU slice", c.cpus_per_device);
+    out.fp32 = true;
+    *source = "calibration " + name;
+    return out;
+  }
+  KC_ASSIGN_OR_RETURN(hal::TopologySpec spec, hal::LoadInventory(name));
+  KC_ASSIGN_OR_RETURN(hal::Topology topology, hal::Topology::Build(std::move(spec)));
+  *source = "inventory " + name;
+  return pl::ClusterFromTopology(topology);
+}
+
+int Fail(const Status& s) {
+  std::cerr << "kc plan: " << s.message() << "\n";
+  return s.code() == ErrorCode::kInvalidArgument || s.code() == ErrorCode::kNotFound ||
+                 s.code() == ErrorCode::kResourceExhausted
+             ? kExitBadInput
+             : kExitFailure;
+}
+
+int RunPlan(const PlanArgs& a) {
+  Result<parallel::ModelSpec> spec = parallel::LoadModelSpec(a.model);
+  if (!spec.ok()) return Fail(spec.status());
+  pl::ApprovalLimits limits;
+  if (!a.approval_limits.empty()) {
+    Result<pl::ApprovalLimits> l = pl::LoadApprovalLimits(a.approval_limits);
+    if (!l.ok()) return Fail(l.status());
+    limits = *l;
+  }
+  std::string source;
+  Result<pl::PlannerCluster> cluster =
+      LoadCluster(a.cluster, a.devices > 0 ? a.devices : 0, &source);
+  if (!cluster.ok()) return Fail(cluster.status());
+  const bool local = a.cluster == "local" || source.starts_with("calibration");
+  pl::SearchConstraints constraints = local ? EngineConstraints() : pl::SearchConstraints{};
+  if (a.fixed_t > 0) constraints.fixed_t = a.fixed_t;
+  if (a.max_p > 0) constraints.max_p = a.max_p;
+  constraints.memory_headroom = a.headroom;
+  constraints.max_micro_batch_size = a.max_micro_batch_size;
+  if (local && (constraints.fixed_t > 1 || constraints.max_p > 1)) {
+    return Fail(InvalidArgumentError(
+        "--fixed-t/--max-p: kc train runs t=1 p=1 plans on this machine until tensor and "
+        "pipeline parallelism land; plan a simulated cluster with --cluster INVENTORY.yaml"));
+  }
+  const int n = cluster->spec.devices;
+  const int64_t batch = a.batch > 0 ? a.batch : spec->batch_per_rank * n;
+  Result<pl::SearchResult> found =
+      pl::SearchPlans(*spec, cluster->spec, batch, constraints, cluster->options, a.top);
+  if (!found.ok()) {
+    std::string why = found.status().message();
+    if (constraints.fixed_t > 0 || constraints.max_p > 0 || a.headroom > 0) {
+      why += fmt::format(" (with the constraints{}{}{})",
+                         constraints.fixed_t > 0 ? fmt::format(" t={}", constraints.fixed_t) : "",
+                         constraints.max_p > 0 ? fmt::format(" p<={}", constraints.max_p) : "",
+                         a.headroom > 0 ? fmt::format(" headroom {:.0f}%", a.headroom * 100) : "");
+    }
+    return Fail(Status(found.status().code(), why));
+  }
+  const pl::RankedPlan& best = found->ranked.front();
+  Result<pl::RankedPlan> baseline = pl::BaselinePlan(*spec, cluster->spec, batch, cluster->options);
+  const pl::ApprovalVerdict approval = pl::CheckApproval(best.plan, best.estimate, a.steps, limits);
+  if (!a.out.empty()) {
+    if (Status s = WriteFileAtomically(a.out, parallel::PlanToYaml(best.plan)); !s.ok()) {
+      return Fail(s);
+    }
+  }
+
+  if (a.json) {
+    json j = {
+        {"model", spec->name},
+        {"parameters", parallel::ParameterCount(*spec)},
+        {"cluster", ClusterJson(*cluster)},
+        {"cluster_source", source},
+        {"global_batch", batch},
+        {"seq_len", spec->seq_len},
+        {"evaluated", found->evaluated},
+        {"fitting", found->fitting},
+        {"chosen", {{"plan", PlanJson(best.plan)}, {"estimate", EstimateJson(best.estimate)}}},
+        {"alternatives", json::array()},
+        {"approval",
+         {{"required", approval.required},
+          {"reasons", approval.reasons},
+          {"devices", approval.devices},
+          {"memory_bytes_per_device", approval.memory_bytes_per_device},
+          {"comm_bytes_per_step", approval.comm_bytes_per_step},
+          {"steps", approval.steps},
+          {"runtime_s", approval.runtime_s}}}};
+    for (size_t i = 1; i < found->ranked.size(); ++i) {
+      const pl::RankedPlan& r = found->ranked[i];
+      j["alternatives"].push_back({{"plan", PlanJson(r.plan)},
+                                   {"estimate", EstimateJson(r.estimate)},
+                                   {"reason", r.reason}});
+    }
+    if (baseline.ok()) {
+      j["baseline"] = {{"plan", PlanJson(baseline->plan)},
+                       {"estimate", EstimateJson(baseline->estimate)},
+                       {"speedup", baseline->estimate.step_time_s / best.estimate.step_time_s}};
+    } else {
+      j["baseline"] = {{"error", baseline.status().message()}};
+    }
+    if (!a.out.empty()) j["written"] = a.out;
+    std::cout << j.dump(2) << "\n";
+    return kExitOk;
+  }
+
+  std::ostream& os = std::cout;
+  const pl::ClusterSpec& c = cluster->spec;
+  os << fmt::format("model    {} ({:.3g} M parameters), {} layers, hidden {}, {} heads, seq {}\n",
+                    spec->name, static_cast<double>(parallel::ParameterCount(*spec)) / 1e6,
+                    spec->layers, spec->hidden, spec->heads, spec->seq_len);
+  os << fmt::format(
+      "cluster  {}: {} x {}, {} per node, {:.1f} TFLOP/s {}, {:.0f} GB, intra-node "
+      "{:.1f} GB/s, inter-node {:.1f} GB/s  [{}]\n",
+      cluster->name, n, cluster->device_model, c.devices_per_node, c.peak_flops / 1e12,
+      cluster->fp32 ? "fp32" : "bf16", c.memory_bytes / 1e9, c.intra_node_bandwidth / 1e9,
+      c.inter_node_bandwidth / 1e9, source);
+  for (const std::string& note : cluster->notes) os << "         note: " << note << "\n";
+  if (local) {
+    os << "         note: kc train runs t=1 p=1 plans today; the search keeps to those here\n";
+  }
+  os << fmt::format("batch    {} sequences x {} tokens per step{}\n\n", batch, spec->seq_len,
+                    a.batch > 0 ? "" : " (batch_per_rank x devices; --batch to change)");
+  os << "chosen plan: " << parallel::PlanToString(best.plan) << "\n";
+  PrintEstimate(os, best.estimate);
+  if (approval.required) {
+    os << "  approval        REQUIRED: " << approval.reasons.front();
+    for (size_t i = 1; i < approval.reasons.size(); ++i) os << "; " << approval.reasons[i];
+    os << "\n";
+    os << fmt::format(
+        "                  for the resource admin: {} devices, {} per device, "
+        "{} of communication per step, {}\n",
+        approval.devices, Gb(approval.memory_bytes_per_device), Gb(approval.comm_bytes_per_step),
+        approval.steps > 0
+            ? fmt::format("{} expected for {} steps", Time(approval.runtime_s), approval.steps)
+            : std::string("runtime unknown (--steps)"));
+  } else {
+    os << "  approval        not required"
+       << (a.approval_limits.empty() ? " (no limits given)" : "") << "\n";
+    if (approval.steps > 0) {
+      os << fmt::format("  runtime         {} for {} steps\n", Time(approval.runtime_s),
+                        approval.steps);
+    }
+  }
+  os << fmt::format("\nalternatives ({} plans evaluated, {} fit in memory):\n", found->evaluated,
+                    found->fitting);
+  os << RowHeader() << "\n";
+  for (size_t i = 0; i < found->ranked.size(); ++i) {
+    os << Row(static_cast<int>(i + 1), found->ranked[i]) << "\n";
+  }
+  if (baseline.ok()) {
+    os << fmt::format("\nseed's rules: {} -> {} per step; the chosen plan is {:.2f}x as fast\n",
+                      parallel::PlanToString(baseline->plan), Time(baseline->estimate.step_time_s),
+                      baseline->estimate.step_time_s / best.estimate.step_time_s);
+  } else {
+    os << "\nseed's rules: " << baseline.status().message() << "\n";
+  }
+  if (!a.out.empty()) os << "plan written to " << a.out << " (kc train --plan " << a.out << ")\n";
+  return kExitOk;
+}
+
+int RunCases(const PlanArgs& a) {
+  Result<std::vector<pl::PublishedCase>> cases = pl::LoadCases(a.cases);
+  if (!cases.ok()) return Fail(cases.status());
+  json records = json::array();
+  if (!a.json) {
+    std::cout << fmt::format("{:<32} {:>14} {:>9} {:>9} {:>7} {:>5}  {}\n", "case",
+                             "published t/p/d", "TFLOP/s", "predicted", "error", "fits",
+                             "chosen plan -> predicted TFLOP/s");
+  }
+  for (const pl::PublishedCase& c : *cases) {
+    Result<pl::CaseResult> r = pl::EvaluateCase(c);
+    if (!r.ok()) return Fail(r.status().WithContext(a.cases + ": case " + c.id));
+    const double error = r->published.model_tflops_per_device / c.published_tflops - 1;
+    if (a.json) {
+      json rec = {
+          {"id", c.id},
+          {"published", {{"plan", PlanJson(c.plan)}, {"tflops_per_device", c.published_tflops}}},
+          {"predicted", EstimateJson(r->published)},
+          {"error", error}};
+      if (r->chosen) {
+        rec["chosen"] = {{"plan", PlanJson(r->chosen->plan)},
+                         {"estimate", EstimateJson(r->chosen->estimate)}};
+      } else {
+        rec["chosen"] = {{"error", r->search_status.message()}};
+      }
+      records.push_back(rec);
+      continue;
+    }
+    std::cout << fmt::format(
+        "{:<32} {:>14} {:>9.1f} {:>9.1f} {:>+6.1f}% {:>5}  {}\n", c.id,
+        fmt::format("{}/{}/{}", c.plan.t, c.plan.p, c.plan.d), c.published_tflops,
+        r->published.model_tflops_per_device, error * 100, r->published.memory.fits ? "yes" : "no",
+        r->chosen ? fmt::format("{} -> {:.1f}{}", parallel::PlanToString(r->chosen->plan),
+                                r->chosen->estimate.model_tflops_per_device,
+                                r->chosen->estimate.memory.fits ? "" : " (does not fit)")
+                  : r->search_status.message());
+  }
+  if (a.json) std::cout << records.dump(2) << "\n";
+  return kExitOk;
+}
+
+int RunCalibrate(const PlanArgs& a) {
+  Result<parallel::ModelSpec> spec = parallel::LoadModelSpec(a.model);
+  if (!spec.ok()) return Fail(spec.status());
+  Result<hal::HostInfo> info = hal::ProbeHost();
+  if (!info.ok()) return Fail(info.status());
+  const int devices = a.devices > 0 ? a.devices : std::max(1, info->pus);
+  if (devices > info->pus) {
+    return Fail(InvalidArgumentError(fmt::format(
+        "--devices {}: more than the {} cores this process may use", devices, info->pus)));
+  }
+  std::cerr << "kc plan: measuring this host through L1 (memory, sgemm, shared memory)...\n";
+  Result<hal::HostMeasurement> host = hal::MeasureHost(*info, {.quick = a.quick});
+  if (!host.ok()) return Fail(host.status());
+  Result<hal::TopologySpec> tspec =
+      hal::MakeCpuTopologySpec(*info, {.num_devices = devices, .measured = host->cpu});
+  if (!tspec.ok()) return Fail(tspec.status());
+  Result<hal::Topology> topology = hal::Topology::Build(*tspec);
+  if (!topology.ok()) return Fail(topology.status());
+  Result<pl::PlannerCluster> cluster = pl::ClusterFromTopology(*topology);
+  if (!cluster.ok()) return Fail(cluster.status());
+
+  pl::CalibrationOptions co;
+  co.peak_flops = cluster->spec.peak_flops;
+  co.repetitions = a.quick ? 2 : 3;
+  for (int i = 0; i < topology->num_devices(); ++i)
+    co.device_cpus.push_back(topology->device(i).cpus);
+  const int64_t largest = std::min<int64_t>(a.max_micro_batch_size, 8);
+  co.micro_batch_sizes.clear();
+  for (int64_t b = 1; b <= largest; b *= 2) co.micro_batch_sizes.push_back(b);
+  std::cerr << fmt::format(
+      "kc plan: timing {}'s forward + backward at micro-batch {} on {} "
+      "device{} at once...\n",
+      spec->name, fmt::join(co.micro_batch_sizes, ", "), devices, devices == 1 ? "" : "s");
+  Result<pl::ComputeCalibration> compute = pl::MeasureCompute(*spec, co);
+  if (!compute.ok()) return Fail(compute.status());
+
+  pl::Calibration cal;
+  cal.host = info->hostname;
+  cal.model = spec->name;
+  cal.cpus_per_device = static_cast<int>(topology->device(0).cpus.size());
+  cal.cluster = cluster->spec;
+  cal.options = cluster->options;
+  cal.options.matmul_efficiency = compute->fit.matmul_efficiency;
+  cal.options.efficiency_half_size = compute->fit.efficiency_half_size;
+  const double params = static_cast<double>(parallel::ParameterCount(*spec));
+  if (cal.cluster.memory_bandwidth > 0) {
+    cal.options.optimizer_step_bytes =
+        compute->optimizer_seconds * cal.cluster.memory_bandwidth / params;
+  }
+  cal.points = compute->points;
+  const std::string save = a.save.empty() ? UserConfigPath("calibration.json") : a.save;
+  if (!a.no_save) {
+    if (Status s = WriteFileAtomically(save, pl::CalibrationToJson(cal)); !s.ok()) return Fail(s);
+  }
+
+  // The predictions: every plan kc train runs for this batch on these devices.
+  const int64_t batch = a.batch > 0 ? a.batch : spec->batch_per_rank * devices;
+  pl::SearchConstraints constraints = EngineConstraints();
+  constraints.max_micro_batch_size = a.max_micro_batch_size;
+  Result<pl::SearchResult> found =
+      pl::SearchPlans(*spec, cal.cluster, batch, constraints, cal.options, 1000);
+  if (!found.ok()) return Fail(found.status());
+
+  if (a.json) {
+    json j = {{"host", cal.host},
+              {"model", cal.model},
+              {"devices", devices},
+              {"cpus_per_device", cal.cpus_per_device},
+              {"peak_flops_per_device", cal.cluster.peak_flops},
+              {"memory_bandwidth_per_device", cal.cluster.memory_bandwidth},
+              {"shm_bandwidth", cal.cluster.intra_node_bandwidth},
+              {"shm_latency", cal.cluster.intra_node_latency},
+              {"matmul_efficiency", cal.options.matmul_efficiency},
+              {"efficiency_half_size", cal.options.efficiency_half_size},
+              {"optimizer_seconds", compute->optimizer_seconds},
+              {"optimizer_step_bytes", cal.options.optimizer_step_bytes},
+              {"points", json::array()},
+              {"global_batch", batch},
+              {"predictions", json::array()}};
+    for (const pl::EfficiencyPoint& p : cal.points) {
+      j["points"].push_back({{"micro_batch_size", p.micro_batch_size},
+                             {"seconds", p.seconds},
+                             {"efficiency", p.efficiency}});
+    }
+    for (const pl::RankedPlan& r : found->ranked) {
+      j["predictions"].push_back({{"plan", PlanJson(r.plan)},
+                                  {"plan_flag", parallel::PlanToString(r.plan)},
+                                  {"estimate", EstimateJson(r.estimate)}});
+    }
+    if (!a.no_save) j["written"] = save;
+    std::cout << j.dump(2) << "\n";
+    return kExitOk;
+  }
+  std::ostream& os = std::cout;
+  os << fmt::format("host     {}: {} device{} of {} core{}\n", cal.host, devices,
+                    devices == 1 ? "" : "s", cal.cpus_per_device,
+                    cal.cpus_per_device == 1 ? "" : "s");
+  os << fmt::format(
+      "peak     {:.1f} GFLOP/s fp32 per device (sgemm), memory {:.1f} GB/s, shared "
+      "memory {:.2f} GB/s, {:.1f} us\n",
+      cal.cluster.peak_flops / 1e9, cal.cluster.memory_bandwidth / 1e9,
+      cal.cluster.intra_node_bandwidth / 1e9, cal.cluster.intra_node_latency * 1e6);
+  os << fmt::format("model    {} forward + backward, every device at once:\n", cal.model);
+  for (const pl::EfficiencyPoint& p : cal.points) {
+    os << fmt::format("  micro-batch {:>2}: {:>9} per micro-batch, {:5.1f}% of peak\n",
+                      p.micro_batch_size, Time(p.seconds), p.efficiency * 100);
+  }
+  os << fmt::format(
+      "fit      efficiency = {:.3f} * size / (size + {:.0f}), size = b * seq * "
+      "hidden / t\n",
+      cal.options.matmul_efficiency, cal.options.efficiency_half_size);
+  os << fmt::format("optimizer {} per step: {:.1f} bytes per parameter at the memory bandwidth\n",
+                    Time(compute->optimizer_seconds), cal.options.optimizer_step_bytes);
+  if (!a.no_save) os << "saved    " << save << " (kc plan --cluster local, kc train --plan auto)\n";
+  os << fmt::format("\npredicted step time of each plan kc train runs, global batch {}:\n", batch);
+  os << fmt::format("{:<96} {:>10} {:>10}\n", "plan", "step", "tokens/s");
+  for (const pl::RankedPlan& r : found->ranked) {
+    os << fmt::format("{:<96} {:>10} {:>10.0f}\n", parallel::PlanToString(r.plan),
+                      Time(r.estimate.step_time_s), r.estimate.tokens_per_s);
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+pl::SearchConstraints EngineConstraints() {
+  pl::SearchConstraints c;
+  c.fixed_t = 1;
+  c.max_p = 1;
+  c.allow_recompute = false;
+  c.max_zero_stage = 1;
+  return c;
+}
+
+Result<LocalCluster> ProbeLocalCluster(int devices, const std::string& calibration_path) {
+  KC_ASSIGN_OR_RETURN(hal::HostInfo info, hal::ProbeHost());
+  if (devices <= 0) devices = std::max(1, info.pus);
+  if (fs::exists(calibration_path)) {
+    KC_ASSIGN_OR_RETURN(pl::Calibration c, pl::LoadCalibration(calibration_path));
+    if (c.cluster.devices == devices) {
+      LocalCluster out;
+      out.cluster.spec = c.cluster;
+      out.cluster.options = c.options;
+      out.cluster.name = c.host;
+      out.cluster.device_model = fmt::format("{}-core CPU slice", c.cpus_per_device);
+      out.cluster.fp32 = true;
+      out.source = "calibration " + calibration_path;
+      return out;
+    }
+  }
+  KC_ASSIGN_OR_RETURN(hal::HostMeasurement host, hal::MeasureHost(info, {.quick = true}));
+  KC_ASSIGN_OR_RETURN(
+      hal::TopologySpec spec,
+      hal::MakeCpuTopologySpec(info, {.num_devices = devices, .measured = host.cpu}));
+  KC_ASSIGN_OR_RETURN(hal::Topology topology, hal::Topology::Build(std::move(spec)));
+  LocalCluster out;
+  KC_ASSIGN_OR_RETURN(out.cluster, pl::ClusterFromTopology(topology));
+  out.source = "quick probe, default efficiency (kc plan --calibrate to measure it)";
+  return out;
+}
+
+void AddPlanCommand(CLI::App& app, Action* action) {
+  auto a = std::make_shared<PlanArgs>();
+  a->cluster = "local";
+  CLI::App* c = app.add_subcommand(
+      "plan",
+      "Choose a parallel plan for a model on a cluster, explained; or calibrate the cost "
+      "model on this machine");
+  c->add_option("model", a->model, "Model file (YAML), as for kc train");
+  c->add_option("--cluster", a->cluster,
+                "An inventory file (docs/user-guide/inventory.md), a calibration file, or "
+                "\"local\" (this machine: its calibration, else a quick probe)")
+      ->capture_default_str();
+  c->add_option("--batch", a->batch,
+                "Global batch in sequences (default: the model's batch_per_rank x devices)")
+      ->check(CLI::PositiveNumber);
+  c->add_option("--steps", a->steps, "Steps the job will run (for its expected runtime)")
+      ->check(CLI::PositiveNumber);
+  c->add_option("--fixed-t", a->fixed_t, "Only plans with this tensor-parallel size")
+      ->check(CLI::PositiveNumber);
+  c->add_option("--max-p", a->max_p, "Only plans with at most this many pipeline stages")
+      ->check(CLI::PositiveNumber);
+  c->add_option("--headroom", a->headroom,
+                "Keep this fraction of usable device memory free, 0 to 0.9")
+      ->check(CLI::Range(0.0, 0.9));
+  c->add_option("--max-micro-batch", a->max_micro_batch_size, "Largest micro-batch size to try")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  c->add_option("--top", a->top, "Plans to list, the chosen one first")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  c->add_option("--approval-limits", a->approval_limits,
+                "Limits past which a plan needs a resource admin's approval (YAML)");
+  c->add_option("--out", a->out, "Write the chosen plan to this file (for kc train --plan)");
+  c->add_option("--cases", a->cases,
+                "Check the planner against published runs in this JSON file instead");
+  c->add_flag("--calibrate", a->calibrate,
+              "Measure this machine and the model's kernels; save the calibration and print "
+              "the predicted step time of every plan kc train runs");
+  c->add_option("--devices", a->devices,
+                "Devices of this machine (--calibrate, --cluster local): its cores split evenly; "
+                "default one per core")
+      ->check(CLI::PositiveNumber);
+  c->add_option("--save", a->save,
+                "Where --calibrate saves (default: " + UserConfigPath("calibration.json") + ")");
+  c->add_flag("--no-save", a->no_save, "--calibrate: measure and print only");
+  c->add_flag("--quick", a->quick, "--calibrate: shorter measurements, less accurate");
+  c->add_flag("--json", a->json, "Print JSON instead of text");
+  c->callback([action, a] {
+    *action = [a] {
+      if (!a->cases.empty()) {
+        if (!a->model.empty() || a->calibrate) {
+          return Fail(InvalidArgumentError("--cases takes no model and no --calibrate"));
+        }
+        return RunCases(*a);
+      }
+      if (a->model.empty()) {
+        return Fail(InvalidArgumentError("a model file is required (or --cases FILE)"));
+      }
+      if (a->calibrate) {
+        if (a->cluster != "local") {
+          return Fail(InvalidArgumentError("--calibrate measures this machine: drop --cluster"));
+        }
+        return RunCalibrate(*a);
+      }
+      return RunPlan(*a);
+    };
+  });
+}
+
+}  // namespace kc::app

@@ -1,0 +1,238 @@
+// `kc plan` as a user runs it: a simulated cluster's plan with its breakdowns, alternatives,
+// baseline and approval verdict; the same as JSON; a plan file kc train reads; the published
+// cases; calibration on this machine; `kc train --plan auto`; and bad input.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "tests/support/kc_run.h"
+#include "tests/support/repo_root.h"
+#include "tests/support/temp_dir.h"
+
+namespace kc::parallel {
+namespace {
+
+using kc::testing::KcRun;
+using kc::testing::TempDir;
+using ::testing::HasSubstr;
+using Json = nlohmann::json;
+
+// Every run gets its own configuration directory, so no calibration of the machine leaks in.
+KcRun Kc(const TempDir& dir, const std::string& args) {
+  return kc::testing::RunKc("XDG_CONFIG_HOME=" + dir.Path("config") + " " + KC_BINARY, args);
+}
+
+std::string Example(const std::string& path) { return kc::testing::RepoRoot() + path; }
+
+std::string Read(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+TEST(PlanCliTest, PlansAModelOnASimulatedClusterAndExplainsIt) {
+  TempDir dir("kc_plan_cli");
+  const std::string args = Example("examples/models/gpt2-124m.yaml") + " --cluster " +
+                           Example("examples/clusters/dgx-a100x4.yaml") +
+                           " --batch 256 --steps 1000";
+  KcRun r = Kc(dir, "plan " + args + " --out " + dir.Path("chosen.yaml"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* part :
+       {"chosen plan: t=", "step time", "tokens/s", "TFLOP/s per device", "bubble", "memory/device",
+        "weights", "gradients", "optimizer", "activations", "comm buffers", "data-parallel",
+        "approval        not required", "runtime", "alternatives (", "why it lost",
+        "% step time, mostly", "seed's rules:", "as fast"}) {
+    EXPECT_THAT(r.out, HasSubstr(part));
+  }
+
+  KcRun j = Kc(dir, "plan " + args + " --json");
+  ASSERT_EQ(j.exit_code, 0) << j.err;
+  const Json doc = Json::parse(j.out);
+  EXPECT_EQ(doc["cluster"]["devices"], 32);
+  EXPECT_EQ(doc["global_batch"], 256);
+  const Json& plan = doc["chosen"]["plan"];
+  EXPECT_EQ(plan["t"].get<int>() * plan["p"].get<int>() * plan["d"].get<int>(), 32);
+  const Json& e = doc["chosen"]["estimate"];
+  EXPECT_GT(e["step_time_s"].get<double>(), 0);
+  EXPECT_TRUE(e["memory"]["fits"].get<bool>());
+  EXPECT_NEAR(e["memory"]["total"].get<double>(),
+              e["memory"]["weights"].get<double>() + e["memory"]["gradients"].get<double>() +
+                  e["memory"]["optimizer_state"].get<double>() +
+                  e["memory"]["activations"].get<double>() +
+                  e["memory"]["communication_buffers"].get<double>(),
+              1);
+  ASSERT_FALSE(doc["alternatives"].empty());
+  for (const Json& alt : doc["alternatives"]) {
+    EXPECT_GE(alt["estimate"]["step_time_s"].get<double>(), e["step_time_s"].get<double>());
+    EXPECT_FALSE(alt["reason"].get<std::string>().empty());
+  }
+  EXPECT_GE(doc["baseline"]["speedup"].get<double>(), 1.0);
+  EXPECT_FALSE(doc["approval"]["required"].get<bool>());
+  EXPECT_NEAR(doc["approval"]["runtime_s"].get<double>(), 1000 * e["step_time_s"].get<double>(),
+              1e-6);
+
+  // The plan file is the JSON's plan, and kc train's plan reader takes it.
+  const std::string written = Read(dir.Path("chosen.yaml"));
+  EXPECT_THAT(written, HasSubstr("t: " + std::to_string(plan["t"].get<int>())));
+  EXPECT_THAT(written,
+              HasSubstr("micro_batches: " + std::to_string(plan["micro_batches"].get<int64_t>())));
+}
+
+TEST(PlanCliTest, LimitsMarkAPlanForApprovalWithTheAdminsFigures) {
+  TempDir dir("kc_plan_cli");
+  const std::string limits =
+      dir.Write("limits.yaml", "max_devices: 16\nmax_runtime_hours: 0.001\n");
+  const std::string args = Example("examples/models/gpt2-124m.yaml") + " --cluster " +
+                           Example("examples/clusters/dgx-a100x4.yaml") +
+                           " --batch 256 --steps 1000 --approval-limits " + limits;
+  KcRun r = Kc(dir, "plan " + args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("approval        REQUIRED: 32 devices, above the limit of 16"));
+  EXPECT_THAT(r.out, HasSubstr("expected for 1000 steps"));
+  EXPECT_THAT(r.out, HasSubstr("for the resource admin: 32 devices"));
+  KcRun j = Kc(dir, "plan " + args + " --json");
+  ASSERT_EQ(j.exit_code, 0) << j.err;
+  const Json approval = Json::parse(j.out)["approval"];
+  EXPECT_TRUE(approval["required"].get<bool>());
+  EXPECT_EQ(approval["reasons"].size(), 2u);
+  EXPECT_GT(approval["comm_bytes_per_step"].get<double>(), 0);
+
+  const std::string bad = dir.Write("bad.yaml", "max_devices: 16\nmax_nodes: 2\n");
+  KcRun b = Kc(dir, "plan " + Example("examples/models/gpt2-124m.yaml") + " --cluster " +
+                        Example("examples/clusters/dgx-a100x4.yaml") + " --approval-limits " + bad);
+  EXPECT_EQ(b.exit_code, 2);
+  EXPECT_THAT(b.err, HasSubstr("bad.yaml:2"));
+  EXPECT_THAT(b.err, HasSubstr("max_nodes"));
+}
+
+TEST(PlanCliTest, ChecksThePublishedCases) {
+  const std::string cases = kc::testing::RepoRoot() + "../shared/data/planner_cases_published.json";
+  if (!std::ifstream(cases)) GTEST_SKIP() << "no published cases at " << cases;
+  TempDir dir("kc_plan_cli");
+  KcRun r = Kc(dir, "plan --cases " + cases + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const Json doc = Json::parse(r.out);
+  ASSERT_EQ(doc.size(), 7u);
+  for (const Json& c : doc) {
+    const double published = c["published"]["tflops_per_device"].get<double>();
+    const double predicted = c["predicted"]["model_tflops_per_device"].get<double>();
+    EXPECT_NEAR(c["error"].get<double>(), predicted / published - 1, 1e-9);
+    EXPECT_LT(std::abs(c["error"].get<double>()), 0.15) << c["id"];
+    EXPECT_TRUE(c["chosen"]["estimate"]["memory"]["fits"].get<bool>()) << c["id"];
+    EXPECT_GE(c["chosen"]["estimate"]["model_tflops_per_device"].get<double>(),
+              predicted * (1 - 1e-9))
+        << c["id"];
+  }
+  KcRun text = Kc(dir, "plan --cases " + cases);
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_THAT(text.out, HasSubstr("narayanan2021_table1_1008.0B"));
+}
+
+TEST(PlanCliTest, CalibratesThisMachineAndTrainAutoRunsTheChoice) {
+  TempDir dir("kc_plan_cli");
+  const std::string model = dir.Write("m.yaml", R"(name: calib-gpt
+layers: 1
+hidden: 64
+heads: 4
+vocab: 257
+seq_len: 32
+batch_per_rank: 4
+)");
+  KcRun r = Kc(dir, "plan " + model + " --calibrate --quick --devices 1 --batch 4 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const Json doc = Json::parse(r.out);
+  EXPECT_EQ(doc["devices"], 1);
+  EXPECT_EQ(doc["points"].size(), 4u);  // micro-batch 1, 2, 4, 8
+  EXPECT_GT(doc["matmul_efficiency"].get<double>(), 0);
+  EXPECT_GT(doc["optimizer_step_bytes"].get<double>(), 0);
+  // Every plan kc train runs for a batch of 4 on one device: micro-batch 1, 2 or 4.
+  ASSERT_EQ(doc["predictions"].size(), 3u);
+  for (const Json& p : doc["predictions"]) {
+    EXPECT_EQ(p["plan"]["t"], 1);
+    EXPECT_EQ(p["plan"]["p"], 1);
+    EXPECT_GT(p["estimate"]["step_time_s"].get<double>(), 0);
+  }
+  const std::string saved = doc["written"].get<std::string>();
+  EXPECT_TRUE(std::filesystem::exists(saved));
+
+  // The local cluster is now the calibration.
+  KcRun local = Kc(dir, "plan " + model + " --devices 1 --batch 4");
+  ASSERT_EQ(local.exit_code, 0) << local.err;
+  EXPECT_THAT(local.out, HasSubstr("[calibration "));
+  EXPECT_THAT(local.out, HasSubstr("kc train runs t=1 p=1 plans today"));
+  KcRun tp = Kc(dir, "plan " + model + " --devices 1 --fixed-t 2");
+  EXPECT_EQ(tp.exit_code, 2);
+  EXPECT_THAT(tp.err, HasSubstr("--fixed-t/--max-p"));
+
+  // kc train --plan auto picks from the same search and records the choice.
+  TempDir data("kc_plan_cli_data");
+  std::string text;
+  for (int i = 0; i < 400; ++i) text += "the quick brown fox jumps over the lazy dog. ";
+  data.Write("text/a.txt", text);
+  KcRun prep = Kc(dir, "data prepare --out " + data.Path("data") + " " + data.Path("text"));
+  ASSERT_EQ(prep.exit_code, 0) << prep.err;
+  KcRun train =
+      Kc(dir, "train " + model + " --plan auto --ranks 1 --steps 2 --progress none " + "--data " +
+                  data.Path("data/manifest.json") + " --out " + data.Path("run"));
+  ASSERT_EQ(train.exit_code, 0) << train.err;
+  EXPECT_THAT(train.err, HasSubstr("--plan auto: t=1,p=1,d=1,"));
+  const std::string metrics = Read(data.Path("run/metrics.jsonl"));
+  const Json run = Json::parse(metrics.substr(0, metrics.find('\n')));
+  EXPECT_THAT(run["plan"].get<std::string>(), HasSubstr("t=1,p=1,d=1,"));
+  EXPECT_GT(run["predicted_step_s"].get<double>(), 0);
+}
+
+TEST(PlanCliTest, BadInputSaysWhatIsWrong) {
+  TempDir dir("kc_plan_cli");
+  const std::string gpt2 = Example("examples/models/gpt2-124m.yaml");
+  const std::string cluster = Example("examples/clusters/dgx-a100x4.yaml");
+
+  KcRun r = Kc(dir, "plan");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("a model file is required"));
+  r = Kc(dir, "plan " + dir.Path("none.yaml") + " --cluster " + cluster);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("none.yaml"));
+  r = Kc(dir, "plan " + gpt2 + " --cluster " + dir.Path("nocluster.yaml"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("nocluster.yaml"));
+  const std::string broken = dir.Write("broken.yaml", "name: x\nhosts: 3\n");
+  r = Kc(dir, "plan " + gpt2 + " --cluster " + broken);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("broken.yaml:"));
+
+  // A model that cannot fit at all: what would.
+  const std::string small = dir.Write("small.yaml", R"(name: small
+models:
+  g: {kind: simulated, memory_gb: 0.5, peak_tflops_fp32: 10, peak_tflops_bf16: 100,
+      memory_bandwidth_gbs: 900}
+hosts:
+  - {name: n0, model: g, count: 2, intra_host: {kind: nvlink, bandwidth_gbs: 100, latency_us: 2}}
+)");
+  r = Kc(dir, "plan " + gpt2 + " --cluster " + small + " --batch 8");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("does not fit on 2 devices"));
+  EXPECT_THAT(r.err, HasSubstr("would do"));
+
+  // An impossible constraint is named: gpt2-124m has 12 heads, so t=5 splits nothing.
+  r = Kc(dir, "plan " + gpt2 + " --cluster " + cluster + " --fixed-t 5");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("t=5"));
+  // Pipeline stages at most 1 and t fixed at 1 leave d = 32, which cannot split 7 sequences.
+  r = Kc(dir, "plan " + gpt2 + " --cluster " + cluster + " --batch 7 --fixed-t 1 --max-p 1");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("global batch of 7"));
+  EXPECT_THAT(r.err, HasSubstr("with the constraints t=1 p<=1"));
+  r = Kc(dir, "plan --cases " + dir.Write("c.json", "[{\"id\": \"q\"}]"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("case 1 (q): model"));
+}
+
+}  // namespace
+}  // namespace kc::parallel
