@@ -3,6 +3,7 @@
 #include "apps/kc/plan_command.h"
 
 #include <fmt/format.h>
+#include <malloc.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -126,8 +127,8 @@ std::string Row(int rank, const pl::RankedPlan& r) {
   const parallel::ParallelPlan& p = r.plan;
   const pl::PlanEstimate& e = r.estimate;
   return fmt::format(
-      "{:>3} {:>3} {:>3} {:>5} {:>3} {:>5} {:<11} {:>2} {:>3} {:>4} {:>10} {:>8.1f} "
-      "{:>8.2f}  {}",
+      "{:>3} {:>3} {:>3} {:>5} {:>3} {:>5} {:<11} {:>2} {:>3} {:>4} {:>10} {:>8.3g} "
+      "{:>8.3g}  {}",
       rank, p.t, p.p, p.d, p.micro_batch_size, p.micro_batches, parallel::ScheduleName(p.schedule),
       p.v, p.recompute ? "on" : "off", p.zero_stage, Time(e.step_time_s), e.model_tflops_per_device,
       e.memory.total / 1e9, r.reason);
@@ -148,7 +149,7 @@ void PrintEstimate(std::ostream& os, const pl::PlanEstimate& e) {
       Time(e.step_time_s), Time(e.compute_s), Time(e.tp_exposed_s), Time(e.pp_exposed_s),
       Time(e.dp_exposed_s), Time(e.bubble_s), Time(e.optimizer_s));
   os << fmt::format(
-      "  throughput      {:.0f} tokens/s, {:.2f} TFLOP/s per device (model FLOPs; "
+      "  throughput      {:.0f} tokens/s, {:.3g} TFLOP/s per device (model FLOPs; "
       "matmul efficiency {:.0f}%)\n",
       e.tokens_per_s, e.model_tflops_per_device, e.matmul_efficiency * 100);
   os << fmt::format("  bubble          {:.1f}% of the pipeline's busy time\n",
@@ -172,12 +173,29 @@ void PrintEstimate(std::ostream& os, const pl::PlanEstimate& e) {
   }
 }
 
+// A calibration as the planner's cluster: this host's CPU slices, fp32, its measured constants.
+pl::PlannerCluster FromCalibration(const pl::Calibration& c, const std::string& model) {
+  pl::PlannerCluster out;
+  out.spec = c.cluster;
+  out.options = c.options;
+  out.name = c.host;
+  out.device_model = fmt::format("{}-core CPU slice", c.cpus_per_device);
+  out.fp32 = true;
+  if (c.model != model) {
+    out.notes.push_back(
+        fmt::format("calibrated with model {}: its kernel efficiencies stand in "
+                    "for {}'s (kc plan {} --calibrate measures this one)",
+                    c.model, model, model));
+  }
+  return out;
+}
+
 // The cluster named by --cluster: an inventory (YAML), a calibration (JSON), or "local".
 Result<pl::PlannerCluster> LoadCluster(const std::string& name, int local_devices,
-                                       std::string* source) {
+                                       const std::string& model, std::string* source) {
   if (name == "local") {
-    KC_ASSIGN_OR_RETURN(LocalCluster local,
-                        ProbeLocalCluster(local_devices, UserConfigPath("calibration.json")));
+    KC_ASSIGN_OR_RETURN(LocalCluster local, ProbeLocalCluster(local_devices, model,
+                                                              UserConfigPath("calibration.json")));
     *source = local.source;
     return local.cluster;
   }
@@ -188,14 +206,8 @@ Result<pl::PlannerCluster> LoadCluster(const std::string& name, int local_device
   const std::string s = text.str();
   if (s.find("\"kc_calibration\"") != std::string::npos) {
     KC_ASSIGN_OR_RETURN(pl::Calibration c, pl::CalibrationFromJson(s, name));
-    pl::PlannerCluster out;
-    out.spec = c.cluster;
-    out.options = c.options;
-    out.name = c.host;
-    out.device_model = fmt::format("{}-core CPU slice", c.cpus_per_device);
-    out.fp32 = true;
     *source = "calibration " + name;
-    return out;
+    return FromCalibration(c, model);
   }
   KC_ASSIGN_OR_RETURN(hal::TopologySpec spec, hal::LoadInventory(name));
   KC_ASSIGN_OR_RETURN(hal::Topology topology, hal::Topology::Build(std::move(spec)));
@@ -222,9 +234,11 @@ int RunPlan(const PlanArgs& a) {
   }
   std::string source;
   Result<pl::PlannerCluster> cluster =
-      LoadCluster(a.cluster, a.devices > 0 ? a.devices : 0, &source);
+      LoadCluster(a.cluster, a.devices > 0 ? a.devices : 0, spec->name, &source);
   if (!cluster.ok()) return Fail(cluster.status());
-  const bool local = a.cluster == "local" || source.starts_with("calibration");
+  // Real devices (this machine, its calibration, a probed topology) get only the plans the
+  // engine runs; a simulated cluster is planned for what the engine will run.
+  const bool local = !cluster->simulated;
   pl::SearchConstraints constraints = local ? EngineConstraints() : pl::SearchConstraints{};
   if (a.fixed_t > 0) constraints.fixed_t = a.fixed_t;
   if (a.max_p > 0) constraints.max_p = a.max_p;
@@ -298,18 +312,21 @@ int RunPlan(const PlanArgs& a) {
 
   std::ostream& os = std::cout;
   const pl::ClusterSpec& c = cluster->spec;
-  os << fmt::format("model    {} ({:.3g} M parameters), {} layers, hidden {}, {} heads, seq {}\n",
-                    spec->name, static_cast<double>(parallel::ParameterCount(*spec)) / 1e6,
-                    spec->layers, spec->hidden, spec->heads, spec->seq_len);
+  const double params = static_cast<double>(parallel::ParameterCount(*spec));
   os << fmt::format(
-      "cluster  {}: {} x {}, {} per node, {:.1f} TFLOP/s {}, {:.0f} GB, intra-node "
+      "model    {} ({} parameters), {} layers, hidden {}, {} heads, seq {}\n", spec->name,
+      params >= 1e9 ? fmt::format("{:.1f} B", params / 1e9) : fmt::format("{:.1f} M", params / 1e6),
+      spec->layers, spec->hidden, spec->heads, spec->seq_len);
+  os << fmt::format(
+      "cluster  {}: {} x {}, {} per node, {:.3g} TFLOP/s {}, {:.3g} GB, intra-node "
       "{:.1f} GB/s, inter-node {:.1f} GB/s  [{}]\n",
       cluster->name, n, cluster->device_model, c.devices_per_node, c.peak_flops / 1e12,
       cluster->fp32 ? "fp32" : "bf16", c.memory_bytes / 1e9, c.intra_node_bandwidth / 1e9,
       c.inter_node_bandwidth / 1e9, source);
   for (const std::string& note : cluster->notes) os << "         note: " << note << "\n";
   if (local) {
-    os << "         note: kc train runs t=1 p=1 plans today; the search keeps to those here\n";
+    os << "         note: kc train runs t=1 p=1 plans today; the search keeps to those on real "
+          "devices\n";
   }
   os << fmt::format("batch    {} sequences x {} tokens per step{}\n\n", batch, spec->seq_len,
                     a.batch > 0 ? "" : " (batch_per_rank x devices; --batch to change)");
@@ -347,7 +364,10 @@ int RunPlan(const PlanArgs& a) {
   } else {
     os << "\nseed's rules: " << baseline.status().message() << "\n";
   }
-  if (!a.out.empty()) os << "plan written to " << a.out << " (kc train --plan " << a.out << ")\n";
+  if (!a.out.empty()) {
+    os << "plan written to " << a.out
+       << (local ? " (kc train --plan " + a.out + ")" : std::string(" (for this cluster)")) << "\n";
+  }
   return kExitOk;
 }
 
@@ -413,6 +433,11 @@ int RunCalibrate(const PlanArgs& a) {
   Result<pl::PlannerCluster> cluster = pl::ClusterFromTopology(*topology);
   if (!cluster.ok()) return Fail(cluster.status());
 
+  // As in kc train's workers (train_command.cc): the large blocks OpenBLAS allocates and frees
+  // in every product stay in the heap rather than faulting in afresh, or the timings would
+  // include page faults that training does not pay.
+  mallopt(M_MMAP_THRESHOLD, 256 << 20);
+  mallopt(M_TRIM_THRESHOLD, 512 << 20);
   pl::CalibrationOptions co;
   co.peak_flops = cluster->spec.peak_flops;
   co.repetitions = a.quick ? 2 : 3;
@@ -436,6 +461,7 @@ int RunCalibrate(const PlanArgs& a) {
   cal.options = cluster->options;
   cal.options.matmul_efficiency = compute->fit.matmul_efficiency;
   cal.options.efficiency_half_size = compute->fit.efficiency_half_size;
+  cal.options.efficiency_points = pl::EfficiencyTable(compute->points);
   const double params = static_cast<double>(parallel::ParameterCount(*spec));
   if (cal.cluster.memory_bandwidth > 0) {
     cal.options.optimizer_step_bytes =
@@ -501,10 +527,16 @@ int RunCalibrate(const PlanArgs& a) {
   }
   os << fmt::format(
       "fit      efficiency = {:.3f} * size / (size + {:.0f}), size = b * seq * "
-      "hidden / t\n",
+      "hidden / t; the measured points win inside their range\n",
       cal.options.matmul_efficiency, cal.options.efficiency_half_size);
-  os << fmt::format("optimizer {} per step: {:.1f} bytes per parameter at the memory bandwidth\n",
-                    Time(compute->optimizer_seconds), cal.options.optimizer_step_bytes);
+  if (cal.options.efficiency_half_size == 0) {
+    os << "         note: the efficiency does not rise with the micro-batch (a busy host, or a "
+          "model too small to tell); the curve is flat, the measured points still hold\n";
+  }
+  os << fmt::format(
+      "optimizer {} per step (clip norm + AdamW): the time of {:.1f} bytes per "
+      "parameter at the memory bandwidth\n",
+      Time(compute->optimizer_seconds), cal.options.optimizer_step_bytes);
   if (!a.no_save) os << "saved    " << save << " (kc plan --cluster local, kc train --plan auto)\n";
   os << fmt::format("\npredicted step time of each plan kc train runs, global batch {}:\n", batch);
   os << fmt::format("{:<96} {:>10} {:>10}\n", "plan", "step", "tokens/s");
@@ -526,20 +558,14 @@ pl::SearchConstraints EngineConstraints() {
   return c;
 }
 
-Result<LocalCluster> ProbeLocalCluster(int devices, const std::string& calibration_path) {
+Result<LocalCluster> ProbeLocalCluster(int devices, const std::string& model,
+                                       const std::string& calibration_path) {
   KC_ASSIGN_OR_RETURN(hal::HostInfo info, hal::ProbeHost());
   if (devices <= 0) devices = std::max(1, info.pus);
   if (fs::exists(calibration_path)) {
     KC_ASSIGN_OR_RETURN(pl::Calibration c, pl::LoadCalibration(calibration_path));
     if (c.cluster.devices == devices) {
-      LocalCluster out;
-      out.cluster.spec = c.cluster;
-      out.cluster.options = c.options;
-      out.cluster.name = c.host;
-      out.cluster.device_model = fmt::format("{}-core CPU slice", c.cpus_per_device);
-      out.cluster.fp32 = true;
-      out.source = "calibration " + calibration_path;
-      return out;
+      return LocalCluster{FromCalibration(c, model), "calibration " + calibration_path};
     }
   }
   KC_ASSIGN_OR_RETURN(hal::HostMeasurement host, hal::MeasureHost(info, {.quick = true}));

@@ -21,13 +21,15 @@ void AddPlanCommand(CLI::App& app, Action* action);
 // pipeline parallelism, no recompute). The search keeps to these on this machine.
 parallel::planner::SearchConstraints EngineConstraints();
 
-// This machine as `devices` CPU devices (its cores split evenly): the calibration file
-// (`kc plan --calibrate`) when there is one for that many devices, else a quick measurement
+// This machine as `devices` CPU devices (its cores split evenly; 0: one per core): the
+// calibration file (`kc plan --calibrate`) when there is one for that many devices (a note
+// says so when it was measured with another model than `model`), else a quick measurement
 // through L1 (about a second) with the default cost-model constants. `source` says which.
 struct LocalCluster {
   parallel::planner::PlannerCluster cluster;
   std::string source;
 };
-Result<LocalCluster> ProbeLocalCluster(int devices, const std::string& calibration_path);
+Result<LocalCluster> ProbeLocalCluster(int devices, const std::string& model,
+                                       const std::string& calibration_path);
 
 }  // namespace kc::app

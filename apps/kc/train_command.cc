@@ -89,8 +89,9 @@ struct Plan {
   parallel::ModelSpec spec;   // batch_per_rank: the micro-batch, sequences per pass
   int64_t micro_batches = 1;  // per step per rank
   int zero_stage = 0;
-  int64_t global_batch = 0;  // sequences per step over all ranks
-  int threads = 1;           // cores per rank
+  int64_t global_batch = 0;                // sequences per step over all ranks
+  std::optional<double> predicted_step_s;  // --plan auto: the planner's prediction
+  int threads = 1;                         // cores per rank
   // How a rank uses its cores: threads that each take whole sequences of the batch, with
   // single-threaded products (the default when the batch has a sequence per thread), or one
   // thread whose products use all the cores.
@@ -716,7 +717,10 @@ void PrintSummary(const TrainArgs& a, const Plan& p, const Monitor& m, double pe
                            val);
   std::cout << fmt::format("  throughput      {:.0f} tokens/s (steady state: steps {}-{})\n",
                            s.tokens_per_s, s.steps - s.measured_steps + 1, s.steps);
-  std::cout << fmt::format("  step time       {:.1f} ms (median)\n", s.step_ms_median);
+  std::cout << fmt::format("  step time       {:.1f} ms (median){}\n", s.step_ms_median,
+                           p.predicted_step_s ? fmt::format("; the planner predicted {:.1f} ms",
+                                                            *p.predicted_step_s * 1e3)
+                                              : "");
   std::cout << fmt::format(
       "  device util     {:.1f}% (compute time / step time; the seed asks for >= 80%)\n",
       100 * s.device_utilisation);
@@ -768,7 +772,7 @@ Result<double> ResolveAutoPlan(TrainArgs* args) {
     a.ranks = std::max(1, a.threads_per_rank > 0 ? ncpu / a.threads_per_rank : ncpu);
   const int64_t batch = a.global_batch != 0 ? a.global_batch : spec.batch_per_rank * a.ranks;
   KC_ASSIGN_OR_RETURN(LocalCluster local,
-                      ProbeLocalCluster(a.ranks, UserConfigPath("calibration.json")));
+                      ProbeLocalCluster(a.ranks, spec.name, UserConfigPath("calibration.json")));
   Result<parallel::planner::SearchResult> found = parallel::planner::SearchPlans(
       spec, local.cluster.spec, batch, EngineConstraints(), local.cluster.options, 1);
   KC_RETURN_IF_ERROR(found.status().WithContext("--plan auto"));
@@ -796,6 +800,7 @@ int RunLauncher(TrainArgs a) {
     std::cerr << "kc train: " << plan.status().message() << "\n";
     return kExitBadInput;
   }
+  plan->predicted_step_s = predicted_step_s;
   const Plan& p = *plan;
   const fs::path out = a.out.empty() ? fs::path("runs") / p.spec.name : fs::path(a.out);
   const fs::path metrics_path = a.metrics.empty() ? out / "metrics.jsonl" : fs::path(a.metrics);
@@ -825,8 +830,8 @@ int RunLauncher(TrainArgs a) {
                   {"seq_len", p.spec.seq_len},
                   {"grad_sync", a.grad_sync},
                   {"data", a.data},
-                  {"plan", a.plan},
-                  {"predicted_step_s", predicted_step_s ? Json(*predicted_step_s) : Json()}}
+                  {"plan", a.plan.empty() ? Json() : Json(a.plan)},
+                  {"predicted_step_s", p.predicted_step_s ? Json(*p.predicted_step_s) : Json()}}
                  .dump()
           << "\n";
 

@@ -83,11 +83,18 @@ Result<ParallelPlan> LoadPlanFromString(std::string_view text, std::string displ
 Result<ParallelPlan> ParsePlanFlag(std::string_view text) {
   // key=value,key=value becomes the YAML flow map {key: value, key: value}, so the flag and
   // the file share one reader and its errors.
+  // Pairs are separated by commas or spaces, so PlanToString's line reads back as it is.
+  while (!text.empty() && text.front() == ' ') text.remove_prefix(1);
+  while (!text.empty() && text.back() == ' ') text.remove_suffix(1);
   std::string yaml = "{";
   size_t start = 0;
   while (start <= text.size()) {
-    const size_t comma = std::min(text.find(',', start), text.size());
+    const size_t comma = std::min(text.find_first_of(", ", start), text.size());
     const std::string_view pair = text.substr(start, comma - start);
+    if (pair.empty() && comma < text.size() && text[comma] == ' ') {  // runs of spaces
+      start = comma + 1;
+      continue;
+    }
     const size_t eq = pair.find('=');
     if (eq == std::string_view::npos || eq == 0) {
       return InvalidArgumentError("--plan: \"" + std::string(pair) +

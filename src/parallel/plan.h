@@ -47,12 +47,13 @@ struct ParallelPlan {
 Result<ParallelPlan> LoadPlan(const std::string& path);
 // The same for YAML text in memory; `display_name` stands for the file in errors.
 Result<ParallelPlan> LoadPlanFromString(std::string_view text, std::string display_name);
-// The command-line form, "t=2,p=2,d=1,micro_batches=8,schedule=1f1b": comma-separated
-// key=value pairs with the file's keys. Errors name "--plan" and the key.
+// The command-line form, "t=2,p=2,d=1,micro_batches=8,schedule=1f1b": key=value pairs with
+// the file's keys, separated by commas or spaces (PlanToString's line reads back as it is).
+// Errors name "--plan" and the key.
 Result<ParallelPlan> ParsePlanFlag(std::string_view text);
 
 // One line, "t=2 p=2 d=1 micro_batch_size=4 micro_batches=8 schedule=1f1b v=1
-// recompute=false zero_stage=0"; ParsePlanFlag reads it back when the spaces are commas.
+// recompute=false zero_stage=0"; ParsePlanFlag reads it back.
 std::string PlanToString(const ParallelPlan& plan);
 // The plan file for `plan`; LoadPlanFromString gives back an equal plan.
 std::string PlanToYaml(const ParallelPlan& plan);

@@ -48,8 +48,12 @@ TEST(PlanTest, FileFlagAndStringAgree) {
       "zero_stage=1");
   ASSERT_TRUE(flag.ok()) << flag.status();
   EXPECT_EQ(*flag, *file);
-  // The one-line form reads back; so does the YAML.
+  // The one-line form reads back as printed, or with commas; so does the YAML.
   std::string line = PlanToString(*file);
+  EXPECT_EQ(*ParsePlanFlag(line), *file);
+  EXPECT_EQ(*ParsePlanFlag("  t=2  p=2 d=1,micro_batch_size=2 micro_batches=8 schedule=interleaved "
+                           "v=3 recompute=true zero_stage=1 "),
+            *file);
   std::replace(line.begin(), line.end(), ' ', ',');
   EXPECT_EQ(*ParsePlanFlag(line), *file);
   EXPECT_EQ(*LoadPlanFromString(PlanToYaml(*file), "again"), *file);

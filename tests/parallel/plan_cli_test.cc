@@ -166,6 +166,8 @@ batch_per_rank: 4
   ASSERT_EQ(local.exit_code, 0) << local.err;
   EXPECT_THAT(local.out, HasSubstr("[calibration "));
   EXPECT_THAT(local.out, HasSubstr("kc train runs t=1 p=1 plans today"));
+  // Calibrated with this model: no note that another model's efficiencies stand in.
+  EXPECT_THAT(local.out, ::testing::Not(HasSubstr("stand in for")));
   KcRun tp = Kc(dir, "plan " + model + " --devices 1 --fixed-t 2");
   EXPECT_EQ(tp.exit_code, 2);
   EXPECT_THAT(tp.err, HasSubstr("--fixed-t/--max-p"));
@@ -182,6 +184,7 @@ batch_per_rank: 4
                   data.Path("data/manifest.json") + " --out " + data.Path("run"));
   ASSERT_EQ(train.exit_code, 0) << train.err;
   EXPECT_THAT(train.err, HasSubstr("--plan auto: t=1,p=1,d=1,"));
+  EXPECT_THAT(train.out, HasSubstr("the planner predicted"));
   const std::string metrics = Read(data.Path("run/metrics.jsonl"));
   const Json run = Json::parse(metrics.substr(0, metrics.find('\n')));
   EXPECT_THAT(run["plan"].get<std::string>(), HasSubstr("t=1,p=1,d=1,"));

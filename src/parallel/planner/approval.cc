@@ -50,26 +50,26 @@ ApprovalVerdict CheckApproval(const ParallelPlan& plan, const PlanEstimate& esti
   }
   if (limits.max_memory_bytes_per_device > 0 &&
       v.memory_bytes_per_device > limits.max_memory_bytes_per_device) {
-    v.reasons.push_back(fmt::format("{:.1f} GB per device, above the limit of {:.1f} GB",
+    v.reasons.push_back(fmt::format("{:.2f} GB per device, above the limit of {:.2f} GB",
                                     v.memory_bytes_per_device / 1e9,
                                     limits.max_memory_bytes_per_device / 1e9));
   }
   if (limits.max_comm_bytes_per_step > 0 &&
       v.comm_bytes_per_step > limits.max_comm_bytes_per_step) {
     v.reasons.push_back(
-        fmt::format("{:.1f} GB of communication per step, above the limit of "
-                    "{:.1f} GB",
+        fmt::format("{:.2f} GB of communication per step, above the limit of "
+                    "{:.2f} GB",
                     v.comm_bytes_per_step / 1e9, limits.max_comm_bytes_per_step / 1e9));
   }
   if (limits.max_runtime_s > 0) {
     if (steps <= 0) {
       v.reasons.push_back(
-          fmt::format("expected runtime unknown (no step count given), the limit is {:.1f} h",
+          fmt::format("expected runtime unknown (no step count given), the limit is {:.2f} h",
                       limits.max_runtime_s / 3600));
     } else if (v.runtime_s > limits.max_runtime_s) {
       v.reasons.push_back(
-          fmt::format("{:.1f} h expected for {} steps, above the limit of "
-                      "{:.1f} h",
+          fmt::format("{:.2f} h expected for {} steps, above the limit of "
+                      "{:.2f} h",
                       v.runtime_s / 3600, steps, limits.max_runtime_s / 3600));
     }
   }

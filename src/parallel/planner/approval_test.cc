@@ -45,9 +45,9 @@ TEST(ApprovalTest, EachLimitPassedIsNamedWithItsFigure) {
   EXPECT_TRUE(v.required);
   ASSERT_EQ(v.reasons.size(), 4u);
   EXPECT_THAT(v.reasons[0], HasSubstr("128 devices, above the limit of 64"));
-  EXPECT_THAT(v.reasons[1], HasSubstr("50.0 GB per device"));
-  EXPECT_THAT(v.reasons[2], HasSubstr("256.0 GB of communication per step"));
-  EXPECT_THAT(v.reasons[3], HasSubstr("0.6 h expected for 1000 steps"));
+  EXPECT_THAT(v.reasons[1], HasSubstr("50.00 GB per device"));
+  EXPECT_THAT(v.reasons[2], HasSubstr("256.00 GB of communication per step"));
+  EXPECT_THAT(v.reasons[3], HasSubstr("0.56 h expected for 1000 steps"));
 
   // Within every limit: no approval.
   l = {.max_devices = 128,

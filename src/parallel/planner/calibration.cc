@@ -61,22 +61,35 @@ DeviceTimes TimeDevice(const ModelSpec& spec, const CalibrationOptions& o, int i
   d.host = "calibrate";
   d.index_on_host = index;
   d.cpus = cpus;
-  Result<std::unique_ptr<hal::ComputeDevice>> device = hal::OpenComputeDevice(d, {.threads = 1});
-  if (!device.ok()) {
-    arrive_rest(0, 0, false);
-    return fail(device.status());
-  }
   std::mt19937 rng(static_cast<uint32_t>(17 + index));
-  // The trainer's split: one thread per core, each taking whole sequences of the batch.
   const int cores = std::max<int>(1, static_cast<int>(cpus.size()));
+  // Declared before the model, so destroyed after it.
+  std::unique_ptr<hal::ComputeDevice> device;
   std::unique_ptr<Gpt<float>> last;
-  for (size_t k = 0; k < o.micro_batch_sizes.size(); ++k) {
+  out.forward_backward.assign(o.micro_batch_sizes.size(), 0);
+  // Largest first: a multi-threaded BLAS started for a small batch keeps its threads, which
+  // would slow the split runs after it.
+  size_t done = 0;
+  for (size_t k = o.micro_batch_sizes.size(); k-- > 0; ++done) {
     const int64_t b = o.micro_batch_sizes[k];
-    const int threads = static_cast<int>(std::min<int64_t>(b, cores));
+    // The trainer's split (kc train): a thread per core taking whole sequences when the batch
+    // has a sequence for each, else one thread and a BLAS of every core. BLAS threads are
+    // process-wide, so with several devices at once they stay at one per call.
+    const bool split = b >= cores || o.device_cpus.size() > 1;
+    const int threads = split ? static_cast<int>(std::min<int64_t>(b, cores)) : 1;
+    last.reset();
+    device.reset();
+    Result<std::unique_ptr<hal::ComputeDevice>> opened =
+        hal::OpenComputeDevice(d, {.threads = split ? 1 : cores});
+    if (!opened.ok()) {
+      arrive_rest(done, 0, false);
+      return fail(opened.status());
+    }
+    device = std::move(*opened);
     Result<std::unique_ptr<Gpt<float>>> model =
-        Gpt<float>::Create(spec, device->get(), {.batch = b, .threads = threads});
+        Gpt<float>::Create(spec, device.get(), {.batch = b, .threads = threads});
     if (!model.ok()) {
-      arrive_rest(k, 0, false);
+      arrive_rest(done, 0, false);
       return fail(model.status());
     }
     (*model)->InitParameters(spec.training.seed);
@@ -94,13 +107,13 @@ DeviceTimes TimeDevice(const ModelSpec& spec, const CalibrationOptions& o, int i
       Status s =
           loss.ok() ? (*model)->Backward(false, [](int) { return OkStatus(); }) : loss.status();
       if (!s.ok()) {
-        arrive_rest(k, pass + 1, false);
+        arrive_rest(done, pass + 1, false);
         return fail(s);
       }
       if (pass > 0) times.push_back(Seconds(std::chrono::steady_clock::now() - start).count());
     }
-    out.forward_backward.push_back(Median(times));
-    last = std::move(*model);
+    out.forward_backward[k] = Median(times);
+    last = std::move(*model);  // the optimizer step needs one model: the last
   }
 
   // The optimizer step the trainer makes: the clipping norm, then AdamW over every tensor.
@@ -111,7 +124,7 @@ DeviceTimes TimeDevice(const ModelSpec& spec, const CalibrationOptions& o, int i
         {last->param(tensor), last->grad(tensor), last->tensors()[i].shape.size() == 2});
   }
   Result<std::unique_ptr<AdamW<float>>> adam =
-      AdamW<float>::Create(spec.training, std::move(slots), device->get());
+      AdamW<float>::Create(spec.training, std::move(slots), device.get());
   if (!adam.ok()) {
     arrive_rest(o.micro_batch_sizes.size(), 0, false);
     return fail(adam.status());
@@ -154,9 +167,22 @@ EfficiencyFit FitEfficiency(std::span<const EfficiencyPoint> points) {
     fit.efficiency_half_size = 0;
     return fit;
   }
-  fit.matmul_efficiency = 1 / a;
+  fit.matmul_efficiency = std::min(1.0, 1 / a);
   fit.efficiency_half_size = c / a;
   return fit;
+}
+
+std::vector<std::pair<double, double>> EfficiencyTable(std::span<const EfficiencyPoint> points) {
+  std::vector<std::pair<double, double>> table;
+  for (const EfficiencyPoint& p : points) {
+    if (p.size > 0 && p.efficiency > 0) table.emplace_back(p.size, p.efficiency);
+  }
+  std::stable_sort(table.begin(), table.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  table.erase(std::unique(table.begin(), table.end(),
+                          [](const auto& a, const auto& b) { return a.first == b.first; }),
+              table.end());
+  return table;
 }
 
 Result<ComputeCalibration> MeasureCompute(const ModelSpec& spec,
@@ -300,6 +326,7 @@ Result<Calibration> CalibrationFromJson(std::string_view text, const std::string
       c.points.push_back(e);
     }
   }
+  c.options.efficiency_points = EfficiencyTable(c.points);
   return c;
 }
 

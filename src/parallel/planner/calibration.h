@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
@@ -35,6 +36,10 @@ struct EfficiencyFit {
 // mean. REQUIRES: at least one point with efficiency > 0.
 EfficiencyFit FitEfficiency(std::span<const EfficiencyPoint> points);
 
+// The points as CostModelOptions::efficiency_points: (size, efficiency), sorted by size, one
+// per size (the first kept), points without a positive efficiency left out.
+std::vector<std::pair<double, double>> EfficiencyTable(std::span<const EfficiencyPoint> points);
+
 struct CalibrationOptions {
   std::vector<int64_t> micro_batch_sizes = {1, 2, 4, 8};
   int repetitions = 3;  // timed passes per size, after one untimed; the median is kept
@@ -57,7 +62,8 @@ struct ComputeCalibration {
 Result<ComputeCalibration> MeasureCompute(const ModelSpec& spec, const CalibrationOptions& options);
 
 // What `kc plan --calibrate` saves and `kc plan --cluster FILE` / `kc train --plan auto` read:
-// the measured cluster and the cost-model constants, with the points they came from.
+// the measured cluster and the cost-model constants, with the points they came from (loading
+// makes them the options' efficiency_points).
 struct Calibration {
   std::string host;
   std::string model;  // the model the compute was timed with

@@ -106,6 +106,9 @@ TEST(CalibrationFileTest, RoundTripsAndNamesAMissingKey) {
   EXPECT_DOUBLE_EQ(back->options.efficiency_half_size, 1234);
   EXPECT_DOUBLE_EQ(back->options.optimizer_step_bytes, 77);
   EXPECT_EQ(back->points.size(), 4u);
+  ASSERT_EQ(back->options.efficiency_points.size(), 4u);  // the points drive the estimate
+  EXPECT_DOUBLE_EQ(back->options.efficiency_points[0].first, 1000);
+  EXPECT_DOUBLE_EQ(back->options.efficiency_points[0].second, c.points[0].efficiency);
 
   std::string broken = text;
   broken.replace(broken.find("\"peak_flops\""), 12, "\"peak_flop\"");

@@ -30,11 +30,13 @@ Result<PlannerCluster> ClusterFromTopology(const hal::Topology& topology) {
   s.devices = n;
 
   std::set<std::string> models;
+  c.simulated = true;
   double bf16 = std::numeric_limits<double>::infinity();
   double fp32 = bf16, memory = bf16, memory_bw = bf16;
   for (int i = 0; i < n; ++i) {
     const hal::DeviceDescriptor& d = topology.device(i);
     models.insert(d.model);
+    c.simulated = c.simulated && d.kind == hal::DeviceKind::kSimulated;
     bf16 = std::min(bf16, d.peak_flops_bf16);
     fp32 = std::min(fp32, d.peak_flops_fp32);
     memory = std::min(memory, static_cast<double>(d.memory_bytes));
@@ -46,6 +48,7 @@ Result<PlannerCluster> ClusterFromTopology(const hal::Topology& topology) {
   s.memory_bandwidth = memory_bw;
   c.options = c.fp32 ? Fp32Options() : CostModelOptions{};
   if (models.size() > 1) {
+    c.device_model = fmt::format("mixed ({} models)", models.size());
     c.notes.push_back(
         fmt::format("{} device models; planned as if every device had the smallest figures of any",
                     models.size()));
@@ -96,7 +99,8 @@ Result<PlannerCluster> ClusterFromTopology(const hal::Topology& topology) {
     }
     s.inter_node_bandwidth = inter_bw;
     s.inter_node_latency = inter_lat;
-    if (crosses_rack) {
+    const hal::NetworkSpec& net = topology.network();
+    if (crosses_rack && (net.cross_rack_bandwidth_factor < 1 || net.cross_rack_latency > 0)) {
       c.notes.push_back(
           fmt::format("hosts in several racks: every inter-node link is planned at the cross-rack "
                       "{:.1f} GB/s",

@@ -17,8 +17,9 @@ struct PlannerCluster {
   ClusterSpec spec;
   CostModelOptions options;  // the defaults with the precision's byte counts
   std::string name;          // the topology's
-  std::string device_model;  // the first device's model
+  std::string device_model;  // the devices' model; "mixed (N models)" when they differ
   bool fp32 = false;         // no bf16 arithmetic on some device: the engine trains in fp32
+  bool simulated = false;    // every device is declared only (kind simulated): nothing runs here
   // What the homogeneous model had to approximate: mixed device models, hosts of different
   // sizes, racks behind an oversubscribed spine. Empty when the topology is uniform.
   std::vector<std::string> notes;

@@ -48,6 +48,8 @@ TEST(ClusterFromTopologyTest, AHomogeneousGpuClusterKeepsItsFigures) {
   EXPECT_EQ(c->spec.devices, 32);
   EXPECT_EQ(c->spec.devices_per_node, 8);
   EXPECT_FALSE(c->fp32);
+  EXPECT_TRUE(c->simulated);
+  EXPECT_EQ(c->device_model, "G");
   EXPECT_DOUBLE_EQ(c->spec.peak_flops, 900e12);
   EXPECT_DOUBLE_EQ(c->spec.memory_bytes, 80e9);
   EXPECT_DOUBLE_EQ(c->spec.memory_bandwidth, 3000e9);
@@ -58,6 +60,14 @@ TEST(ClusterFromTopologyTest, AHomogeneousGpuClusterKeepsItsFigures) {
   EXPECT_EQ(c->options.param_bytes, 2);  // mixed precision
   ASSERT_EQ(c->notes.size(), 1u);
   EXPECT_THAT(c->notes[0], HasSubstr("cross-rack"));
+
+  // A non-blocking spine: racks cost nothing, and nothing is approximated.
+  std::string flat = kTwoRacks;
+  flat.replace(flat.find("0.5, cross_rack_latency_us: 2"), 29, "1, cross_rack_latency_us: 0");
+  Result<PlannerCluster> f = ClusterFromTopology(Build(flat));
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_DOUBLE_EQ(f->spec.inter_node_bandwidth, 50e9);
+  EXPECT_TRUE(f->notes.empty());
 }
 
 TEST(ClusterFromTopologyTest, MixedDevicesAndCpuSlicesArePlannedAtTheWeakest) {
@@ -76,6 +86,7 @@ hosts:
   Result<PlannerCluster> c = ClusterFromTopology(Build(kMixed));
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_TRUE(c->fp32);  // "small" has no bf16: the engine trains in fp32
+  EXPECT_EQ(c->device_model, "mixed (2 models)");
   EXPECT_DOUBLE_EQ(c->spec.peak_flops, 20e12);
   EXPECT_DOUBLE_EQ(c->spec.memory_bytes, 40e9);
   EXPECT_EQ(c->spec.devices_per_node, 2);
@@ -97,6 +108,7 @@ hosts:
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->spec.devices_per_node, 1);
   EXPECT_DOUBLE_EQ(c->spec.inter_node_bandwidth, 12.5e9);
+  EXPECT_TRUE(c->notes.empty());
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 
 namespace kc::parallel::planner {
 namespace {
@@ -45,6 +46,14 @@ Status CheckInputs(const ModelSpec& spec, const ClusterSpec& c, const CostModelO
     return InvalidArgumentError(
         "cost model: options: matmul_efficiency and usable_memory_fraction must be in (0, 1], "
         "dp_overlap_fraction in [0, 1], efficiency_half_size not negative");
+  }
+  for (size_t i = 0; i < o.efficiency_points.size(); ++i) {
+    const auto [size, eff] = o.efficiency_points[i];
+    if (!(size > 0) || !(eff > 0) || (i > 0 && !(size > o.efficiency_points[i - 1].first))) {
+      return InvalidArgumentError(
+          "cost model: options: efficiency_points must have positive sizes and efficiencies, "
+          "sizes increasing");
+    }
   }
   return OkStatus();
 }
@@ -162,6 +171,20 @@ double BubbleFraction(const ParallelPlan& plan) {
   return idle;
 }
 
+double MatmulEfficiency(const CostModelOptions& o, double size) {
+  auto curve = [&](double x) { return o.matmul_efficiency * x / (x + o.efficiency_half_size); };
+  const auto& pts = o.efficiency_points;
+  if (pts.empty()) return curve(size);
+  if (size <= pts.front().first) return curve(size) * pts.front().second / curve(pts.front().first);
+  if (size >= pts.back().first) return curve(size) * pts.back().second / curve(pts.back().first);
+  size_t i = 1;
+  while (pts[i].first < size) ++i;
+  const auto [x0, y0] = pts[i - 1];
+  const auto [x1, y1] = pts[i];
+  const double f = std::log(size / x0) / std::log(x1 / x0);
+  return y0 + f * (y1 - y0);
+}
+
 Result<PlanEstimate> EstimatePlan(const ModelSpec& spec, const ParallelPlan& plan,
                                   const ClusterSpec& cluster, int64_t global_batch,
                                   const CostModelOptions& options) {
@@ -187,7 +210,7 @@ Result<PlanEstimate> EstimatePlan(const ModelSpec& spec, const ParallelPlan& pla
   // Matmuls lose efficiency as they shrink (launch and tile-quantisation overheads); a
   // saturating curve in the per-device activation size, one curve for every case.
   const double size = sbh / t;
-  e.matmul_efficiency = o.matmul_efficiency * size / (size + o.efficiency_half_size);
+  e.matmul_efficiency = MatmulEfficiency(o, size);
   e.compute_s =
       e.hardware_flops_per_step / cluster.devices / (cluster.peak_flops * e.matmul_efficiency);
 

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "base/status.h"
 #include "parallel/model_spec.h"
@@ -37,6 +39,10 @@ struct CostModelOptions {
   // elements of one micro-batch on one device (the M*K of its matmuls).
   double matmul_efficiency = 0.55;
   double efficiency_half_size = 131072;  // 2^17: e.g. 128 tokens of 1024 per device
+  // Efficiencies measured at given sizes (`kc plan --calibrate`), sorted by size, both
+  // positive. Inside their range they replace the curve, linear in log(size) between points;
+  // outside it the curve is scaled to meet the nearest point. Empty: the curve alone.
+  std::vector<std::pair<double, double>> efficiency_points;
   // The fraction of the data-parallel all-reduce hidden behind the backward of the last
   // micro-batch (never more than that backward lasts). 0: none, the conservative default.
   double dp_overlap_fraction = 0;
@@ -115,6 +121,10 @@ double RingAllReduceSeconds(int n, double bytes, double bandwidth, double latenc
 // The pipeline bubble over the bubble-free time: (p-1)/m for GPipe and 1F1B, (p-1)/(m*v) for
 // interleaved, (p-1)/(3m) for ZB-H1.
 double BubbleFraction(const ParallelPlan& plan);
+
+// The matmul efficiency the options give at `size` (micro_batch_size * seq_len * hidden / t):
+// the curve matmul_efficiency * size / (size + efficiency_half_size), or the measured points.
+double MatmulEfficiency(const CostModelOptions& options, double size);
 
 // The estimate for running `spec` with `plan` on `cluster` at `global_batch` sequences per
 // step. kInvalidArgument if the plan breaks ValidatePlan for cluster.devices ranks, or the

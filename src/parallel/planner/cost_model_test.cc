@@ -314,6 +314,27 @@ TEST(CostModelTest, PublishedMegatronCases) {
   EXPECT_EQ(checked, 7);
 }
 
+TEST(CostModelTest, MeasuredEfficiencyPointsReplaceTheCurveInsideTheirRange) {
+  CostModelOptions o;
+  o.matmul_efficiency = 0.5;
+  o.efficiency_half_size = 1000;
+  EXPECT_DOUBLE_EQ(MatmulEfficiency(o, 1000), 0.25);
+  o.efficiency_points = {{1000, 0.2}, {4000, 0.6}};
+  EXPECT_DOUBLE_EQ(MatmulEfficiency(o, 1000), 0.2);
+  EXPECT_DOUBLE_EQ(MatmulEfficiency(o, 4000), 0.6);
+  EXPECT_NEAR(MatmulEfficiency(o, 2000), 0.4, 1e-12);  // halfway in log(size)
+  // Outside: the curve's shape, scaled to meet the nearest point.
+  EXPECT_NEAR(MatmulEfficiency(o, 500), 0.2 * (0.5 / 3) / 0.25, 1e-12);
+  EXPECT_NEAR(MatmulEfficiency(o, 9000), 0.6 * 0.45 / 0.4, 1e-12);
+  // The estimate uses it; bad points are refused.
+  Result<PlanEstimate> e = EstimatePlan(Tiny(), Plan(1, 1, 1, 1, 1), Cluster(1), 1, o);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_DOUBLE_EQ(e->matmul_efficiency, MatmulEfficiency(o, 32 * 64));
+  o.efficiency_points = {{4000, 0.6}, {1000, 0.2}};
+  EXPECT_EQ(EstimatePlan(Tiny(), Plan(1, 1, 1, 1, 1), Cluster(1), 1, o).status().code(),
+            ErrorCode::kInvalidArgument);
+}
+
 TEST(PublishedCasesTest, ABadFileNamesTheCaseAndTheKey) {
   kc::testing::TempDir dir("kc_cases");
   const std::string missing_key = dir.Write(
@@ -348,6 +369,13 @@ TEST(PlanSearchTest, RanksFittingPlansAndSaysWhyTheOthersLost) {
     EXPECT_TRUE(r->ranked[i].estimate.memory.fits);
     EXPECT_THAT(r->ranked[i].reason, ::testing::HasSubstr("% step time, mostly "));
   }
+  // An impossible fixed t says why and what would do (64 devices, 8 per node, 16 heads).
+  Result<SearchResult> bad = SearchPlans(spec, cluster, 512, {.fixed_t = 3});
+  EXPECT_EQ(bad.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), ::testing::HasSubstr("fixed t=3: it does not divide the 64"));
+  EXPECT_THAT(bad.status().message(), ::testing::HasSubstr("t in {1, 2, 4, 8} would do"));
+  EXPECT_THAT(SearchPlans(spec, cluster, 512, {.fixed_t = 16}).status().message(),
+              ::testing::HasSubstr("inside a node"));
   // Constraints hold.
   Result<SearchResult> t2 = SearchPlans(spec, cluster, 512, {.fixed_t = 2, .max_p = 2}, {}, 3);
   ASSERT_TRUE(t2.ok()) << t2.status();

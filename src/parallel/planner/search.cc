@@ -1,6 +1,7 @@
 #include "parallel/planner/search.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -47,12 +48,35 @@ Result<SearchResult> SearchPlans(const ModelSpec& spec, const ClusterSpec& clust
   if (constraints.memory_headroom < 0 || constraints.memory_headroom >= 1) {
     return InvalidArgumentError("planner: memory headroom must be in [0, 1)");
   }
+  if (const int t = constraints.fixed_t; t > 0) {
+    std::string why;
+    if (n % t != 0) {
+      why = fmt::format("it does not divide the {} devices", n);
+    } else if (t > cluster.devices_per_node || cluster.devices_per_node % t != 0) {
+      why = fmt::format(
+          "tensor-parallel groups stay inside a node and t must divide its {} "
+          "devices",
+          cluster.devices_per_node);
+    } else if (spec.heads % t != 0 || spec.ffn_hidden % t != 0) {
+      why = fmt::format("it must divide the heads ({}) and ffn_hidden ({})", spec.heads,
+                        spec.ffn_hidden);
+    }
+    if (!why.empty()) {
+      std::vector<int64_t> work;
+      for (int64_t c : Divisors(cluster.devices_per_node)) {
+        if (n % c == 0 && spec.heads % c == 0 && spec.ffn_hidden % c == 0) work.push_back(c);
+      }
+      return InvalidArgumentError(fmt::format("planner: fixed t={}: {}; t in {{{}}} would do", t,
+                                              why, fmt::join(work, ", ")));
+    }
+  }
   SearchResult result;
   std::vector<RankedPlan> fitting;
   RankedPlan leanest;  // the plan needing the least memory, fitting or not
   bool any = false;
   for (int64_t t : Divisors(n)) {
-    if (t > cluster.devices_per_node) break;  // keep tensor parallelism inside a node
+    if (t > cluster.devices_per_node) break;          // keep tensor parallelism inside a node,
+    if (cluster.devices_per_node % t != 0) continue;  // every group wholly in one
     if (constraints.fixed_t > 0 && t != constraints.fixed_t) continue;
     if (spec.heads % t != 0 || spec.ffn_hidden % t != 0) continue;
     for (int64_t p : Divisors(n / t)) {
@@ -144,7 +168,10 @@ Result<RankedPlan> BaselinePlan(const ModelSpec& spec, const ClusterSpec& cluste
   const double model_bytes = 16.0 * static_cast<double>(ParameterCount(spec));
   const double limit = 0.6 * cluster.memory_bytes;
   for (int64_t t : Divisors(n)) {
-    if (spec.heads % t != 0 || spec.ffn_hidden % t != 0 || t > cluster.devices_per_node) continue;
+    if (spec.heads % t != 0 || spec.ffn_hidden % t != 0 || t > cluster.devices_per_node ||
+        cluster.devices_per_node % t != 0) {
+      continue;
+    }
     if (layer_bytes / static_cast<double>(t) > limit) continue;  // rule 1: tensor parallel first
     for (int64_t p : Divisors(n / t)) {
       if (p > spec.layers) break;
@@ -168,7 +195,8 @@ Result<RankedPlan> BaselinePlan(const ModelSpec& spec, const ClusterSpec& cluste
     }
   }
   return ResourceExhaustedError("planner: the seed's rules find no plan of model " + spec.name +
-                                " that fits on " + std::to_string(n) + " devices");
+                                " that splits a global batch of " + std::to_string(global_batch) +
+                                " and fits on " + std::to_string(n) + " devices");
 }
 
 }  // namespace kc::parallel::planner

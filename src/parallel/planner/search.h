@@ -38,7 +38,8 @@ struct SearchResult {
   int64_t fitting = 0;             // of those, plans that fit in memory
 };
 
-// Searches every valid plan for `global_batch` sequences on cluster.devices devices.
+// Searches every valid plan for `global_batch` sequences on cluster.devices devices, with
+// tensor-parallel groups that each lie wholly inside one node (t divides devices_per_node).
 // kInvalidArgument for a global batch no plan can split, kResourceExhausted when no plan fits
 // in memory, naming the smallest memory per device the best plan would need and the device
 // count that would do.
