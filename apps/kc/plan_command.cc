@@ -298,6 +298,13 @@ int RunPlan(const PlanArgs& a) {
                                    {"estimate", EstimateJson(r.estimate)},
                                    {"reason", r.reason}});
     }
+    if (found->fastest_unfit) {
+      j["fastest_unfit"] = {{"plan", PlanJson(found->fastest_unfit->plan)},
+                            {"estimate", EstimateJson(found->fastest_unfit->estimate)},
+                            {"reason", found->fastest_unfit->reason}};
+    } else {
+      j["fastest_unfit"] = nullptr;
+    }
     if (baseline.ok()) {
       j["baseline"] = {{"plan", PlanJson(baseline->plan)},
                        {"estimate", EstimateJson(baseline->estimate)},
@@ -356,6 +363,11 @@ int RunPlan(const PlanArgs& a) {
   os << RowHeader() << "\n";
   for (size_t i = 0; i < found->ranked.size(); ++i) {
     os << Row(static_cast<int>(i + 1), found->ranked[i]) << "\n";
+  }
+  if (found->fastest_unfit) {
+    os << "lost on memory: " << parallel::PlanToString(found->fastest_unfit->plan) << " -> "
+       << Time(found->fastest_unfit->estimate.step_time_s) << "; " << found->fastest_unfit->reason
+       << "\n";
   }
   if (baseline.ok()) {
     os << fmt::format("\nseed's rules: {} -> {} per step; the chosen plan is {:.2f}x as fast\n",

@@ -73,9 +73,18 @@ TEST(PlanCliTest, PlansAModelOnASimulatedClusterAndExplainsIt) {
     EXPECT_FALSE(alt["reason"].get<std::string>().empty());
   }
   EXPECT_GE(doc["baseline"]["speedup"].get<double>(), 1.0);
+  EXPECT_TRUE(doc["fastest_unfit"].is_null());  // 32 GPUs of 80 GB hold every plan of GPT-2
   EXPECT_FALSE(doc["approval"]["required"].get<bool>());
   EXPECT_NEAR(doc["approval"]["runtime_s"].get<double>(), 1000 * e["step_time_s"].get<double>(),
               1e-6);
+
+  // The 1T-parameter GPT on 3,072 A100s: the fastest plan (no recompute) needs more memory
+  // than a device has, and is shown as lost on memory.
+  KcRun big = Kc(dir, "plan " + Example("examples/models/gpt-1t.yaml") + " --cluster " +
+                          Example("examples/clusters/a100x3072.yaml") + " --batch 3072");
+  ASSERT_EQ(big.exit_code, 0) << big.err;
+  EXPECT_THAT(big.out, HasSubstr("lost on memory: "));
+  EXPECT_THAT(big.out, HasSubstr("faster, but needs"));
 
   // The plan file is the JSON's plan, and kc train's plan reader takes it.
   const std::string written = Read(dir.Path("chosen.yaml"));

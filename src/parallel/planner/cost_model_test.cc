@@ -385,6 +385,28 @@ TEST(PlanSearchTest, RanksFittingPlansAndSaysWhyTheOthersLost) {
   }
 }
 
+TEST(PlanSearchTest, TheFastestPlanThatDoesNotFitIsShownAsLostOnMemory) {
+  const ModelSpec spec = Model(24, 2048, 16, 8192, 51200, 2048);
+  ClusterSpec cluster = Cluster(64, 8);
+  cluster.memory_bytes = 1e15;  // everything fits: nothing lost on memory
+  Result<SearchResult> roomy = SearchPlans(spec, cluster, 512);
+  ASSERT_TRUE(roomy.ok()) << roomy.status();
+  EXPECT_FALSE(roomy->fastest_unfit.has_value());
+  int shown = 0;
+  for (double gb : {80.0, 40.0, 20.0, 10.0}) {
+    cluster.memory_bytes = gb * 1e9;
+    Result<SearchResult> r = SearchPlans(spec, cluster, 512);
+    if (!r.ok() || !r->fastest_unfit) continue;
+    ++shown;
+    const RankedPlan& lost = *r->fastest_unfit;
+    EXPECT_LT(lost.estimate.step_time_s, r->ranked[0].estimate.step_time_s) << gb;
+    EXPECT_GT(lost.estimate.memory.total, lost.estimate.memory.capacity) << gb;
+    EXPECT_THAT(lost.reason, ::testing::HasSubstr("memory: "));
+    EXPECT_THAT(lost.reason, ::testing::HasSubstr("GB usable"));
+  }
+  EXPECT_GT(shown, 0);
+}
+
 TEST(PlanSearchTest, AModelThatCannotFitSaysWhatWouldDo) {
   const ModelSpec spec = Model(24, 2048, 16, 8192, 51200, 2048);
   ClusterSpec cluster = Cluster(2, 2);

@@ -73,6 +73,7 @@ Result<SearchResult> SearchPlans(const ModelSpec& spec, const ClusterSpec& clust
   SearchResult result;
   std::vector<RankedPlan> fitting;
   RankedPlan leanest;  // the plan needing the least memory, fitting or not
+  std::optional<RankedPlan> fastest_unfit;
   bool any = false;
   for (int64_t t : Divisors(n)) {
     if (t > cluster.devices_per_node) break;          // keep tensor parallelism inside a node,
@@ -122,8 +123,10 @@ Result<SearchResult> SearchPlans(const ModelSpec& spec, const ClusterSpec& clust
               RankedPlan r{plan, *e, ""};
               if (!any || r.estimate.memory.total < leanest.estimate.memory.total) leanest = r;
               any = true;
-              if (e->memory.total > e->memory.capacity * (1 - constraints.memory_headroom))
+              if (e->memory.total > e->memory.capacity * (1 - constraints.memory_headroom)) {
+                if (!fastest_unfit || Better(r, *fastest_unfit)) fastest_unfit = r;
                 continue;
+              }
               ++result.fitting;
               fitting.push_back(std::move(r));
             }
@@ -154,6 +157,15 @@ Result<SearchResult> SearchPlans(const ModelSpec& spec, const ClusterSpec& clust
   if (static_cast<int>(fitting.size()) > keep) fitting.resize(static_cast<size_t>(keep));
   for (size_t i = 1; i < fitting.size(); ++i) {
     fitting[i].reason = LossReason(fitting[0].estimate, fitting[i].estimate);
+  }
+  if (fastest_unfit && Better(*fastest_unfit, fitting[0])) {
+    const PlanEstimate& e = fastest_unfit->estimate;
+    fastest_unfit->reason = fmt::format(
+        "memory: {:.1f}% faster, but needs {:.2f} GB per device of {:.2f} GB usable{}",
+        100 * (fitting[0].estimate.step_time_s / e.step_time_s - 1), e.memory.total / 1e9,
+        e.memory.capacity * (1 - constraints.memory_headroom) / 1e9,
+        constraints.memory_headroom > 0 ? " (after the headroom)" : "");
+    result.fastest_unfit = std::move(fastest_unfit);
   }
   result.ranked = std::move(fitting);
   return result;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,8 +35,11 @@ struct RankedPlan {
 
 struct SearchResult {
   std::vector<RankedPlan> ranked;  // fitting plans, fastest first (at most `keep`)
-  int64_t evaluated = 0;           // plans estimated
-  int64_t fitting = 0;             // of those, plans that fit in memory
+  // The fastest plan of all when it does not fit (so it lost on memory), its reason saying by
+  // how much it would have been faster and what it needs; empty when the fastest plan fits.
+  std::optional<RankedPlan> fastest_unfit;
+  int64_t evaluated = 0;  // plans estimated
+  int64_t fitting = 0;    // of those, plans that fit in memory
 };
 
 // Searches every valid plan for `global_batch` sequences on cluster.devices devices, with
