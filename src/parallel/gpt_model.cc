@@ -64,10 +64,37 @@ class Carver {
 }  // namespace
 
 template <typename Real>
-Gpt<Real>::Gpt(ModelSpec spec, int64_t batch, hal::ComputeDevice* device)
-    : spec_(std::move(spec)), batch_(batch), device_(device) {
+Gpt<Real>::Gpt(ModelSpec spec, int64_t batch, int64_t first_layer, int64_t end_layer,
+               hal::ComputeDevice* device)
+    : spec_(std::move(spec)),
+      batch_(batch),
+      first_layer_(first_layer),
+      end_layer_(end_layer),
+      device_(device) {
   ctx_.stream = &device_->default_stream();
-  tensors_ = ParameterTensors(spec_);
+  // The stage's tensors in forward order, offsets counted afresh: wte (for the embeddings, or
+  // a tied head's copy), wpe, the blocks, the final LayerNorm and an untied head.
+  const std::vector<TensorSpec> all = ParameterTensors(spec_);
+  const int per_layer = kTensorsPerLayer;
+  const int global_lnf = 2 + static_cast<int>(spec_.layers) * per_layer;
+  auto take = [&](int global) {
+    TensorSpec t = all[static_cast<size_t>(global)];
+    t.offset = tensors_.empty() ? 0 : tensors_.back().offset + tensors_.back().num_elements;
+    tensors_.push_back(std::move(t));
+    global_index_.push_back(global);
+    return static_cast<int>(tensors_.size()) - 1;
+  };
+  if (has_embedding() || (has_head() && spec_.tied_embeddings)) wte_ = take(0);
+  if (has_embedding()) wpe_ = take(1);
+  layer_base_ = static_cast<int>(tensors_.size());
+  for (int64_t l = first_layer_; l < end_layer_; ++l) {
+    for (int t = 0; t < per_layer; ++t) take(2 + static_cast<int>(l) * per_layer + t);
+  }
+  if (has_head()) {
+    lnf_ = take(global_lnf);
+    take(global_lnf + 1);
+    head_ = spec_.tied_embeddings ? wte_ : take(global_lnf + 2);
+  }
 }
 
 template <typename Real>
@@ -86,21 +113,33 @@ Result<std::unique_ptr<Gpt<Real>>> Gpt<Real>::Create(const ModelSpec& spec,
     return InvalidArgumentError("model " + spec.name + ": threads " +
                                 std::to_string(options.threads) + " must be at least 1");
   }
-  std::unique_ptr<Gpt> model(new Gpt(spec, batch, device));
+  const int64_t end = options.end_layer == 0 ? spec.layers : options.end_layer;
+  if (options.first_layer < 0 || options.first_layer >= end || end > spec.layers) {
+    return InvalidArgumentError("model " + spec.name + ": stage layers [" +
+                                std::to_string(options.first_layer) + ", " + std::to_string(end) +
+                                ") must be a non-empty range within the " +
+                                std::to_string(spec.layers) + " layers");
+  }
+  if (options.slots < 1) {
+    return InvalidArgumentError("model " + spec.name + ": slots " + std::to_string(options.slots) +
+                                " must be at least 1");
+  }
+  std::unique_ptr<Gpt> model(new Gpt(spec, batch, options.first_layer, end, device));
   // Whole sequences per worker, as even as they go; never more workers than sequences.
   const int64_t workers = std::min<int64_t>(options.threads, batch);
   for (int64_t w = 0; w < workers; ++w) {
     model->slices_.emplace_back(batch * w / workers, batch * (w + 1) / workers);
   }
-  KC_RETURN_IF_ERROR(model->Allocate());
+  KC_RETURN_IF_ERROR(model->Allocate(options.slots));
   return model;
 }
 
 template <typename Real>
-Status Gpt<Real>::Allocate() {
-  const int64_t L = spec_.layers, C = spec_.hidden, NH = spec_.heads, F = spec_.ffn_hidden;
+Status Gpt<Real>::Allocate(int slots) {
+  const int64_t C = spec_.hidden, NH = spec_.heads, F = spec_.ffn_hidden;
   const int64_t V = spec_.vocab, T = spec_.seq_len, B = batch_, BT = B * T;
-  const int64_t P = ParameterCount(spec_);
+  const int64_t P = tensors_.back().offset + tensors_.back().num_elements;
+  const int64_t layers = end_layer_ - first_layer_;
   // Two passes over the same layout: count, then assign.
   auto layout = [&](std::byte* base) {
     Carver c(base);
@@ -111,29 +150,34 @@ Status Gpt<Real>::Allocate() {
     // Workers after the first write their gradients here, then add them in.
     const int64_t extra = static_cast<int64_t>(slices_.size()) - 1;
     worker_arena_ = {c.Take<Real>(extra * P), static_cast<size_t>(extra * P)};
-    encoded_ = c.Take<Real>(BT * C);
-    layers_.assign(static_cast<size_t>(L), LayerActs{});
-    for (LayerActs& a : layers_) {
-      a.ln1 = c.Take<Real>(BT * C);
-      a.ln1_mean = c.Take<Real>(BT);
-      a.ln1_rstd = c.Take<Real>(BT);
-      a.qkv = c.Take<Real>(BT * 3 * C);
-      a.att = c.Take<Real>(B * NH * T * T);
-      a.atty = c.Take<Real>(BT * C);
-      a.residual2 = c.Take<Real>(BT * C);
-      a.ln2 = c.Take<Real>(BT * C);
-      a.ln2_mean = c.Take<Real>(BT);
-      a.ln2_rstd = c.Take<Real>(BT);
-      a.fch = c.Take<Real>(BT * F);
-      a.fch_gelu = c.Take<Real>(BT * F);
-      a.residual3 = c.Take<Real>(BT * C);
+    slots_.assign(static_cast<size_t>(slots), SlotActs{});
+    for (SlotActs& s : slots_) {
+      s.input = c.Take<Real>(BT * C);
+      s.layers.assign(static_cast<size_t>(layers), LayerActs{});
+      for (LayerActs& a : s.layers) {
+        a.ln1 = c.Take<Real>(BT * C);
+        a.ln1_mean = c.Take<Real>(BT);
+        a.ln1_rstd = c.Take<Real>(BT);
+        a.qkv = c.Take<Real>(BT * 3 * C);
+        a.att = c.Take<Real>(B * NH * T * T);
+        a.atty = c.Take<Real>(BT * C);
+        a.residual2 = c.Take<Real>(BT * C);
+        a.ln2 = c.Take<Real>(BT * C);
+        a.ln2_mean = c.Take<Real>(BT);
+        a.ln2_rstd = c.Take<Real>(BT);
+        a.fch = c.Take<Real>(BT * F);
+        a.fch_gelu = c.Take<Real>(BT * F);
+        a.residual3 = c.Take<Real>(BT * C);
+      }
+      if (has_head()) {
+        s.lnf = c.Take<Real>(BT * C);
+        s.lnf_mean = c.Take<Real>(BT);
+        s.lnf_rstd = c.Take<Real>(BT);
+        s.logits = c.Take<Real>(BT * V);
+        s.losses = c.Take<Real>(BT);
+      }
+      if (has_embedding()) s.tokens = c.Take<int32_t>(BT);
     }
-    lnf_ = c.Take<Real>(BT * C);
-    lnf_mean_ = c.Take<Real>(BT);
-    lnf_rstd_ = c.Take<Real>(BT);
-    logits_ = c.Take<Real>(BT * V);
-    losses_ = c.Take<Real>(BT);
-    inputs_ = c.Take<int32_t>(BT);
     dres_ = c.Take<Real>(BT * C);
     dtmp_ = c.Take<Real>(BT * C);
     dqkv_ = c.Take<Real>(BT * 3 * C);
@@ -175,6 +219,31 @@ Status Gpt<Real>::Allocate() {
 }
 
 template <typename Real>
+std::span<Real> Gpt<Real>::stage_input(int slot) {
+  if (has_embedding()) return {};
+  return {slots_.at(static_cast<size_t>(slot)).input, static_cast<size_t>(tokens() * spec_.hidden)};
+}
+
+template <typename Real>
+std::span<const Real> Gpt<Real>::stage_output(int slot) {
+  if (has_head()) return {};
+  return {slots_.at(static_cast<size_t>(slot)).layers.back().residual3,
+          static_cast<size_t>(tokens() * spec_.hidden)};
+}
+
+template <typename Real>
+std::span<Real> Gpt<Real>::grad_output() {
+  if (has_head()) return {};
+  return {dres_, static_cast<size_t>(tokens() * spec_.hidden)};
+}
+
+template <typename Real>
+std::span<const Real> Gpt<Real>::grad_input() {
+  if (has_embedding()) return {};
+  return {dres_, static_cast<size_t>(tokens() * spec_.hidden)};
+}
+
+template <typename Real>
 std::span<Real> Gpt<Real>::param(int tensor) {
   const TensorSpec& t = tensors_.at(static_cast<size_t>(tensor));
   return params_.subspan(static_cast<size_t>(t.offset), static_cast<size_t>(t.num_elements));
@@ -206,7 +275,8 @@ void Gpt<Real>::InitParameters(uint64_t seed) {
       const bool residual =
           EndsWith(t.name, "attn.proj.weight") || EndsWith(t.name, "mlp.proj.weight");
       // One stream per tensor: a tensor's values do not depend on the shapes before it.
-      uint64_t stream_seed = seed ^ (0x5851f42d4c957f2dull * (i + 1));
+      const uint64_t g = static_cast<uint64_t>(global_index_[i]);
+      uint64_t stream_seed = seed ^ (0x5851f42d4c957f2dull * (g + 1));
       FillNormal(p, residual ? residual_std : 0.02, SplitMix64(&stream_seed));
     } else {
       const bool is_ln_weight = EndsWith(t.name, "ln1.weight") || EndsWith(t.name, "ln2.weight") ||
@@ -217,49 +287,65 @@ void Gpt<Real>::InitParameters(uint64_t seed) {
 }
 
 template <typename Real>
-Result<double> Gpt<Real>::Forward(std::span<const int32_t> inputs, std::span<const int32_t> targets,
-                                  double grad_scale) {
+Result<double> Gpt<Real>::Forward(int slot, std::span<const int32_t> inputs,
+                                  std::span<const int32_t> targets, double grad_scale) {
   KC_LAYER_ENTRY(Layer::kParallel, "model");
   const int64_t V = spec_.vocab, BT = tokens();
-  if (static_cast<int64_t>(inputs.size()) != BT || static_cast<int64_t>(targets.size()) != BT) {
+  if (slot < 0 || slot >= slots()) {
+    return InvalidArgumentError("model " + spec_.name + ": slot " + std::to_string(slot) +
+                                " outside [0, " + std::to_string(slots()) + ")");
+  }
+  const int64_t want_inputs = has_embedding() ? BT : 0, want_targets = has_head() ? BT : 0;
+  if (static_cast<int64_t>(inputs.size()) != want_inputs ||
+      static_cast<int64_t>(targets.size()) != want_targets) {
     return InvalidArgumentError(
         "model " + spec_.name + ": forward of " + std::to_string(inputs.size()) + " inputs and " +
-        std::to_string(targets.size()) + " targets, expected B*T = " + std::to_string(BT));
+        std::to_string(targets.size()) + " targets, expected " + std::to_string(want_inputs) +
+        " and " + std::to_string(want_targets) + " (B*T where the stage takes them)");
   }
-  for (int64_t i = 0; i < BT; ++i) {
-    if (inputs[i] < 0 || inputs[i] >= V || targets[i] < 0 || targets[i] >= V) {
-      return InvalidArgumentError(
-          "model " + spec_.name + ": token " +
-          std::to_string(inputs[i] < 0 || inputs[i] >= V ? inputs[i] : targets[i]) +
-          " at position " + std::to_string(i) + " is outside the vocab of " + std::to_string(V));
+  for (int64_t i = 0; i < want_inputs; ++i) {
+    if (inputs[i] < 0 || inputs[i] >= V) {
+      return InvalidArgumentError("model " + spec_.name + ": token " + std::to_string(inputs[i]) +
+                                  " at position " + std::to_string(i) +
+                                  " is outside the vocab of " + std::to_string(V));
     }
   }
-  std::copy(inputs.begin(), inputs.end(), inputs_);
+  for (int64_t i = 0; i < want_targets; ++i) {
+    if (targets[i] < 0 || targets[i] >= V) {
+      return InvalidArgumentError("model " + spec_.name + ": token " + std::to_string(targets[i]) +
+                                  " at position " + std::to_string(i) +
+                                  " is outside the vocab of " + std::to_string(V));
+    }
+  }
+  SlotActs& s = slots_[static_cast<size_t>(slot)];
+  if (has_embedding()) std::copy(inputs.begin(), inputs.end(), s.tokens);
   pool_->Run([&](int k) {
     worker_status_[k] =
-        ForwardSlice(k, targets.data(), static_cast<Real>(grad_scale), &worker_loss_[k]);
+        ForwardSlice(k, s, targets.data(), static_cast<Real>(grad_scale), &worker_loss_[k]);
   });
   for (const Status& st : worker_status_) KC_RETURN_IF_ERROR(st);
-  have_grad_ = grad_scale != 0;
+  s.have_grad = grad_scale != 0;
+  if (!has_head()) return 0.0;
   double sum = 0;
   for (double x : worker_loss_) sum += x;
   return sum / static_cast<double>(BT);
 }
 
 template <typename Real>
-Status Gpt<Real>::ForwardSlice(int k, const int32_t* targets, Real grad_scale, double* loss_sum) {
-  const int64_t L = spec_.layers, C = spec_.hidden, NH = spec_.heads, F = spec_.ffn_hidden;
+Status Gpt<Real>::ForwardSlice(int k, SlotActs& s, const int32_t* targets, Real grad_scale,
+                               double* loss_sum) {
+  const int64_t C = spec_.hidden, NH = spec_.heads, F = spec_.ffn_hidden;
   const int64_t V = spec_.vocab, T = spec_.seq_len;
   const float eps = spec_.layernorm_eps;
   const KernelContext& ctx = ctxs_[k];
   // This worker's sequences [b0, b0 + B): rows [b0 * T, (b0 + B) * T) of every activation.
   const int64_t b0 = slices_[k].first, B = slices_[k].second - b0, BT = B * T;
   auto rows = [&](Real* base, int64_t width) { return base + b0 * T * width; };
-  Real* encoded = rows(encoded_, C);
-  EncoderForward(encoded, inputs_ + b0 * T, P(0), P(1), B, T, C);
-  const Real* residual = encoded;
-  for (int64_t l = 0; l < L; ++l) {
-    const LayerActs a = Slice(layers_[l], b0);
+  Real* input = rows(s.input, C);
+  if (has_embedding()) EncoderForward(input, s.tokens + b0 * T, P(wte_), P(wpe_), B, T, C);
+  const Real* residual = input;
+  for (int64_t l = first_layer_; l < end_layer_; ++l) {
+    const LayerActs a = Slice(s.layers[static_cast<size_t>(l - first_layer_)], b0);
     auto p = [&](LayerTensor t) { return P(LayerIndex(l, t)); };
     LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p(kLn1W), p(kLn1B), BT, C, eps);
     KC_RETURN_IF_ERROR(MatmulForward(ctx, a.qkv, a.ln1, p(kQkvW), p(kQkvB), BT, C, 3 * C));
@@ -275,14 +361,13 @@ Status Gpt<Real>::ForwardSlice(int k, const int32_t* targets, Real grad_scale, d
     ResidualForward(a.residual3, a.residual3, a.residual2, BT * C);
     residual = a.residual3;
   }
-  const int lnf = LnfIndex();
-  Real* lnf_out = rows(lnf_, C);
-  LayerNormForward(lnf_out, rows(lnf_mean_, 1), rows(lnf_rstd_, 1), residual, P(lnf), P(lnf + 1),
-                   BT, C, eps);
-  const Real* head = spec_.tied_embeddings ? P(0) : P(lnf + 2);
-  Real* logits = rows(logits_, V);
-  KC_RETURN_IF_ERROR(MatmulForward<Real>(ctx, logits, lnf_out, head, nullptr, BT, C, V));
-  *loss_sum = CrossEntropy(logits, rows(losses_, 1), targets + b0 * T, BT, V, grad_scale);
+  if (!has_head()) return OkStatus();
+  Real* lnf_out = rows(s.lnf, C);
+  LayerNormForward(lnf_out, rows(s.lnf_mean, 1), rows(s.lnf_rstd, 1), residual, P(lnf_),
+                   P(lnf_ + 1), BT, C, eps);
+  Real* logits = rows(s.logits, V);
+  KC_RETURN_IF_ERROR(MatmulForward<Real>(ctx, logits, lnf_out, P(head_), nullptr, BT, C, V));
+  *loss_sum = CrossEntropy(logits, rows(s.losses, 1), targets + b0 * T, BT, V, grad_scale);
   return OkStatus();
 }
 
@@ -306,15 +391,21 @@ typename Gpt<Real>::LayerActs Gpt<Real>::Slice(const LayerActs& a, int64_t b0) c
 }
 
 template <typename Real>
-Status Gpt<Real>::Backward(bool accumulate, const std::function<Status(int tensor)>& on_ready) {
+Status Gpt<Real>::Backward(int slot, bool accumulate,
+                           const std::function<Status(int tensor)>& on_ready) {
   KC_LAYER_ENTRY(Layer::kParallel, "model");
-  if (!have_grad_) {
+  if (slot < 0 || slot >= slots()) {
+    return InvalidArgumentError("model " + spec_.name + ": slot " + std::to_string(slot) +
+                                " outside [0, " + std::to_string(slots()) + ")");
+  }
+  SlotActs& s = slots_[static_cast<size_t>(slot)];
+  if (!s.have_grad) {
     return FailedPreconditionError("model " + spec_.name +
                                    ": Backward without a Forward that computed the loss gradient");
   }
-  have_grad_ = false;
+  s.have_grad = false;
   for (size_t i = 0; i < tensors_.size(); ++i) arrivals_[i].store(0, std::memory_order_relaxed);
-  pool_->Run([&](int k) { worker_status_[k] = BackwardSlice(k, accumulate, on_ready); });
+  pool_->Run([&](int k) { worker_status_[k] = BackwardSlice(k, s, accumulate, on_ready); });
   for (const Status& st : worker_status_) KC_RETURN_IF_ERROR(st);
   return OkStatus();
 }
@@ -336,9 +427,9 @@ Status Gpt<Real>::TensorDone(int tensor, const std::function<Status(int)>& on_re
 }
 
 template <typename Real>
-Status Gpt<Real>::BackwardSlice(int k, bool accumulate,
+Status Gpt<Real>::BackwardSlice(int k, SlotActs& s, bool accumulate,
                                 const std::function<Status(int)>& on_ready) {
-  const int64_t L = spec_.layers, C = spec_.hidden, NH = spec_.heads, F = spec_.ffn_hidden;
+  const int64_t C = spec_.hidden, NH = spec_.heads, F = spec_.ffn_hidden;
   const int64_t V = spec_.vocab, T = spec_.seq_len;
   const KernelContext& ctx = ctxs_[k];
   const int64_t b0 = slices_[k].first, B = slices_[k].second - b0, BT = B * T;
@@ -349,29 +440,32 @@ Status Gpt<Real>::BackwardSlice(int k, bool accumulate,
   const bool acc = k == 0 ? accumulate : false;
   auto G = [&](int i) { return grads[i].data(); };
   auto done = [&](int i) { return TensorDone(i, on_ready); };
-  const int lnf = LnfIndex();
-  const int head = spec_.tied_embeddings ? 0 : lnf + 2;
   Real* dres = rows(dres_, C);
   Real* dtmp = rows(dtmp_, C);
   Real* dqkv = rows(dqkv_, 3 * C);
   Real* dfch = rows(dfch_, F);
   Real* datt = datt_ + b0 * NH * T * T;
-  Real* encoded = rows(encoded_, C);
+  Real* input = rows(s.input, C);
+  auto acts = [&](int64_t l) { return Slice(s.layers[static_cast<size_t>(l - first_layer_)], b0); };
 
-  // LM head: dlnf = dlogits * W; dW = dlogits^T * lnf.
-  KC_RETURN_IF_ERROR(MatmulBackward<Real>(ctx, dtmp, G(head), nullptr, rows(logits_, V),
-                                          rows(lnf_, C), P(head), BT, C, V, acc));
-  if (!spec_.tied_embeddings) KC_RETURN_IF_ERROR(done(head));
-  std::fill(dres, dres + BT * C, Real{0});
-  const Real* last = L > 0 ? Slice(layers_[L - 1], b0).residual3 : encoded;
-  LayerNormBackward(dres, G(lnf), G(lnf + 1), dtmp, last, P(lnf), rows(lnf_mean_, 1),
-                    rows(lnf_rstd_, 1), BT, C, acc);
-  KC_RETURN_IF_ERROR(done(lnf + 1));
-  KC_RETURN_IF_ERROR(done(lnf));
+  if (has_head()) {
+    // LM head: dlnf = dlogits * W; dW = dlogits^T * lnf.
+    KC_RETURN_IF_ERROR(MatmulBackward<Real>(ctx, dtmp, G(head_), nullptr, rows(s.logits, V),
+                                            rows(s.lnf, C), P(head_), BT, C, V, acc));
+    // The head's own weight is final now, and so is a tied head's copy of wte on a stage
+    // without the embeddings.
+    if (!spec_.tied_embeddings || !has_embedding()) KC_RETURN_IF_ERROR(done(head_));
+    std::fill(dres, dres + BT * C, Real{0});
+    LayerNormBackward(dres, G(lnf_), G(lnf_ + 1), dtmp, acts(end_layer_ - 1).residual3, P(lnf_),
+                      rows(s.lnf_mean, 1), rows(s.lnf_rstd, 1), BT, C, acc);
+    KC_RETURN_IF_ERROR(done(lnf_ + 1));
+    KC_RETURN_IF_ERROR(done(lnf_));
+  }
+  // Otherwise dres holds grad_output(), the caller's.
 
-  for (int64_t l = L - 1; l >= 0; --l) {
-    const LayerActs a = Slice(layers_[l], b0);
-    const Real* residual = l == 0 ? encoded : Slice(layers_[l - 1], b0).residual3;
+  for (int64_t l = end_layer_ - 1; l >= first_layer_; --l) {
+    const LayerActs a = acts(l);
+    const Real* residual = l == first_layer_ ? input : acts(l - 1).residual3;
     auto p = [&](LayerTensor t) { return P(LayerIndex(l, t)); };
     auto g = [&](LayerTensor t) { return G(LayerIndex(l, t)); };
     auto ready = [&](LayerTensor t) { return done(LayerIndex(l, t)); };
@@ -404,15 +498,17 @@ Status Gpt<Real>::BackwardSlice(int k, bool accumulate,
     KC_RETURN_IF_ERROR(ready(kLn1B));
     KC_RETURN_IF_ERROR(ready(kLn1W));
   }
+  if (!has_embedding()) return OkStatus();  // dres is grad_input()
 
-  // Embeddings. A tied wte already holds the LM head's part.
+  // Embeddings. A tied wte on a stage with the head already holds the head's part.
+  const bool head_part = has_head() && spec_.tied_embeddings;
   if (!acc) {
-    std::fill(G(1), G(1) + T * C, Real{0});
-    if (!spec_.tied_embeddings) std::fill(G(0), G(0) + V * C, Real{0});
+    std::fill(G(wpe_), G(wpe_) + T * C, Real{0});
+    if (!head_part) std::fill(G(wte_), G(wte_) + V * C, Real{0});
   }
-  EncoderBackward(G(0), G(1), dres, inputs_ + b0 * T, B, T, C);
-  KC_RETURN_IF_ERROR(done(1));
-  return done(0);
+  EncoderBackward(G(wte_), G(wpe_), dres, s.tokens + b0 * T, B, T, C);
+  KC_RETURN_IF_ERROR(done(wpe_));
+  return done(wte_);
 }
 
 template class Gpt<float>;

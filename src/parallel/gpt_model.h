@@ -36,6 +36,17 @@ struct GptOptions {
   // (at most `batch` are used). With more than one, the device's BLAS should run one thread
   // per call: the parallelism is here, not inside each product.
   int threads = 1;
+  // A pipeline stage: the blocks [first_layer, end_layer) (end_layer 0: every layer to the
+  // last). The stage holding layer 0 also holds the embeddings and takes tokens; the stage
+  // holding the last layer also holds the final LayerNorm, the LM head and the loss. Other
+  // stages take the residual stream in (stage_input) and give it out (stage_output). With tied
+  // embeddings a last stage that is not also the first keeps its own copy of wte for the head
+  // (Megatron's arrangement); the two copies' gradients are the trainer's to add together.
+  int64_t first_layer = 0;
+  int64_t end_layer = 0;
+  // Micro-batches whose activations are kept at once (a pipeline schedule's most in flight):
+  // Forward and Backward name a slot in [0, slots).
+  int slots = 1;
 };
 
 template <typename Real>
@@ -52,8 +63,17 @@ class Gpt {
   const ModelSpec& spec() const { return spec_; }
   int64_t batch() const { return batch_; }
   int64_t tokens() const { return batch_ * spec_.seq_len; }  // per forward: B * T
-  // The parameter tensors (ParameterTensors(spec)), in forward order.
+  int64_t first_layer() const { return first_layer_; }
+  int64_t end_layer() const { return end_layer_; }
+  bool has_embedding() const { return first_layer_ == 0; }
+  bool has_head() const { return end_layer_ == spec_.layers; }
+  int slots() const { return static_cast<int>(slots_.size()); }
+  // The parameter tensors this model holds, in forward order: ParameterTensors(spec) for the
+  // whole model; for a stage, its subset (names kept, offsets counted within the stage).
   const std::vector<TensorSpec>& tensors() const { return tensors_; }
+  // Tensor i's index in ParameterTensors(spec) (initialisation uses it, so a stage's tensors
+  // start as the whole model's).
+  int global_index(int tensor) const { return global_index_.at(static_cast<size_t>(tensor)); }
   int64_t arena_bytes() const { return static_cast<int64_t>(arena_.size_bytes()); }
 
   // Every parameter, back to back in forward order (TensorSpec::offset).
@@ -78,7 +98,16 @@ class Gpt {
   // token losses) at the logits, ready for Backward (1 / tokens() for the mean over this
   // batch). kInvalidArgument for a token outside [0, vocab).
   Result<double> Forward(std::span<const int32_t> inputs, std::span<const int32_t> targets,
-                         double grad_scale);
+                         double grad_scale) {
+    return Forward(0, inputs, targets, grad_scale);
+  }
+  // The same into activation slot `slot`. A stage without the embeddings takes no inputs
+  // (empty) but reads stage_input(slot); one without the head takes no targets (empty),
+  // returns 0 and leaves stage_output(slot); grad_scale != 0 then only marks the pass for a
+  // Backward. kInvalidArgument for a slot out of range or inputs/targets the stage does not
+  // take.
+  Result<double> Forward(int slot, std::span<const int32_t> inputs,
+                         std::span<const int32_t> targets, double grad_scale);
 
   // Backpropagates the last Forward (which must have had grad_scale != 0). Writes every
   // parameter gradient, or adds to it when `accumulate` (micro-batches), and calls
@@ -86,11 +115,24 @@ class Gpt {
   // order (with several threads, on whichever thread finishes the tensor last, one call at a
   // time, and possibly out of that order); an error from on_ready stops the pass and is
   // returned.
-  Status Backward(bool accumulate, const std::function<Status(int tensor)>& on_ready);
+  Status Backward(bool accumulate, const std::function<Status(int tensor)>& on_ready) {
+    return Backward(0, accumulate, on_ready);
+  }
+  // The same for slot `slot`'s Forward. A stage without the head starts from grad_output(),
+  // which the caller fills with the gradient of its stage_output(slot); one without the
+  // embeddings ends with the gradient of its stage_input(slot) in grad_input().
+  Status Backward(int slot, bool accumulate, const std::function<Status(int tensor)>& on_ready);
+
+  // A stage's boundary buffers, B * T * C each (empty where the stage has no such boundary).
+  std::span<Real> stage_input(int slot);         // the residual stream in; kept for Backward
+  std::span<const Real> stage_output(int slot);  // the residual stream out, after Forward
+  std::span<Real> grad_output();                 // its gradient in, before Backward
+  std::span<const Real> grad_input();            // stage_input's gradient, after Backward
 
  private:
-  Gpt(ModelSpec spec, int64_t batch, hal::ComputeDevice* device);
-  Status Allocate();
+  Gpt(ModelSpec spec, int64_t batch, int64_t first_layer, int64_t end_layer,
+      hal::ComputeDevice* device);
+  Status Allocate(int slots);
 
   // Per-layer tensor indices (ParameterTensors order).
   enum LayerTensor {
@@ -108,10 +150,11 @@ class Gpt {
     kFcProjB,
     kTensorsPerLayer
   };
+  // Local tensor indices: of `layer` (global numbering; must be one of this stage's), and of
+  // the final LayerNorm's weight (the bias follows).
   int LayerIndex(int64_t layer, LayerTensor t) const {
-    return 2 + static_cast<int>(layer) * kTensorsPerLayer + t;
+    return layer_base_ + static_cast<int>(layer - first_layer_) * kTensorsPerLayer + t;
   }
-  int LnfIndex() const { return 2 + static_cast<int>(spec_.layers) * kTensorsPerLayer; }
   Real* P(int i) { return params_.data() + tensors_[i].offset; }
 
   // What one layer's forward keeps for its backward.
@@ -130,19 +173,42 @@ class Gpt {
     Real* fch_gelu;   // (BT, F)
     Real* residual3;  // (BT, C): the layer's output
   };
+  // One micro-batch's activations.
+  struct SlotActs {
+    Real* input = nullptr;          // (BT, C): the embeddings' output, or the stage's input
+    std::vector<LayerActs> layers;  // this stage's layers
+    Real* lnf = nullptr;            // (BT, C); the head's, on the last stage
+    Real* lnf_mean = nullptr;
+    Real* lnf_rstd = nullptr;
+    Real* logits = nullptr;     // (BT, V); the logits' gradient after a training Forward
+    Real* losses = nullptr;     // (BT)
+    int32_t* tokens = nullptr;  // (BT): the Forward's inputs, for the embedding backward
+    bool have_grad = false;
+  };
   // `a` moved to sequence b0 of the batch.
   LayerActs Slice(const LayerActs& a, int64_t b0) const;
   // Worker k's share of a pass: sequences [slices_[k].first, slices_[k].second).
-  Status ForwardSlice(int k, const int32_t* targets, Real grad_scale, double* loss_sum);
-  Status BackwardSlice(int k, bool accumulate, const std::function<Status(int)>& on_ready);
+  Status ForwardSlice(int k, SlotActs& s, const int32_t* targets, Real grad_scale,
+                      double* loss_sum);
+  Status BackwardSlice(int k, SlotActs& s, bool accumulate,
+                       const std::function<Status(int)>& on_ready);
   // A worker has finished its part of tensor i's gradient.
   Status TensorDone(int tensor, const std::function<Status(int)>& on_ready);
 
   const ModelSpec spec_;
   const int64_t batch_;
+  const int64_t first_layer_;
+  const int64_t end_layer_;
   hal::ComputeDevice* const device_;
   KernelContext ctx_;  // the device's default stream, worker 0's
   std::vector<TensorSpec> tensors_;
+  std::vector<int> global_index_;  // per local tensor
+  // Local indices; -1 where the stage has no such tensor. head_ is wte_ when tied.
+  int wte_ = -1;
+  int wpe_ = -1;
+  int layer_base_ = 0;
+  int lnf_ = -1;
+  int head_ = -1;
   std::vector<std::pair<int64_t, int64_t>> slices_;    // per worker: [first, end) sequences
   std::vector<KernelContext> ctxs_;                    // per worker
   std::vector<std::unique_ptr<hal::Stream>> streams_;  // workers 1..
@@ -157,22 +223,13 @@ class Gpt {
   std::span<Real> params_;
   std::span<Real> own_grads_;
   std::vector<std::span<Real>> grads_;  // per tensor
-  // Activations.
-  Real* encoded_ = nullptr;  // (BT, C)
-  std::vector<LayerActs> layers_;
-  Real* lnf_ = nullptr;  // (BT, C)
-  Real* lnf_mean_ = nullptr;
-  Real* lnf_rstd_ = nullptr;
-  Real* logits_ = nullptr;     // (BT, V); the logits' gradient after a training Forward
-  Real* losses_ = nullptr;     // (BT)
-  int32_t* inputs_ = nullptr;  // (BT): the last Forward's inputs, for the embedding backward
-  // Backward scratch, shared by the layers.
-  Real* dres_ = nullptr;  // (BT, C): the residual stream's gradient
+  std::vector<SlotActs> slots_;
+  // Backward scratch, shared by the layers and the slots.
+  Real* dres_ = nullptr;  // (BT, C): the residual stream's gradient (grad_output/grad_input)
   Real* dtmp_ = nullptr;  // (BT, C)
   Real* dqkv_ = nullptr;  // (BT, 3C)
   Real* dfch_ = nullptr;  // (BT, F)
   Real* datt_ = nullptr;  // (B, NH, T, T)
-  bool have_grad_ = false;
 };
 
 extern template class Gpt<float>;

@@ -3,9 +3,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "parallel/optimizer.h"
@@ -135,6 +138,151 @@ TEST(GptModelTest, ThreadsSplittingTheBatchGiveTheSameGradients) {
   Status s = (*three)->Backward(
       false, [](int t) { return t == 0 ? InternalError("bucket failed") : OkStatus(); });
   EXPECT_EQ(s.code(), ErrorCode::kInternal);
+}
+
+// A model split into pipeline stages computes what the whole model does: the same losses and,
+// stage by stage, the same gradients (a tied wte's two copies adding up to the whole model's),
+// with two micro-batches' activations held at once in two slots.
+class GptStageTest : public ::testing::TestWithParam<std::tuple<bool, std::vector<int64_t>>> {};
+
+TEST_P(GptStageTest, StagesComposeToTheWholeModel) {
+  const auto& [tied, bounds] = GetParam();
+  auto device = Cpu();
+  ModelSpec spec = Small(tied);
+  spec.layers = bounds.back();
+  auto whole = Gpt<double>::Create(spec, device.get(), {});
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  Gpt<double>& w = **whole;
+  w.InitParameters(7);
+  std::mt19937 gen(3);
+  std::normal_distribution<double> noise(0.0, 0.3);
+  for (double& p : w.params()) p += noise(gen);
+
+  std::vector<std::unique_ptr<Gpt<double>>> stages;
+  for (size_t i = 0; i + 1 < bounds.size(); ++i) {
+    auto stage = Gpt<double>::Create(
+        spec, device.get(), {.first_layer = bounds[i], .end_layer = bounds[i + 1], .slots = 2});
+    ASSERT_TRUE(stage.ok()) << stage.status();
+    Gpt<double>& st = **stage;
+    EXPECT_EQ(st.has_embedding(), i == 0);
+    EXPECT_EQ(st.has_head(), i + 2 == bounds.size());
+    // Initialisation gives a stage the whole model's values; the noise is copied over.
+    st.InitParameters(7);
+    auto fresh = Gpt<double>::Create(spec, device.get(), {});
+    ASSERT_TRUE(fresh.ok());
+    (*fresh)->InitParameters(7);
+    for (size_t t = 0; t < st.tensors().size(); ++t) {
+      const int g = st.global_index(static_cast<int>(t));
+      EXPECT_EQ(st.tensors()[t].name, w.tensors()[static_cast<size_t>(g)].name);
+      const std::span<double> mine = st.param(static_cast<int>(t));
+      const std::span<double> init = (*fresh)->param(g);
+      ASSERT_TRUE(std::equal(mine.begin(), mine.end(), init.begin())) << st.tensors()[t].name;
+      const std::span<double> src = w.param(g);
+      std::copy(src.begin(), src.end(), mine.begin());
+    }
+    stages.push_back(std::move(*stage));
+  }
+
+  const int64_t n = w.tokens();
+  const std::vector<int32_t> in[2] = {Tokens(n, spec.vocab, 1), Tokens(n, spec.vocab, 2)};
+  const std::vector<int32_t> tg[2] = {Tokens(n, spec.vocab, 3), Tokens(n, spec.vocab, 4)};
+  auto ignore = [](int) { return OkStatus(); };
+  double whole_loss[2];
+  for (int mb = 0; mb < 2; ++mb) {
+    Result<double> loss = w.Forward(in[mb], tg[mb], 1.0 / n);
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    whole_loss[mb] = *loss;
+    ASSERT_TRUE(w.Backward(mb > 0, ignore).ok());
+  }
+
+  // GPipe's order: both forwards through every stage, then both backwards.
+  const size_t last = stages.size() - 1;
+  for (int mb = 0; mb < 2; ++mb) {
+    for (size_t i = 0; i <= last; ++i) {
+      Gpt<double>& st = *stages[i];
+      if (i > 0) {
+        std::span<const double> out = stages[i - 1]->stage_output(mb);
+        std::copy(out.begin(), out.end(), st.stage_input(mb).begin());
+      }
+      Result<double> loss = st.Forward(
+          mb, i == 0 ? std::span<const int32_t>(in[mb]) : std::span<const int32_t>(),
+          i == last ? std::span<const int32_t>(tg[mb]) : std::span<const int32_t>(), 1.0 / n);
+      ASSERT_TRUE(loss.ok()) << loss.status();
+      if (i == last) EXPECT_DOUBLE_EQ(*loss, whole_loss[mb]) << "micro-batch " << mb;
+    }
+  }
+  for (int mb = 0; mb < 2; ++mb) {
+    for (size_t i = last + 1; i-- > 0;) {
+      Gpt<double>& st = *stages[i];
+      if (i < last) {
+        std::span<const double> g = stages[i + 1]->grad_input();
+        std::copy(g.begin(), g.end(), st.grad_output().begin());
+      }
+      std::vector<int> announced;
+      ASSERT_TRUE(st.Backward(mb, mb > 0, [&](int t) {
+                      announced.push_back(t);
+                      return OkStatus();
+                    }).ok());
+      std::sort(announced.begin(), announced.end());
+      std::vector<int> all(st.tensors().size());
+      std::iota(all.begin(), all.end(), 0);
+      EXPECT_EQ(announced, all) << "stage " << i;
+    }
+  }
+
+  // Every gradient as the whole model's; wte's copies add up to it.
+  std::vector<double> wte(static_cast<size_t>(spec.vocab * spec.hidden), 0.0);
+  for (const auto& st : stages) {
+    for (size_t t = 0; t < st->tensors().size(); ++t) {
+      const int g = st->global_index(static_cast<int>(t));
+      const std::span<double> mine = st->grad(static_cast<int>(t));
+      if (g == 0) {
+        for (size_t j = 0; j < mine.size(); ++j) wte[j] += mine[j];
+        continue;
+      }
+      const std::span<double> want = w.grad(g);
+      for (size_t j = 0; j < mine.size(); ++j) {
+        ASSERT_NEAR(mine[j], want[j], 1e-12 * (1 + std::abs(want[j])))
+            << st->tensors()[t].name << "[" << j << "]";
+      }
+    }
+  }
+  const std::span<double> want = w.grad(0);
+  for (size_t j = 0; j < wte.size(); ++j) {
+    ASSERT_NEAR(wte[j], want[j], 1e-12 * (1 + std::abs(want[j]))) << "wte[" << j << "]";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Splits, GptStageTest,
+                         ::testing::Combine(::testing::Bool(),
+                                            ::testing::Values(std::vector<int64_t>{0, 1, 2},
+                                                              std::vector<int64_t>{0, 2, 3, 5},
+                                                              std::vector<int64_t>{0, 3})));
+
+TEST(GptModelTest, StagesRejectBadRangesSlotsAndInputs) {
+  auto device = Cpu();
+  const ModelSpec spec = Small(true);
+  EXPECT_EQ(Gpt<float>::Create(spec, device.get(), {.first_layer = 2}).status().code(),
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(
+      Gpt<float>::Create(spec, device.get(), {.first_layer = 1, .end_layer = 3}).status().code(),
+      ErrorCode::kInvalidArgument);
+  EXPECT_EQ(Gpt<float>::Create(spec, device.get(), {.slots = 0}).status().code(),
+            ErrorCode::kInvalidArgument);
+  auto last_stage = Gpt<float>::Create(spec, device.get(), {.first_layer = 1, .slots = 2});
+  ASSERT_TRUE(last_stage.ok()) << last_stage.status();
+  const std::vector<int32_t> tokens = Tokens((*last_stage)->tokens(), spec.vocab, 1);
+  // The last stage takes targets but no tokens; slot 2 does not exist.
+  EXPECT_THAT((*last_stage)->Forward(0, tokens, tokens, 1).status().message(),
+              ::testing::HasSubstr("expected 0 and 10"));
+  EXPECT_THAT((*last_stage)->Forward(2, {}, tokens, 1).status().message(),
+              ::testing::HasSubstr("slot 2 outside [0, 2)"));
+  EXPECT_TRUE((*last_stage)->Forward(1, {}, tokens, 1).ok());
+  EXPECT_EQ((*last_stage)->Backward(0, false, [](int) { return OkStatus(); }).code(),
+            ErrorCode::kFailedPrecondition);  // slot 0 had no forward
+  EXPECT_TRUE((*last_stage)->Backward(1, false, [](int) { return OkStatus(); }).ok());
+  EXPECT_TRUE((*last_stage)->stage_output(0).empty());  // the last stage has no output
+  EXPECT_EQ((*last_stage)->stage_input(0).size(), static_cast<size_t>(10 * spec.hidden));
 }
 
 TEST(GptModelTest, AccumulateAddsTheSecondBatchsGradient) {
