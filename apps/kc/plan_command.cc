@@ -246,8 +246,10 @@ int RunPlan(const PlanArgs& a) {
   constraints.max_micro_batch_size = a.max_micro_batch_size;
   if (local && (constraints.fixed_t > 1 || constraints.max_p > 1)) {
     return Fail(InvalidArgumentError(
-        "--fixed-t/--max-p: kc train runs t=1 p=1 plans on this machine until tensor and "
-        "pipeline parallelism land; plan a simulated cluster with --cluster INVENTORY.yaml"));
+        "--fixed-t/--max-p: on real devices the planner keeps to data-parallel plans (kc "
+        "train runs no tensor parallelism yet, and pipelines with gpipe or 1f1b only: give "
+        "one to kc train --plan yourself); plan a simulated cluster with --cluster "
+        "INVENTORY.yaml"));
   }
   const int n = cluster->spec.devices;
   const int64_t batch = a.batch > 0 ? a.batch : spec->batch_per_rank * n;
@@ -332,8 +334,8 @@ int RunPlan(const PlanArgs& a) {
       c.inter_node_bandwidth / 1e9, source);
   for (const std::string& note : cluster->notes) os << "         note: " << note << "\n";
   if (local) {
-    os << "         note: kc train runs t=1 p=1 plans today; the search keeps to those on real "
-          "devices\n";
+    os << "         note: on real devices the search keeps to data-parallel plans (t=1 p=1): "
+          "kc train runs no tensor parallelism yet, and pipelines with gpipe or 1f1b only\n";
   }
   os << fmt::format("batch    {} sequences x {} tokens per step{}\n\n", batch, spec->seq_len,
                     a.batch > 0 ? "" : " (batch_per_rank x devices; --batch to change)");

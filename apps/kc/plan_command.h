@@ -17,8 +17,9 @@ namespace kc::app {
 // Registers `plan` on `app`; the parsed command is stored in *action.
 void AddPlanCommand(CLI::App& app, Action* action);
 
-// What kc train runs today: data-parallel plans with micro-batches and ZeRO-1 (no tensor or
-// pipeline parallelism, no recompute). The search keeps to these on this machine.
+// What the planner offers for real devices: data-parallel plans with micro-batches and ZeRO-1
+// (no recompute). kc train also runs pipelines with GPipe and 1F1B, but the search keeps to
+// these until it can leave out the schedules the trainer does not run yet.
 parallel::planner::SearchConstraints EngineConstraints();
 
 // This machine as `devices` CPU devices (its cores split evenly; 0: one per core): the

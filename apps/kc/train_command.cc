@@ -89,6 +89,8 @@ struct Plan {
   parallel::ModelSpec spec;   // batch_per_rank: the micro-batch, sequences per pass
   int64_t micro_batches = 1;  // per step per rank
   int zero_stage = 0;
+  int pipeline_stages = 1;  // the plan's p
+  parallel::Schedule schedule = parallel::Schedule::k1F1B;
   int64_t global_batch = 0;                // sequences per step over all ranks
   std::optional<double> predicted_step_s;  // --plan auto: the planner's prediction
   int threads = 1;                         // cores per rank
@@ -177,12 +179,24 @@ Result<Plan> Check(TrainArgs* args) {
     const int64_t global = a.global_batch != 0 ? a.global_batch : plan.global_batch();
     KC_RETURN_IF_ERROR(
         parallel::ValidatePlan(plan, p.spec, a.ranks, global).WithContext("--plan " + a.plan));
-    if (plan.t > 1 || plan.p > 1) {
+    if (plan.t > 1) {
       return UnimplementedError(fmt::format(
-          "--plan {}: t={} p={}: tensor and pipeline parallelism are not built yet; kc train "
-          "runs plans with t=1 and p=1 (data parallel, micro-batches, zero_stage 0 or 1)",
-          a.plan, plan.t, plan.p));
+          "--plan {}: t={}: tensor parallelism is not built yet; kc train runs plans with t=1 "
+          "(data and pipeline parallel, micro-batches, zero_stage 0 or 1)",
+          a.plan, plan.t));
     }
+    if (plan.p > 1 && plan.schedule != parallel::Schedule::kGpipe &&
+        plan.schedule != parallel::Schedule::k1F1B) {
+      return UnimplementedError(fmt::format(
+          "--plan {}: schedule={}: the trainer runs the gpipe and 1f1b schedules so far "
+          "(interleaved and zb-h1 are simulated only)",
+          a.plan, parallel::ScheduleName(plan.schedule)));
+    }
+    if (plan.p > 1 && !a.export_dir.empty()) {
+      return UnimplementedError("--export with a pipeline (p > 1): each rank holds a stage only");
+    }
+    p.pipeline_stages = plan.p;
+    p.schedule = plan.schedule;
     if (plan.zero_stage > 1 || plan.recompute) {
       return UnimplementedError("--plan " + a.plan +
                                 ": zero_stage above 1 and recompute are not built yet");
@@ -200,7 +214,7 @@ Result<Plan> Check(TrainArgs* args) {
     }
     p.spec.batch_per_rank = a.global_batch / a.ranks;
   }
-  p.global_batch = p.spec.batch_per_rank * p.micro_batches * a.ranks;
+  p.global_batch = p.spec.batch_per_rank * p.micro_batches * (a.ranks / p.pipeline_stages);
   p.cpus = AllowedCpus();
   const int ncpu = static_cast<int>(p.cpus.size());
   p.threads = a.threads_per_rank > 0 ? a.threads_per_rank : std::max(1, ncpu / a.ranks);
@@ -387,12 +401,15 @@ Status RunWorkerRank(const TrainArgs& a, const Plan& p) {
   o.compute_threads = p.compute_threads;
   o.micro_batches = p.micro_batches;
   o.zero_stage = p.zero_stage;
+  o.pipeline_stages = p.pipeline_stages;
+  o.schedule = p.schedule;
   o.grad_sync = p.grad_sync;
   o.bucket_bytes = static_cast<int64_t>(a.bucket_mb * (1 << 20));
   // About 60 spans a step (most are the backward's bucket hand-offs), reserved up front.
   std::unique_ptr<parallel::Timeline> timeline;
   if (!a.trace.empty()) {
-    timeline = std::make_unique<parallel::Timeline>(static_cast<size_t>(a.steps) * 64);
+    timeline = std::make_unique<parallel::Timeline>(static_cast<size_t>(a.steps) *
+                                                    static_cast<size_t>(64 + 8 * p.micro_batches));
     o.timeline = timeline.get();
   }
   KC_ASSIGN_OR_RETURN(auto trainer, parallel::Trainer::Create(o));

@@ -56,11 +56,24 @@ Status Trainer::Init() {
   const ModelSpec& spec = options_.spec;
   KC_RETURN_IF_ERROR(ValidateModelSpec(spec));
   comm::Communicator* comm = options_.comm;
-  world_ = comm != nullptr ? comm->size() : 1;
-  const int rank = comm != nullptr ? comm->rank() : 0;
+  const int size = comm != nullptr ? comm->size() : 1;
   if (options_.micro_batches < 1 || options_.zero_stage < 0 || options_.zero_stage > 1) {
     return InvalidArgumentError("trainer: micro_batches must be >= 1 and zero_stage 0 or 1");
   }
+  stages_ = options_.pipeline_stages;
+  if (stages_ < 1 || size % stages_ != 0 || stages_ > spec.layers) {
+    return InvalidArgumentError("trainer: " + std::to_string(stages_) + " pipeline stages for " +
+                                std::to_string(size) + " ranks and " + std::to_string(spec.layers) +
+                                " layers: p must divide the ranks and be "
+                                "at most the layers");
+  }
+  world_ = size / stages_;
+  stage_ = (comm != nullptr ? comm->rank() : 0) / world_;
+  dp_rank_ = (comm != nullptr ? comm->rank() : 0) % world_;
+  dp_comm_ = comm;
+  if (stages_ > 1) KC_RETURN_IF_ERROR(InitPipeline());
+  comm = dp_comm_;
+  const int rank = dp_rank_;
   auto loader_options = [&](LoaderOptions o) {
     o.seq_len = spec.seq_len;
     o.batch = spec.batch_per_rank * options_.micro_batches;
@@ -80,10 +93,32 @@ Status Trainer::Init() {
     KC_ASSIGN_OR_RETURN(validation_, OpenDataLoader(loader_options(options_.validation)));
     validation_start_ = validation_->state();
   }
-  KC_ASSIGN_OR_RETURN(
-      model_, Gpt<float>::Create(spec, options_.device, {.threads = options_.compute_threads}));
+  GptOptions gpt{.threads = options_.compute_threads};
+  if (stages_ > 1) {
+    KC_ASSIGN_OR_RETURN(std::vector<int> bounds, BalanceStages(spec, stages_));
+    gpt.first_layer = bounds[static_cast<size_t>(stage_)];
+    gpt.end_layer = bounds[static_cast<size_t>(stage_) + 1];
+    // The most micro-batches this stage holds at once under the schedule.
+    int held = 0;
+    for (int in_flight = 0; const PipeOp& op : ops_) {
+      in_flight += op.kind == PipeOpKind::kForward ? 1 : -1;
+      held = std::max(held, in_flight);
+    }
+    gpt.slots = held;
+  }
+  KC_ASSIGN_OR_RETURN(model_, Gpt<float>::Create(spec, options_.device, gpt));
   model_->InitParameters(spec.training.seed);
   const std::vector<TensorSpec>& tensors = model_->tensors();
+  if (stages_ > 1) {
+    grad_send_.assign(static_cast<size_t>(model_->slots()),
+                      std::vector<float>(static_cast<size_t>(model_->tokens() * spec.hidden)));
+    grad_sent_.assign(grad_send_.size(), nullptr);
+    if (spec.tied_embeddings && (model_->has_embedding() || model_->has_head())) {
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        if (tensors[i].name == "wte") wte_tensor_ = static_cast<int>(i);
+      }
+    }
+  }
 
   if (comm != nullptr && world_ > 1) {
     // Every rank starts from rank 0's parameters, as DDP does.
@@ -138,36 +173,156 @@ Status Trainer::Init() {
   return OkStatus();
 }
 
-double Trainer::GradNorm() {
+Result<double> Trainer::GradNorm() {
   double sum = 0;
   // Over every tensor, not the optimizer's slots: with ZeRO-1 those are this rank's chunk.
+  // A tied wte's second copy (on the last stage) is the first's, counted once.
   for (int i = 0; i < static_cast<int>(model_->tensors().size()); ++i) {
+    if (i == wte_tensor_ && !model_->has_embedding()) continue;
     sum += SquaredNorm<float>(model_->grad(i));
+  }
+  if (stages_ > 1) {
+    KC_ASSIGN_OR_RETURN(auto work,
+                        pipe_comm_->Allreduce(std::span<double>(&sum, 1), comm::ReduceOp::kSum));
+    KC_RETURN_IF_ERROR(work->Wait());
   }
   return std::sqrt(sum);
 }
 
+Status Trainer::InitPipeline() {
+  comm::Communicator* comm = options_.comm;
+  KC_CHECK(comm != nullptr);
+  if (options_.schedule != Schedule::kGpipe && options_.schedule != Schedule::k1F1B) {
+    return UnimplementedError(std::string("trainer: the ") +
+                              std::string(ScheduleName(options_.schedule)) +
+                              " schedule is simulated (parallel/pipeline_schedule.h) but not yet "
+                              "run by the trainer; gpipe and 1f1b are");
+  }
+  // Every rank makes the same calls in the same order: the replicas of a stage, the stages of
+  // a replica, then the first and last stage of each replica (for tied embeddings).
+  KC_ASSIGN_OR_RETURN(dp_owned_, comm->Split(stage_, dp_rank_));
+  dp_comm_ = dp_owned_.get();
+  KC_ASSIGN_OR_RETURN(pipe_comm_, comm->Split(dp_rank_, stage_));
+  const int ends[2] = {0, stages_ - 1};
+  KC_ASSIGN_OR_RETURN(embed_comm_, pipe_comm_->SubGroup(ends));
+  KC_ASSIGN_OR_RETURN(
+      std::vector<std::vector<PipeOp>> schedule,
+      BuildPipelineSchedule(options_.schedule, stages_, static_cast<int>(options_.micro_batches)));
+  ops_ = std::move(schedule[static_cast<size_t>(stage_)]);
+  return OkStatus();
+}
+
+Status Trainer::RunPipelineOp(const PipeOp& op, std::span<const int32_t> inputs,
+                              std::span<const int32_t> targets, double grad_scale,
+                              bool last_backward, bool first_backward, double* loss,
+                              double* comm_s) {
+  using Clock = std::chrono::steady_clock;
+  const int slot = op.micro_batch % model_->slots();
+  const bool first = stage_ == 0, last = stage_ == stages_ - 1;
+  const comm::OpOptions lane{.lane = comm::Lane::kActivation};
+  constexpr uint64_t kActivationTag = 1, kGradientTag = 2;
+  auto span = [&](const char* name, SpanKind kind, Clock::time_point from) {
+    const Clock::time_point now = Clock::now();
+    if (options_.timeline != nullptr) options_.timeline->Add(name, kind, step_, from, now);
+    return now;
+  };
+  auto receive = [&](int peer, std::span<float> into, uint64_t tag, const char* name) -> Status {
+    const Clock::time_point t0 = Clock::now();
+    KC_ASSIGN_OR_RETURN(auto work, pipe_comm_->Recv(peer, Bytes(into), tag, lane));
+    KC_RETURN_IF_ERROR(work->Wait());
+    *comm_s += Since(t0);
+    span(name, SpanKind::kComm, t0);
+    return OkStatus();
+  };
+  if (op.kind == PipeOpKind::kForward) {
+    if (!first) {
+      KC_RETURN_IF_ERROR(
+          receive(stage_ - 1, model_->stage_input(slot), kActivationTag, "receive activations"));
+    }
+    const Clock::time_point t0 = Clock::now();
+    KC_ASSIGN_OR_RETURN(double micro_loss,
+                        model_->Forward(slot, first ? inputs : std::span<const int32_t>(),
+                                        last ? targets : std::span<const int32_t>(), grad_scale));
+    span("forward", SpanKind::kCompute, t0);
+    if (last) *loss += micro_loss / static_cast<double>(options_.micro_batches);
+    if (!last) {
+      const std::span<const float> out = model_->stage_output(slot);
+      KC_ASSIGN_OR_RETURN(auto work,
+                          pipe_comm_->Send(stage_ + 1, std::as_bytes(out), kActivationTag, lane));
+      sends_.push_back(std::move(work));
+    }
+    return OkStatus();
+  }
+  if (!last) {
+    KC_RETURN_IF_ERROR(
+        receive(stage_ + 1, model_->grad_output(), kGradientTag, "receive gradients"));
+  }
+  const Clock::time_point t0 = Clock::now();
+  KC_RETURN_IF_ERROR(model_->Backward(slot, !first_backward, [&](int tensor) -> Status {
+    if (buckets_ == nullptr || !last_backward) return OkStatus();
+    return buckets_->MarkReady(bucket_index_[tensor]);
+  }));
+  span("backward", SpanKind::kCompute, t0);
+  if (!first) {
+    // The buffer's previous gradient may still be on its way (the previous stage takes it
+    // only when its schedule reaches that backward): wait for it to leave before reusing the
+    // buffer. The previous stage never waits on this one to get there, so this cannot cycle.
+    const size_t b = static_cast<size_t>(slot);
+    if (grad_sent_[b] != nullptr) {
+      const Clock::time_point w0 = Clock::now();
+      KC_RETURN_IF_ERROR(grad_sent_[b]->Wait());
+      *comm_s += Since(w0);
+      span("wait for gradient send", SpanKind::kComm, w0);
+    }
+    const std::span<const float> g = model_->grad_input();
+    std::copy(g.begin(), g.end(), grad_send_[b].begin());
+    KC_ASSIGN_OR_RETURN(
+        grad_sent_[b],
+        pipe_comm_->Send(stage_ - 1, std::as_bytes(std::span<const float>(grad_send_[b])),
+                         kGradientTag, lane));
+  }
+  return OkStatus();
+}
+
 Result<double> Trainer::AverageAcrossRanks(double value) {
+  if (stages_ > 1) {
+    // Only the last stages hold a loss: sum over every rank, over the replicas.
+    if (stage_ != stages_ - 1) value = 0;
+    KC_ASSIGN_OR_RETURN(
+        auto work, options_.comm->Allreduce(std::span<double>(&value, 1), comm::ReduceOp::kSum));
+    KC_RETURN_IF_ERROR(work->Wait());
+    return value / world_;
+  }
   if (world_ == 1) return value;
   KC_ASSIGN_OR_RETURN(auto work,
-                      options_.comm->Allreduce(std::span<double>(&value, 1), comm::ReduceOp::kAvg));
+                      dp_comm_->Allreduce(std::span<double>(&value, 1), comm::ReduceOp::kAvg));
   KC_RETURN_IF_ERROR(work->Wait());
   return value;
 }
 
 Status Trainer::SyncGradients(double* comm_s) {
-  if (world_ == 1) return OkStatus();
   const auto t0 = std::chrono::steady_clock::now();
-  if (buckets_ != nullptr) {
+  for (const std::shared_ptr<comm::Work>& w : sends_) KC_RETURN_IF_ERROR(w->Wait());
+  sends_.clear();
+  for (std::shared_ptr<comm::Work>& w : grad_sent_) {
+    if (w != nullptr) KC_RETURN_IF_ERROR(w->Wait());
+    w = nullptr;
+  }
+  if (world_ > 1 && buckets_ != nullptr) {
     KC_RETURN_IF_ERROR(buckets_->Finish());
-  } else {
+  } else if (world_ > 1) {
     // The baseline: each tensor on its own, after the whole backward, one at a time.
     const std::vector<TensorSpec>& tensors = model_->tensors();
     for (int i = static_cast<int>(tensors.size()) - 1; i >= 0; --i) {
-      KC_ASSIGN_OR_RETURN(auto work,
-                          options_.comm->Allreduce(model_->grad(i), comm::ReduceOp::kAvg));
+      KC_ASSIGN_OR_RETURN(auto work, dp_comm_->Allreduce(model_->grad(i), comm::ReduceOp::kAvg));
       KC_RETURN_IF_ERROR(work->Wait());
     }
+  }
+  if (embed_comm_ != nullptr && wte_tensor_ >= 0 && stages_ > 1) {
+    // The two copies of a tied wte add their parts: the embeddings' and the head's.
+    KC_ASSIGN_OR_RETURN(auto work,
+                        embed_comm_->Allreduce(model_->grad(wte_tensor_), comm::ReduceOp::kSum));
+    KC_RETURN_IF_ERROR(work->Wait());
   }
   *comm_s += Since(t0);
   return OkStatus();
@@ -193,7 +348,20 @@ Result<StepStats> Trainer::Step() {
   const double grad_scale = 1.0 / static_cast<double>(micro_tokens * m);
   double loss = 0;
   double comm_s = 0;
-  for (int64_t k = 0; k < m; ++k) {
+  if (stages_ > 1) {
+    int64_t backwards = 0;
+    for (const PipeOp& op : ops_) {
+      const size_t k = static_cast<size_t>(op.micro_batch);
+      const bool backward = op.kind != PipeOpKind::kForward;
+      if (backward) ++backwards;
+      KC_RETURN_IF_ERROR(RunPipelineOp(
+          op, std::span<const int32_t>(batch_.inputs).subspan(k * micro_tokens, micro_tokens),
+          std::span<const int32_t>(batch_.targets).subspan(k * micro_tokens, micro_tokens),
+          grad_scale, backward && backwards == m, backward && backwards == 1, &loss, &comm_s));
+    }
+    t = Clock::now();
+  }
+  for (int64_t k = 0; k < m && stages_ == 1; ++k) {
     const std::span<const int32_t> in =
         std::span<const int32_t>(batch_.inputs).subspan(k * micro_tokens, micro_tokens);
     const std::span<const int32_t> tg =
@@ -219,15 +387,15 @@ Result<StepStats> Trainer::Step() {
   KC_ASSIGN_OR_RETURN(stats.loss, AverageAcrossRanks(loss));
   comm_s += Since(t);
   t = span("all-reduce loss", SpanKind::kComm, t);
-  stats.grad_norm = GradNorm();
+  KC_ASSIGN_OR_RETURN(stats.grad_norm, GradNorm());
   stats.lr = LearningRate(options_.spec.training, step_, options_.total_steps);
   optimizer_->Step(stats.lr, ClipScale(options_.spec.training, stats.grad_norm));
   t = span("optimizer", SpanKind::kCompute, t);
   if (options_.zero_stage == 1 && world_ > 1) {
     // Every rank updated its chunk; gather the others'.
     std::span<float> params = model_->params();
-    KC_ASSIGN_OR_RETURN(auto work, options_.comm->Allgather(std::as_writable_bytes(params),
-                                                            params.size(), hal::DataType::kF32));
+    KC_ASSIGN_OR_RETURN(auto work, dp_comm_->Allgather(std::as_writable_bytes(params),
+                                                       params.size(), hal::DataType::kF32));
     KC_RETURN_IF_ERROR(work->Wait());
     comm_s += Since(t);
     span("all-gather parameters", SpanKind::kComm, t);
@@ -254,11 +422,31 @@ Result<double> Trainer::Evaluate(int64_t batches) {
   for (int64_t i = 0; i < batches; ++i) {
     validation_->Next(&batch);
     for (int64_t k = 0; k < m; ++k) {
-      KC_ASSIGN_OR_RETURN(
-          double loss,
-          model_->Forward(
-              std::span<const int32_t>(batch.inputs).subspan(k * micro_tokens, micro_tokens),
-              std::span<const int32_t>(batch.targets).subspan(k * micro_tokens, micro_tokens), 0));
+      const std::span<const int32_t> in =
+          std::span<const int32_t>(batch.inputs).subspan(k * micro_tokens, micro_tokens);
+      const std::span<const int32_t> tg =
+          std::span<const int32_t>(batch.targets).subspan(k * micro_tokens, micro_tokens);
+      if (stages_ == 1) {
+        KC_ASSIGN_OR_RETURN(double loss, model_->Forward(in, tg, 0));
+        sum += loss / static_cast<double>(m);
+        continue;
+      }
+      // Through the stages one micro-batch at a time, in slot 0.
+      const comm::OpOptions lane{.lane = comm::Lane::kActivation};
+      const bool first = stage_ == 0, last = stage_ == stages_ - 1;
+      if (!first) {
+        KC_ASSIGN_OR_RETURN(auto work,
+                            pipe_comm_->Recv(stage_ - 1, Bytes(model_->stage_input(0)), 1, lane));
+        KC_RETURN_IF_ERROR(work->Wait());
+      }
+      KC_ASSIGN_OR_RETURN(double loss, model_->Forward(0, first ? in : std::span<const int32_t>(),
+                                                       last ? tg : std::span<const int32_t>(), 0));
+      if (!last) {
+        KC_ASSIGN_OR_RETURN(
+            auto work,
+            pipe_comm_->Send(stage_ + 1, std::as_bytes(model_->stage_output(0)), 1, lane));
+        KC_RETURN_IF_ERROR(work->Wait());
+      }
       sum += loss / static_cast<double>(m);
     }
   }

@@ -22,6 +22,8 @@
 #include "parallel/gpt_model.h"
 #include "parallel/model_spec.h"
 #include "parallel/optimizer.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/plan.h"
 #include "parallel/timeline.h"
 
 namespace kc::parallel {
@@ -52,6 +54,12 @@ struct TrainerOptions {
   // its 1/N of the parameters, then the parameters are all-gathered). 0: every rank updates
   // everything.
   int zero_stage = 0;
+  // Pipeline parallelism: the plan's p. Ranks are numbered replica fastest, then stage
+  // (rank = stage * d + replica, d = world / p); stage s holds BalanceStages' layers and runs
+  // the schedule's passes over `micro_batches` micro-batches, activations and their gradients
+  // crossing stages by send/recv on the activation lane. GPipe and 1F1B run today.
+  int pipeline_stages = 1;
+  Schedule schedule = Schedule::k1F1B;
   GradSync grad_sync = GradSync::kBucketed;
   int64_t bucket_bytes = 2 << 20;
   // Where each step's spans go (data, forward, backward, optimizer, and the communication
@@ -87,7 +95,9 @@ class Trainer {
   // kFailedPrecondition when there is no validation data.
   Result<double> Evaluate(int64_t batches);
 
+  // This rank's model: the whole GPT, or its pipeline stage's part.
   Gpt<float>& model() { return *model_; }
+  int stage() const { return stage_; }
   DataLoader& loader() { return *loader_; }
   int64_t steps_done() const { return step_; }
   int64_t grad_buckets() const { return buckets_ != nullptr ? buckets_->num_buckets() : 0; }
@@ -95,13 +105,32 @@ class Trainer {
  private:
   explicit Trainer(TrainerOptions options) : options_(std::move(options)) {}
   Status Init();
+  Status InitPipeline();
   Status SyncGradients(double* comm_s);
+  // The mean of a per-replica value over the data-parallel replicas; with pipelining the
+  // value is the last stage's (the others pass 0).
   Result<double> AverageAcrossRanks(double value);
   // The L2 norm of the whole (averaged) gradient; every rank gets the same.
-  double GradNorm();
+  Result<double> GradNorm();
+  // One pass of the pipeline schedule; `comm_s` collects the time spent waiting on peers.
+  Status RunPipelineOp(const PipeOp& op, std::span<const int32_t> inputs,
+                       std::span<const int32_t> targets, double grad_scale, bool last_backward,
+                       bool first_backward, double* loss, double* comm_s);
 
   TrainerOptions options_;
-  int world_ = 1;
+  int world_ = 1;                          // data-parallel replicas (d)
+  int dp_rank_ = 0;                        // this rank's replica
+  int stage_ = 0;                          // this rank's pipeline stage
+  int stages_ = 1;                         // p
+  comm::Communicator* dp_comm_ = nullptr;  // the replicas of this stage (options_.comm when p = 1)
+  std::unique_ptr<comm::Communicator> dp_owned_;
+  std::unique_ptr<comm::Communicator> pipe_comm_;       // this replica's stages
+  std::unique_ptr<comm::Communicator> embed_comm_;      // first and last stage: tied wte gradients
+  std::vector<PipeOp> ops_;                             // this stage's passes, in order
+  std::vector<std::vector<float>> grad_send_;           // per slot: the gradient sent back
+  std::vector<std::shared_ptr<comm::Work>> grad_sent_;  // per slot: its send in flight
+  std::vector<std::shared_ptr<comm::Work>> sends_;      // this step's sends, waited at its end
+  int wte_tensor_ = -1;  // the stage's wte, when it is one of two tied copies
   std::unique_ptr<DataLoader> loader_;
   std::unique_ptr<DataLoader> validation_;
   LoaderState validation_start_;

@@ -174,7 +174,7 @@ batch_per_rank: 4
   KcRun local = Kc(dir, "plan " + model + " --devices 1 --batch 4");
   ASSERT_EQ(local.exit_code, 0) << local.err;
   EXPECT_THAT(local.out, HasSubstr("[calibration "));
-  EXPECT_THAT(local.out, HasSubstr("kc train runs t=1 p=1 plans today"));
+  EXPECT_THAT(local.out, HasSubstr("the search keeps to data-parallel plans (t=1 p=1)"));
   // Calibrated with this model: no note that another model's efficiencies stand in.
   EXPECT_THAT(local.out, ::testing::Not(HasSubstr("stand in for")));
   KcRun tp = Kc(dir, "plan " + model + " --devices 1 --fixed-t 2");

@@ -146,6 +146,47 @@ TEST(KcTrainTest, PlansWithMicroBatchesAndZeroGiveTheLossesOfOneRank) {
   }
 }
 
+// Pipeline plans (GPipe and 1F1B, with and without data parallelism, a layer count the stages
+// do not divide) train the same global batch to the same losses as one rank.
+TEST(KcTrainTest, PipelinePlansGiveTheLossesOfOneRank) {
+  std::string five = kModel;
+  five.replace(five.find("layers: 2"), 9, "layers: 5");
+  const std::string model = TheCorpus().dir().Write("test-gpt-5.yaml", five);
+  const std::string common = "--steps 20 --eval-every 10 --threads-per-rank 1 --plan ";
+  TrainRun one = Train(model, common + "d=1,micro_batch_size=8", "pp1");
+  ASSERT_EQ(one.result.exit_code, 0) << one.result.err;
+  ASSERT_EQ(one.losses.size(), 20u);
+  std::map<std::string, int64_t> arena;  // rank 0's (stage 0's) model memory, by plan
+  for (const char* plan : {"p=2,micro_batch_size=2,micro_batches=4",
+                           "p=2,micro_batch_size=2,micro_batches=4,schedule=gpipe",
+                           "p=2,d=2,micro_batch_size=2,micro_batches=2,zero_stage=1",
+                           "p=3,micro_batch_size=2,micro_batches=4"}) {
+    TrainRun run = Train(model, common + plan, "pp");
+    ASSERT_EQ(run.result.exit_code, 0) << plan << "\n" << run.result.err;
+    ASSERT_EQ(run.losses.size(), 20u) << plan;
+    EXPECT_LT(MaxRelativeDifference(one.losses, run.losses), 1e-5) << plan;
+    EXPECT_EQ(run.records.front()["global_batch"], 8) << plan;
+    for (const auto& r : run.records) {
+      if (r["type"] == "start") arena[plan] = r["arena_bytes"].get<int64_t>();
+    }
+    // Validation passes through the stages too.
+    std::vector<double> val_one, val_run;
+    for (const auto& r : one.records) {
+      if (r["type"] == "val") val_one.push_back(r["loss"].get<double>());
+    }
+    for (const auto& r : run.records) {
+      if (r["type"] == "val") val_run.push_back(r["loss"].get<double>());
+    }
+    ASSERT_EQ(val_run.size(), val_one.size()) << plan;
+    EXPECT_LT(MaxRelativeDifference(val_one, val_run), 1e-5) << plan;
+  }
+  // Stage 0 keeps p = 2 micro-batches of activations under 1F1B, all m = 4 under GPipe.
+  const int64_t f1b = arena["p=2,micro_batch_size=2,micro_batches=4"];
+  const int64_t gpipe = arena["p=2,micro_batch_size=2,micro_batches=4,schedule=gpipe"];
+  EXPECT_GT(f1b, 0);
+  EXPECT_GT(gpipe, f1b);
+}
+
 TEST(KcTrainTest, PerTensorSyncGivesTheSameLossesAsBuckets) {
   const std::string common = "--steps 8 --ranks 2 --eval-every 0 --threads-per-rank 1";
   TrainRun buckets = Train(TheCorpus().model(), common + " --bucket-mb 0.05", "buckets");
@@ -294,7 +335,15 @@ TEST_F(KcTrainBadInputTest, PlansThatCannotRunSayWhy) {
   r = Expect2(TheCorpus().model(), data() + " --plan t=3");
   EXPECT_THAT(r.err, HasSubstr("t=3 does not divide the 4 heads"));
   r = Expect2(TheCorpus().model(), data() + " --plan t=2");
-  EXPECT_THAT(r.err, HasSubstr("tensor and pipeline parallelism are not built yet"));
+  EXPECT_THAT(r.err, HasSubstr("tensor parallelism is not built yet"));
+  r = Expect2(TheCorpus().model(), data() +
+                                       " --plan p=2,micro_batches=2,schedule=zb-h1 "
+                                       "--global-batch 2");
+  EXPECT_THAT(r.err, HasSubstr("interleaved and zb-h1 are simulated only"));
+  r = Expect2(TheCorpus().model(), data() + " --plan p=3,micro_batches=4 --global-batch 4");
+  EXPECT_THAT(r.err, HasSubstr("p=3"));
+  r = Expect2(TheCorpus().model(), data() + " --plan p=2,micro_batches=1 --global-batch 1");
+  EXPECT_THAT(r.err, HasSubstr("micro_batches"));
   r = Expect2(TheCorpus().model(), data() + " --plan d=2,micro_batches=3 --global-batch 8");
   EXPECT_THAT(r.err, HasSubstr("micro_batch_size*micro_batches*d = 1*3*2 = 6, but the global "
                                "batch is 8"));
