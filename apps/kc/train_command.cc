@@ -442,6 +442,7 @@ Status RunWorkerRank(const TrainArgs& a, const Plan& p) {
                    {"step_ms", s.step_s * 1e3},
                    {"compute_ms", s.compute_s * 1e3},
                    {"comm_exposed_ms", s.comm_exposed_s * 1e3},
+                   {"stage_bubble", s.stage_bubble},
                    {"tokens", s.tokens},
                    {"tokens_per_s", s.tokens / s.step_s}});
     const int64_t done = i + 1;
@@ -607,6 +608,9 @@ class Monitor {
       r.compute_s = j.value("compute_ms", 0.0) / 1e3;
       r.comm_exposed_s = j.value("comm_exposed_ms", 0.0) / 1e3;
       r.tokens = j.value("tokens", int64_t{0});
+      if (j.contains("stage_bubble") && j["stage_bubble"].is_array()) {
+        r.stage_bubble = j["stage_bubble"].get<std::vector<double>>();
+      }
       steps_.push_back(r);
       Show(r.step == a_.steps || r.step % every_ == 0);
     } else if (type == "val") {
@@ -745,6 +749,20 @@ void PrintSummary(const TrainArgs& a, const Plan& p, const Monitor& m, double pe
       "  exposed comm    {:.1f}% of step time, {:.2f} ms per step (median {:.2f}; the seed flags "
       "> 40%)\n",
       100 * s.exposed_comm_share, s.comm_exposed_ms, s.comm_exposed_ms_median);
+  const double ideal_bubble = static_cast<double>(p.pipeline_stages - 1) /
+                              static_cast<double>(p.micro_batches + p.pipeline_stages - 1);
+  double mean_bubble = 0;
+  if (!s.stage_bubble.empty()) {
+    std::string stages;
+    for (size_t i = 0; i < s.stage_bubble.size(); ++i) {
+      stages += fmt::format(", stage {} {:.1f}%", i, 100 * s.stage_bubble[i]);
+      mean_bubble += s.stage_bubble[i] / static_cast<double>(s.stage_bubble.size());
+    }
+    std::cout << fmt::format(
+        "  pipeline bubble {:.1f}%{} (median per stage; (p-1)/(m+p-1) = {:.1f}% with p={} "
+        "m={})\n",
+        100 * mean_bubble, stages, 100 * ideal_bubble, p.pipeline_stages, p.micro_batches);
+  }
   if (peak_per_core > 0) {
     std::cout << fmt::format(
         "  MFU             {:.1f}% ({:.1f} GFLOP/s of {} core{} x {:.1f} GFLOP/s sgemm measured "
@@ -771,6 +789,9 @@ void PrintSummary(const TrainArgs& a, const Plan& p, const Monitor& m, double pe
                    {"exposed_comm_share", s.exposed_comm_share},
                    {"comm_exposed_ms", s.comm_exposed_ms},
                    {"comm_exposed_ms_median", s.comm_exposed_ms_median},
+                   {"stage_bubble", s.stage_bubble},
+                   {"bubble", p.pipeline_stages > 1 ? Json(mean_bubble) : Json()},
+                   {"bubble_ideal", p.pipeline_stages > 1 ? Json(ideal_bubble) : Json()},
                    {"flops_per_token", flops_per_token},
                    {"sgemm_flops_per_core", peak_per_core},
                    {"mfu", mfu},

@@ -43,6 +43,14 @@ TrainSummary Summarise(const std::vector<StepRecord>& steps) {
     s.exposed_comm_share = comm / time;
   }
   s.comm_exposed_ms = comm * 1e3 / static_cast<double>(ms.size());
+  const size_t stages = steps.back().stage_bubble.size();
+  for (size_t st = 0; st < stages; ++st) {
+    std::vector<double> b;
+    for (size_t i = skip; i < steps.size(); ++i) {
+      if (st < steps[i].stage_bubble.size()) b.push_back(steps[i].stage_bubble[st]);
+    }
+    s.stage_bubble.push_back(b.empty() ? 0 : median(b));
+  }
   return s;
 }
 

@@ -17,7 +17,8 @@ struct StepRecord {
   double step_s = 0;
   double compute_s = 0;
   double comm_exposed_s = 0;
-  int64_t tokens = 0;  // global batch tokens
+  int64_t tokens = 0;                // global batch tokens
+  std::vector<double> stage_bubble;  // pipelines: each stage's bubble fraction
 };
 
 // A validation loss after `step` steps (a "val" line).
@@ -38,6 +39,7 @@ struct TrainSummary {
   double comm_exposed_ms = 0;         // mean per steady-state step
   double comm_exposed_ms_median = 0;  // median per steady-state step (robust to a slow step)
   double total_s = 0;                 // all steps
+  std::vector<double> stage_bubble;   // pipelines: each stage's median bubble, steady state
 };
 
 // Steady state leaves out the first steps / 10 steps, at least 1 and at most 10 (page

@@ -110,9 +110,6 @@ Status Trainer::Init() {
   model_->InitParameters(spec.training.seed);
   const std::vector<TensorSpec>& tensors = model_->tensors();
   if (stages_ > 1) {
-    grad_send_.assign(static_cast<size_t>(model_->slots()),
-                      std::vector<float>(static_cast<size_t>(model_->tokens() * spec.hidden)));
-    grad_sent_.assign(grad_send_.size(), nullptr);
     if (spec.tied_embeddings && (model_->has_embedding() || model_->has_head())) {
       for (size_t i = 0; i < tensors.size(); ++i) {
         if (tensors[i].name == "wte") wte_tensor_ = static_cast<int>(i);
@@ -226,6 +223,19 @@ Status Trainer::RunPipelineOp(const PipeOp& op, std::span<const int32_t> inputs,
     if (options_.timeline != nullptr) options_.timeline->Add(name, kind, step_, from, now);
     return now;
   };
+  // Sends are waited for at once: they complete when the bytes are in the peer's ring or its
+  // unexpected-message buffer (comm/doc/shm_protocol.md), so this never waits for the peer's
+  // schedule, and the waiting hands this rank's core to the transport's progress thread
+  // instead of leaving the bytes to it while the next pass computes (on a CPU device the two
+  // share the cores: a posted send would trail the compute by a scheduler slice).
+  auto send = [&](int peer, std::span<const float> data, uint64_t tag, const char* name) -> Status {
+    const Clock::time_point t0 = Clock::now();
+    KC_ASSIGN_OR_RETURN(auto work, pipe_comm_->Send(peer, std::as_bytes(data), tag, lane));
+    KC_RETURN_IF_ERROR(work->Wait());
+    *comm_s += Since(t0);
+    span(name, SpanKind::kComm, t0);
+    return OkStatus();
+  };
   auto receive = [&](int peer, std::span<float> into, uint64_t tag, const char* name) -> Status {
     const Clock::time_point t0 = Clock::now();
     KC_ASSIGN_OR_RETURN(auto work, pipe_comm_->Recv(peer, Bytes(into), tag, lane));
@@ -243,13 +253,12 @@ Status Trainer::RunPipelineOp(const PipeOp& op, std::span<const int32_t> inputs,
     KC_ASSIGN_OR_RETURN(double micro_loss,
                         model_->Forward(slot, first ? inputs : std::span<const int32_t>(),
                                         last ? targets : std::span<const int32_t>(), grad_scale));
+    pass_s_ += Since(t0);
     span("forward", SpanKind::kCompute, t0);
     if (last) *loss += micro_loss / static_cast<double>(options_.micro_batches);
     if (!last) {
-      const std::span<const float> out = model_->stage_output(slot);
-      KC_ASSIGN_OR_RETURN(auto work,
-                          pipe_comm_->Send(stage_ + 1, std::as_bytes(out), kActivationTag, lane));
-      sends_.push_back(std::move(work));
+      KC_RETURN_IF_ERROR(
+          send(stage_ + 1, model_->stage_output(slot), kActivationTag, "send activations"));
     }
     return OkStatus();
   }
@@ -262,24 +271,10 @@ Status Trainer::RunPipelineOp(const PipeOp& op, std::span<const int32_t> inputs,
     if (buckets_ == nullptr || !last_backward) return OkStatus();
     return buckets_->MarkReady(bucket_index_[tensor]);
   }));
+  pass_s_ += Since(t0);
   span("backward", SpanKind::kCompute, t0);
   if (!first) {
-    // The buffer's previous gradient may still be on its way (the previous stage takes it
-    // only when its schedule reaches that backward): wait for it to leave before reusing the
-    // buffer. The previous stage never waits on this one to get there, so this cannot cycle.
-    const size_t b = static_cast<size_t>(slot);
-    if (grad_sent_[b] != nullptr) {
-      const Clock::time_point w0 = Clock::now();
-      KC_RETURN_IF_ERROR(grad_sent_[b]->Wait());
-      *comm_s += Since(w0);
-      span("wait for gradient send", SpanKind::kComm, w0);
-    }
-    const std::span<const float> g = model_->grad_input();
-    std::copy(g.begin(), g.end(), grad_send_[b].begin());
-    KC_ASSIGN_OR_RETURN(
-        grad_sent_[b],
-        pipe_comm_->Send(stage_ - 1, std::as_bytes(std::span<const float>(grad_send_[b])),
-                         kGradientTag, lane));
+    KC_RETURN_IF_ERROR(send(stage_ - 1, model_->grad_input(), kGradientTag, "send gradients"));
   }
   return OkStatus();
 }
@@ -302,12 +297,6 @@ Result<double> Trainer::AverageAcrossRanks(double value) {
 
 Status Trainer::SyncGradients(double* comm_s) {
   const auto t0 = std::chrono::steady_clock::now();
-  for (const std::shared_ptr<comm::Work>& w : sends_) KC_RETURN_IF_ERROR(w->Wait());
-  sends_.clear();
-  for (std::shared_ptr<comm::Work>& w : grad_sent_) {
-    if (w != nullptr) KC_RETURN_IF_ERROR(w->Wait());
-    w = nullptr;
-  }
   if (world_ > 1 && buckets_ != nullptr) {
     KC_RETURN_IF_ERROR(buckets_->Finish());
   } else if (world_ > 1) {
@@ -350,6 +339,8 @@ Result<StepStats> Trainer::Step() {
   double comm_s = 0;
   if (stages_ > 1) {
     int64_t backwards = 0;
+    pass_s_ = 0;
+    const Clock::time_point p0 = Clock::now();
     for (const PipeOp& op : ops_) {
       const size_t k = static_cast<size_t>(op.micro_batch);
       const bool backward = op.kind != PipeOpKind::kForward;
@@ -359,6 +350,19 @@ Result<StepStats> Trainer::Step() {
           std::span<const int32_t>(batch_.targets).subspan(k * micro_tokens, micro_tokens),
           grad_scale, backward && backwards == m, backward && backwards == 1, &loss, &comm_s));
     }
+    // The bubble: the pipeline lasts as long as its slowest stage; each stage's share of that
+    // outside its passes.
+    double makespan = Since(p0);
+    KC_ASSIGN_OR_RETURN(auto max_work, pipe_comm_->Allreduce(std::span<double>(&makespan, 1),
+                                                             comm::ReduceOp::kMax));
+    KC_RETURN_IF_ERROR(max_work->Wait());
+    stats.stage_bubble.assign(static_cast<size_t>(stages_), 0.0);
+    stats.stage_bubble[static_cast<size_t>(stage_)] =
+        makespan > 0 ? std::max(0.0, 1 - pass_s_ / makespan) : 0;
+    KC_ASSIGN_OR_RETURN(auto gather,
+                        pipe_comm_->Allgather(Bytes(std::span<double>(stats.stage_bubble)),
+                                              stats.stage_bubble.size(), hal::DataType::kF64));
+    KC_RETURN_IF_ERROR(gather->Wait());
     t = Clock::now();
   }
   for (int64_t k = 0; k < m && stages_ == 1; ++k) {

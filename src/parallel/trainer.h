@@ -77,6 +77,10 @@ struct StepStats {
   double compute_s = 0;       // forward, backward and optimizer: step_s - comm_exposed_s
   double comm_exposed_s = 0;  // waiting for or running communication on the step's path
   int64_t tokens = 0;         // in the global batch
+  // With pipelining, per stage: the share of the pipeline's time (from the step's first pass
+  // to the last stage's last, the slowest stage's) that the stage spent outside its forward
+  // and backward passes: waiting for inputs, and the flush. Every rank gets every stage's.
+  std::vector<double> stage_bubble;
 };
 
 class Trainer {
@@ -124,13 +128,11 @@ class Trainer {
   int stages_ = 1;                         // p
   comm::Communicator* dp_comm_ = nullptr;  // the replicas of this stage (options_.comm when p = 1)
   std::unique_ptr<comm::Communicator> dp_owned_;
-  std::unique_ptr<comm::Communicator> pipe_comm_;       // this replica's stages
-  std::unique_ptr<comm::Communicator> embed_comm_;      // first and last stage: tied wte gradients
-  std::vector<PipeOp> ops_;                             // this stage's passes, in order
-  std::vector<std::vector<float>> grad_send_;           // per slot: the gradient sent back
-  std::vector<std::shared_ptr<comm::Work>> grad_sent_;  // per slot: its send in flight
-  std::vector<std::shared_ptr<comm::Work>> sends_;      // this step's sends, waited at its end
+  std::unique_ptr<comm::Communicator> pipe_comm_;   // this replica's stages
+  std::unique_ptr<comm::Communicator> embed_comm_;  // first and last stage: tied wte gradients
+  std::vector<PipeOp> ops_;                         // this stage's passes, in order
   int wte_tensor_ = -1;  // the stage's wte, when it is one of two tied copies
+  double pass_s_ = 0;    // this step's forward and backward time on this stage
   std::unique_ptr<DataLoader> loader_;
   std::unique_ptr<DataLoader> validation_;
   LoaderState validation_start_;

@@ -168,7 +168,18 @@ TEST(KcTrainTest, PipelinePlansGiveTheLossesOfOneRank) {
     EXPECT_EQ(run.records.front()["global_batch"], 8) << plan;
     for (const auto& r : run.records) {
       if (r["type"] == "start") arena[plan] = r["arena_bytes"].get<int64_t>();
+      // Every step reports each stage's bubble, a fraction of the pipeline's time.
+      if (r["type"] == "step") {
+        const size_t stages = std::string(plan).starts_with("p=3") ? 3 : 2;
+        ASSERT_EQ(r["stage_bubble"].size(), stages) << plan;
+        for (const auto& b : r["stage_bubble"]) {
+          EXPECT_GE(b.get<double>(), 0.0) << plan;
+          EXPECT_LT(b.get<double>(), 1.0) << plan;
+        }
+      }
+      if (r["type"] == "summary") EXPECT_GT(r["bubble_ideal"].get<double>(), 0) << plan;
     }
+    EXPECT_THAT(run.result.out, HasSubstr("pipeline bubble")) << plan;
     // Validation passes through the stages too.
     std::vector<double> val_one, val_run;
     for (const auto& r : one.records) {
