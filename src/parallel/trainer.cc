@@ -386,7 +386,9 @@ Result<StepStats> Trainer::Step() {
     t = span("backward", SpanKind::kCompute, t);
   }
   KC_RETURN_IF_ERROR(SyncGradients(&comm_s));
-  t = span(buckets_ != nullptr ? "wait for gradient buckets" : "all-reduce per tensor",
+  t = span(world_ == 1           ? "add tied embedding gradients"
+           : buckets_ != nullptr ? "wait for gradient buckets"
+                                 : "all-reduce per tensor",
            SpanKind::kComm, t);
   KC_ASSIGN_OR_RETURN(stats.loss, AverageAcrossRanks(loss));
   comm_s += Since(t);
