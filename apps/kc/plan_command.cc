@@ -173,6 +173,22 @@ void PrintEstimate(std::ostream& os, const pl::PlanEstimate& e) {
   }
 }
 
+// This host measured through L1 and split into `devices` CPU devices: its topology and the
+// planner's cluster of it.
+struct MeasuredHost {
+  hal::Topology topology;
+  pl::PlannerCluster cluster;
+};
+Result<MeasuredHost> MeasureLocal(const hal::HostInfo& info, int devices, bool quick) {
+  KC_ASSIGN_OR_RETURN(hal::HostMeasurement host, hal::MeasureHost(info, {.quick = quick}));
+  KC_ASSIGN_OR_RETURN(
+      hal::TopologySpec spec,
+      hal::MakeCpuTopologySpec(info, {.num_devices = devices, .measured = host.cpu}));
+  KC_ASSIGN_OR_RETURN(hal::Topology topology, hal::Topology::Build(std::move(spec)));
+  KC_ASSIGN_OR_RETURN(pl::PlannerCluster cluster, pl::ClusterFromTopology(topology));
+  return MeasuredHost{std::move(topology), std::move(cluster)};
+}
+
 // A calibration as the planner's cluster: this host's CPU slices, fp32, its measured constants.
 pl::PlannerCluster FromCalibration(const pl::Calibration& c, const std::string& model) {
   pl::PlannerCluster out;
@@ -437,15 +453,10 @@ int RunCalibrate(const PlanArgs& a) {
         "--devices {}: more than the {} cores this process may use", devices, info->pus)));
   }
   std::cerr << "kc plan: measuring this host through L1 (memory, sgemm, shared memory)...\n";
-  Result<hal::HostMeasurement> host = hal::MeasureHost(*info, {.quick = a.quick});
-  if (!host.ok()) return Fail(host.status());
-  Result<hal::TopologySpec> tspec =
-      hal::MakeCpuTopologySpec(*info, {.num_devices = devices, .measured = host->cpu});
-  if (!tspec.ok()) return Fail(tspec.status());
-  Result<hal::Topology> topology = hal::Topology::Build(*tspec);
-  if (!topology.ok()) return Fail(topology.status());
-  Result<pl::PlannerCluster> cluster = pl::ClusterFromTopology(*topology);
-  if (!cluster.ok()) return Fail(cluster.status());
+  Result<MeasuredHost> measured = MeasureLocal(*info, devices, a.quick);
+  if (!measured.ok()) return Fail(measured.status());
+  const hal::Topology* topology = &measured->topology;
+  const pl::PlannerCluster* cluster = &measured->cluster;
 
   // As in kc train's workers (train_command.cc): the large blocks OpenBLAS allocates and frees
   // in every product stay in the heap rather than faulting in afresh, or the timings would
@@ -582,15 +593,9 @@ Result<LocalCluster> ProbeLocalCluster(int devices, const std::string& model,
       return LocalCluster{FromCalibration(c, model), "calibration " + calibration_path};
     }
   }
-  KC_ASSIGN_OR_RETURN(hal::HostMeasurement host, hal::MeasureHost(info, {.quick = true}));
-  KC_ASSIGN_OR_RETURN(
-      hal::TopologySpec spec,
-      hal::MakeCpuTopologySpec(info, {.num_devices = devices, .measured = host.cpu}));
-  KC_ASSIGN_OR_RETURN(hal::Topology topology, hal::Topology::Build(std::move(spec)));
-  LocalCluster out;
-  KC_ASSIGN_OR_RETURN(out.cluster, pl::ClusterFromTopology(topology));
-  out.source = "quick probe, default efficiency (kc plan --calibrate to measure it)";
-  return out;
+  KC_ASSIGN_OR_RETURN(MeasuredHost measured, MeasureLocal(info, devices, /*quick=*/true));
+  return LocalCluster{std::move(measured.cluster),
+                      "quick probe, default efficiency (kc plan --calibrate to measure it)"};
 }
 
 void AddPlanCommand(CLI::App& app, Action* action) {
