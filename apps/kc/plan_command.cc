@@ -263,7 +263,7 @@ int RunPlan(const PlanArgs& a) {
   if (local && (constraints.fixed_t > 1 || constraints.max_p > 1)) {
     return Fail(InvalidArgumentError(
         "--fixed-t/--max-p: on real devices the planner keeps to data-parallel plans (kc "
-        "train runs no tensor parallelism yet, and pipelines with gpipe or 1f1b only: give "
+        "train runs no tensor parallelism yet, and no zb-h1 pipelines: give "
         "one to kc train --plan yourself); plan a simulated cluster with --cluster "
         "INVENTORY.yaml"));
   }
@@ -351,7 +351,7 @@ int RunPlan(const PlanArgs& a) {
   for (const std::string& note : cluster->notes) os << "         note: " << note << "\n";
   if (local) {
     os << "         note: on real devices the search keeps to data-parallel plans (t=1 p=1): "
-          "kc train runs no tensor parallelism yet, and pipelines with gpipe or 1f1b only\n";
+          "kc train runs no tensor parallelism yet, and no zb-h1 pipelines\n";
   }
   os << fmt::format("batch    {} sequences x {} tokens per step{}\n\n", batch, spec->seq_len,
                     a.batch > 0 ? "" : " (batch_per_rank x devices; --batch to change)");

@@ -91,6 +91,7 @@ struct Plan {
   int zero_stage = 0;
   int pipeline_stages = 1;  // the plan's p
   parallel::Schedule schedule = parallel::Schedule::k1F1B;
+  int virtual_stages = 1;                  // the plan's v
   int64_t global_batch = 0;                // sequences per step over all ranks
   std::optional<double> predicted_step_s;  // --plan auto: the planner's prediction
   int threads = 1;                         // cores per rank
@@ -185,18 +186,18 @@ Result<Plan> Check(TrainArgs* args) {
           "(data and pipeline parallel, micro-batches, zero_stage 0 or 1)",
           a.plan, plan.t));
     }
-    if (plan.p > 1 && plan.schedule != parallel::Schedule::kGpipe &&
-        plan.schedule != parallel::Schedule::k1F1B) {
+    if (plan.p > 1 && plan.schedule == parallel::Schedule::kZeroBubbleH1) {
       return UnimplementedError(fmt::format(
-          "--plan {}: schedule={}: the trainer runs the gpipe and 1f1b schedules so far "
-          "(interleaved and zb-h1 are simulated only)",
-          a.plan, parallel::ScheduleName(plan.schedule)));
+          "--plan {}: schedule=zb-h1: the trainer runs gpipe, 1f1b and interleaved so far "
+          "(zb-h1 is simulated only)",
+          a.plan));
     }
     if (plan.p > 1 && !a.export_dir.empty()) {
       return UnimplementedError("--export with a pipeline (p > 1): each rank holds a stage only");
     }
     p.pipeline_stages = plan.p;
     p.schedule = plan.schedule;
+    p.virtual_stages = plan.v;
     if (plan.zero_stage > 1 || plan.recompute) {
       return UnimplementedError("--plan " + a.plan +
                                 ": zero_stage above 1 and recompute are not built yet");
@@ -403,6 +404,7 @@ Status RunWorkerRank(const TrainArgs& a, const Plan& p) {
   o.zero_stage = p.zero_stage;
   o.pipeline_stages = p.pipeline_stages;
   o.schedule = p.schedule;
+  o.virtual_stages = p.virtual_stages;
   o.grad_sync = p.grad_sync;
   o.bucket_bytes = static_cast<int64_t>(a.bucket_mb * (1 << 20));
   // About 60 spans a step (most are the backward's bucket hand-offs), reserved up front.
@@ -420,7 +422,7 @@ Status RunWorkerRank(const TrainArgs& a, const Plan& p) {
                  {"parameters", parallel::ParameterCount(p.spec)},
                  {"flops_per_token", parallel::TrainingFlopsPerToken(p.spec)},
                  {"grad_buckets", trainer->grad_buckets()},
-                 {"arena_bytes", trainer->model().arena_bytes()}});
+                 {"arena_bytes", trainer->arena_bytes()}});
   auto evaluate = [&](int64_t step) -> Status {
     if (!p.validation) return OkStatus();
     KC_ASSIGN_OR_RETURN(double val, trainer->Evaluate(a.eval_batches));
@@ -749,8 +751,12 @@ void PrintSummary(const TrainArgs& a, const Plan& p, const Monitor& m, double pe
       "  exposed comm    {:.1f}% of step time, {:.2f} ms per step (median {:.2f}; the seed flags "
       "> 40%)\n",
       100 * s.exposed_comm_share, s.comm_exposed_ms, s.comm_exposed_ms_median);
+  // GPipe and 1F1B idle (p - 1) / (m + p - 1) of the time; interleaving divides the idle
+  // part by v.
+  const bool interleaved = p.schedule == parallel::Schedule::kInterleaved;
+  const int64_t v = interleaved ? p.virtual_stages : 1;
   const double ideal_bubble = static_cast<double>(p.pipeline_stages - 1) /
-                              static_cast<double>(p.micro_batches + p.pipeline_stages - 1);
+                              static_cast<double>(v * p.micro_batches + p.pipeline_stages - 1);
   double mean_bubble = 0;
   if (!s.stage_bubble.empty()) {
     std::string stages;
@@ -759,9 +765,10 @@ void PrintSummary(const TrainArgs& a, const Plan& p, const Monitor& m, double pe
       mean_bubble += s.stage_bubble[i] / static_cast<double>(s.stage_bubble.size());
     }
     std::cout << fmt::format(
-        "  pipeline bubble {:.1f}%{} (median per stage; (p-1)/(m+p-1) = {:.1f}% with p={} "
-        "m={})\n",
-        100 * mean_bubble, stages, 100 * ideal_bubble, p.pipeline_stages, p.micro_batches);
+        "  pipeline bubble {:.1f}%{} (median per stage; {} = {:.1f}% with p={} m={}{})\n",
+        100 * mean_bubble, stages, interleaved ? "(p-1)/(vm+p-1)" : "(p-1)/(m+p-1)",
+        100 * ideal_bubble, p.pipeline_stages, p.micro_batches,
+        interleaved ? fmt::format(" v={}", v) : "");
   }
   if (peak_per_core > 0) {
     std::cout << fmt::format(

@@ -93,44 +93,61 @@ Status Trainer::Init() {
     KC_ASSIGN_OR_RETURN(validation_, OpenDataLoader(loader_options(options_.validation)));
     validation_start_ = validation_->state();
   }
-  GptOptions gpt{.threads = options_.compute_threads};
+  // This rank's chunks: the whole model, its stage's layers, or (interleaved) v of the p * v
+  // virtual stages' layers; each with as many activation slots as the schedule keeps its
+  // micro-batches in flight.
+  std::vector<int> bounds = {0, static_cast<int>(spec.layers)};
   if (stages_ > 1) {
-    KC_ASSIGN_OR_RETURN(std::vector<int> bounds, BalanceStages(spec, stages_));
-    gpt.first_layer = bounds[static_cast<size_t>(stage_)];
-    gpt.end_layer = bounds[static_cast<size_t>(stage_) + 1];
-    // The most micro-batches this stage holds at once under the schedule.
-    int held = 0;
-    for (int in_flight = 0; const PipeOp& op : ops_) {
-      in_flight += op.kind == PipeOpKind::kForward ? 1 : -1;
-      held = std::max(held, in_flight);
-    }
-    gpt.slots = held;
+    KC_ASSIGN_OR_RETURN(bounds, BalanceStages(spec, stages_ * v_));
   }
-  KC_ASSIGN_OR_RETURN(model_, Gpt<float>::Create(spec, options_.device, gpt));
-  model_->InitParameters(spec.training.seed);
-  const std::vector<TensorSpec>& tensors = model_->tensors();
-  if (stages_ > 1) {
-    if (spec.tied_embeddings && (model_->has_embedding() || model_->has_head())) {
-      for (size_t i = 0; i < tensors.size(); ++i) {
-        if (tensors[i].name == "wte") wte_tensor_ = static_cast<int>(i);
+  for (int c = 0; c < v_; ++c) {
+    GptOptions gpt{.threads = options_.compute_threads};
+    if (stages_ > 1) {
+      const size_t vs = static_cast<size_t>(c * stages_ + stage_);
+      gpt.first_layer = bounds[vs];
+      gpt.end_layer = bounds[vs + 1];
+      int held = 0;
+      for (int in_flight = 0; const PipeOp& op : ops_) {
+        if (op.chunk != c) continue;
+        in_flight += op.kind == PipeOpKind::kForward ? 1 : -1;
+        held = std::max(held, in_flight);
+      }
+      gpt.slots = std::max(held, 1);
+    }
+    KC_ASSIGN_OR_RETURN(std::unique_ptr<Gpt<float>> chunk,
+                        Gpt<float>::Create(spec, options_.device, gpt));
+    chunk->InitParameters(spec.training.seed);
+    if (stages_ > 1 && spec.tied_embeddings && (chunk->has_embedding() || chunk->has_head())) {
+      for (size_t i = 0; i < chunk->tensors().size(); ++i) {
+        if (chunk->tensors()[i].name != "wte") continue;
+        wte_chunk_ = c;
+        wte_tensor_ = static_cast<int>(i);
       }
     }
+    chunks_.push_back(std::move(chunk));
   }
 
+  bucket_index_.assign(chunks_.size(), {});
   if (comm != nullptr && world_ > 1) {
     // Every rank starts from rank 0's parameters, as DDP does.
-    KC_ASSIGN_OR_RETURN(auto work, comm->Broadcast(Bytes(model_->params()), 0));
-    KC_RETURN_IF_ERROR(work->Wait());
+    for (const auto& chunk : chunks_) {
+      KC_ASSIGN_OR_RETURN(auto work, comm->Broadcast(Bytes(chunk->params()), 0));
+      KC_RETURN_IF_ERROR(work->Wait());
+    }
     if (options_.grad_sync != GradSync::kPerTensor) {
-      // Registered in backward order, so buckets fill (and start) as the backward goes.
+      // Registered in backward order (the last chunk first), so buckets fill (and start) as
+      // the backward goes.
       const std::vector<TensorSpec> backward = ParameterTensorsBackwardOrder(spec);
       std::vector<std::span<std::byte>> spans;
-      bucket_index_.assign(tensors.size(), -1);
-      for (const TensorSpec& b : backward) {
-        for (size_t i = 0; i < tensors.size(); ++i) {
-          if (tensors[i].name != b.name) continue;
-          bucket_index_[i] = static_cast<int>(spans.size());
-          spans.push_back(Bytes(model_->grad(static_cast<int>(i))));
+      for (size_t c = chunks_.size(); c-- > 0;) {
+        const std::vector<TensorSpec>& tensors = chunks_[c]->tensors();
+        bucket_index_[c].assign(tensors.size(), -1);
+        for (const TensorSpec& b : backward) {
+          for (size_t i = 0; i < tensors.size(); ++i) {
+            if (tensors[i].name != b.name) continue;
+            bucket_index_[c][i] = static_cast<int>(spans.size());
+            spans.push_back(Bytes(chunks_[c]->grad(static_cast<int>(i))));
+          }
         }
       }
       KC_ASSIGN_OR_RETURN(buckets_,
@@ -139,44 +156,58 @@ Status Trainer::Init() {
                                                          .dtype = hal::DataType::kF32,
                                                          .op = comm::ReduceOp::kAvg}));
       buckets_->AdoptViews();
-      std::vector<std::span<float>> storage;
-      for (size_t i = 0; i < tensors.size(); ++i) {
-        std::span<std::byte> v = buckets_->view(bucket_index_[i]);
-        storage.emplace_back(reinterpret_cast<float*>(v.data()), v.size() / sizeof(float));
+      for (size_t c = 0; c < chunks_.size(); ++c) {
+        std::vector<std::span<float>> storage;
+        for (int index : bucket_index_[c]) {
+          std::span<std::byte> v = buckets_->view(index);
+          storage.emplace_back(reinterpret_cast<float*>(v.data()), v.size() / sizeof(float));
+        }
+        chunks_[c]->SetGradientStorage(std::move(storage));
       }
-      model_->SetGradientStorage(std::move(storage));
     }
   }
-  // The parameters this rank updates: all of them, or with ZeRO-1 its chunk of the arena
-  // (ChunkOf, as Allgather splits it), which may cut tensors.
-  size_t lo = 0, hi = model_->params().size();
-  if (options_.zero_stage == 1 && world_ > 1) {
-    const comm::ChunkRange c = comm::ChunkOf(hi, world_, rank);
-    lo = c.offset;
-    hi = c.offset + c.count;
-  }
+  // The parameters this rank updates: all of them, or with ZeRO-1 its part of each chunk's
+  // arena (ChunkOf, as Allgather splits it), which may cut tensors.
   std::vector<OptimizerSlot<float>> slots;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const size_t begin = static_cast<size_t>(tensors[i].offset);
-    const size_t end = begin + static_cast<size_t>(tensors[i].num_elements);
-    const size_t from = std::max(begin, lo), to = std::min(end, hi);
-    if (from >= to) continue;
-    slots.push_back({model_->param(static_cast<int>(i)).subspan(from - begin, to - from),
-                     model_->grad(static_cast<int>(i)).subspan(from - begin, to - from),
-                     tensors[i].shape.size() == 2});
+  for (const auto& chunk : chunks_) {
+    const std::vector<TensorSpec>& tensors = chunk->tensors();
+    size_t lo = 0, hi = chunk->params().size();
+    if (options_.zero_stage == 1 && world_ > 1) {
+      const comm::ChunkRange c = comm::ChunkOf(hi, world_, rank);
+      lo = c.offset;
+      hi = c.offset + c.count;
+    }
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const size_t begin = static_cast<size_t>(tensors[i].offset);
+      const size_t end = begin + static_cast<size_t>(tensors[i].num_elements);
+      const size_t from = std::max(begin, lo), to = std::min(end, hi);
+      if (from >= to) continue;
+      slots.push_back({chunk->param(static_cast<int>(i)).subspan(from - begin, to - from),
+                       chunk->grad(static_cast<int>(i)).subspan(from - begin, to - from),
+                       tensors[i].shape.size() == 2});
+    }
   }
   KC_ASSIGN_OR_RETURN(optimizer_,
                       AdamW<float>::Create(spec.training, std::move(slots), options_.device));
   return OkStatus();
 }
 
+int64_t Trainer::arena_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& chunk : chunks_) bytes += chunk->arena_bytes();
+  return bytes;
+}
+
 Result<double> Trainer::GradNorm() {
   double sum = 0;
   // Over every tensor, not the optimizer's slots: with ZeRO-1 those are this rank's chunk.
   // A tied wte's second copy (on the last stage) is the first's, counted once.
-  for (int i = 0; i < static_cast<int>(model_->tensors().size()); ++i) {
-    if (i == wte_tensor_ && !model_->has_embedding()) continue;
-    sum += SquaredNorm<float>(model_->grad(i));
+  for (int c = 0; c < static_cast<int>(chunks_.size()); ++c) {
+    Gpt<float>& chunk = *chunks_[static_cast<size_t>(c)];
+    for (int i = 0; i < static_cast<int>(chunk.tensors().size()); ++i) {
+      if (c == wte_chunk_ && i == wte_tensor_ && !chunk.has_embedding()) continue;
+      sum += SquaredNorm<float>(chunk.grad(i));
+    }
   }
   if (stages_ > 1) {
     KC_ASSIGN_OR_RETURN(auto work,
@@ -189,11 +220,17 @@ Result<double> Trainer::GradNorm() {
 Status Trainer::InitPipeline() {
   comm::Communicator* comm = options_.comm;
   KC_CHECK(comm != nullptr);
-  if (options_.schedule != Schedule::kGpipe && options_.schedule != Schedule::k1F1B) {
-    return UnimplementedError(std::string("trainer: the ") +
-                              std::string(ScheduleName(options_.schedule)) +
-                              " schedule is simulated (parallel/pipeline_schedule.h) but not yet "
-                              "run by the trainer; gpipe and 1f1b are");
+  if (options_.schedule == Schedule::kZeroBubbleH1) {
+    return UnimplementedError(
+        "trainer: the zb-h1 schedule is simulated (parallel/pipeline_schedule.h) but not yet run "
+        "by the trainer (it needs the backward split into input and weight passes); gpipe, 1f1b "
+        "and interleaved are");
+  }
+  v_ = options_.schedule == Schedule::kInterleaved ? options_.virtual_stages : 1;
+  if (v_ < 1 || stages_ * v_ > options_.spec.layers) {
+    return InvalidArgumentError(
+        "trainer: " + std::to_string(stages_) + " stages x " + std::to_string(v_) + " chunks for " +
+        std::to_string(options_.spec.layers) + " layers: every chunk needs a layer");
   }
   // Every rank makes the same calls in the same order: the replicas of a stage, the stages of
   // a replica, then the first and last stage of each replica (for tied embeddings).
@@ -202,9 +239,9 @@ Status Trainer::InitPipeline() {
   KC_ASSIGN_OR_RETURN(pipe_comm_, comm->Split(dp_rank_, stage_));
   const int ends[2] = {0, stages_ - 1};
   KC_ASSIGN_OR_RETURN(embed_comm_, pipe_comm_->SubGroup(ends));
-  KC_ASSIGN_OR_RETURN(
-      std::vector<std::vector<PipeOp>> schedule,
-      BuildPipelineSchedule(options_.schedule, stages_, static_cast<int>(options_.micro_batches)));
+  KC_ASSIGN_OR_RETURN(std::vector<std::vector<PipeOp>> schedule,
+                      BuildPipelineSchedule(options_.schedule, stages_,
+                                            static_cast<int>(options_.micro_batches), v_));
   ops_ = std::move(schedule[static_cast<size_t>(stage_)]);
   return OkStatus();
 }
@@ -214,10 +251,17 @@ Status Trainer::RunPipelineOp(const PipeOp& op, std::span<const int32_t> inputs,
                               bool last_backward, bool first_backward, double* loss,
                               double* comm_s) {
   using Clock = std::chrono::steady_clock;
-  const int slot = op.micro_batch % model_->slots();
-  const bool first = stage_ == 0, last = stage_ == stages_ - 1;
+  Gpt<float>& model = *chunks_[static_cast<size_t>(op.chunk)];
+  const int slot = op.micro_batch % model.slots();
+  // The virtual stage: its neighbours are on the previous and next rank of the pipeline
+  // (round the ring when interleaved). Messages carry the sending virtual stage in their tag,
+  // so each chunk's stream keeps its own order.
+  const int vs = op.chunk * stages_ + stage_;
+  const bool first = vs == 0, last = vs == stages_ * v_ - 1;
+  const int prev = (stage_ + stages_ - 1) % stages_, next = (stage_ + 1) % stages_;
   const comm::OpOptions lane{.lane = comm::Lane::kActivation};
-  constexpr uint64_t kActivationTag = 1, kGradientTag = 2;
+  auto activation_tag = [](int from) { return 2 * static_cast<uint64_t>(from) + 2; };
+  auto gradient_tag = [](int from) { return 2 * static_cast<uint64_t>(from) + 3; };
   auto span = [&](const char* name, SpanKind kind, Clock::time_point from) {
     const Clock::time_point now = Clock::now();
     if (options_.timeline != nullptr) options_.timeline->Add(name, kind, step_, from, now);
@@ -247,34 +291,35 @@ Status Trainer::RunPipelineOp(const PipeOp& op, std::span<const int32_t> inputs,
   if (op.kind == PipeOpKind::kForward) {
     if (!first) {
       KC_RETURN_IF_ERROR(
-          receive(stage_ - 1, model_->stage_input(slot), kActivationTag, "receive activations"));
+          receive(prev, model.stage_input(slot), activation_tag(vs - 1), "receive activations"));
     }
     const Clock::time_point t0 = Clock::now();
     KC_ASSIGN_OR_RETURN(double micro_loss,
-                        model_->Forward(slot, first ? inputs : std::span<const int32_t>(),
-                                        last ? targets : std::span<const int32_t>(), grad_scale));
+                        model.Forward(slot, first ? inputs : std::span<const int32_t>(),
+                                      last ? targets : std::span<const int32_t>(), grad_scale));
     pass_s_ += Since(t0);
     span("forward", SpanKind::kCompute, t0);
     if (last) *loss += micro_loss / static_cast<double>(options_.micro_batches);
     if (!last) {
       KC_RETURN_IF_ERROR(
-          send(stage_ + 1, model_->stage_output(slot), kActivationTag, "send activations"));
+          send(next, model.stage_output(slot), activation_tag(vs), "send activations"));
     }
     return OkStatus();
   }
   if (!last) {
     KC_RETURN_IF_ERROR(
-        receive(stage_ + 1, model_->grad_output(), kGradientTag, "receive gradients"));
+        receive(next, model.grad_output(), gradient_tag(vs + 1), "receive gradients"));
   }
   const Clock::time_point t0 = Clock::now();
-  KC_RETURN_IF_ERROR(model_->Backward(slot, !first_backward, [&](int tensor) -> Status {
+  const std::vector<int>& buckets = bucket_index_[static_cast<size_t>(op.chunk)];
+  KC_RETURN_IF_ERROR(model.Backward(slot, !first_backward, [&](int tensor) -> Status {
     if (buckets_ == nullptr || !last_backward) return OkStatus();
-    return buckets_->MarkReady(bucket_index_[tensor]);
+    return buckets_->MarkReady(buckets[static_cast<size_t>(tensor)]);
   }));
   pass_s_ += Since(t0);
   span("backward", SpanKind::kCompute, t0);
   if (!first) {
-    KC_RETURN_IF_ERROR(send(stage_ - 1, model_->grad_input(), kGradientTag, "send gradients"));
+    KC_RETURN_IF_ERROR(send(prev, model.grad_input(), gradient_tag(vs), "send gradients"));
   }
   return OkStatus();
 }
@@ -301,16 +346,19 @@ Status Trainer::SyncGradients(double* comm_s) {
     KC_RETURN_IF_ERROR(buckets_->Finish());
   } else if (world_ > 1) {
     // The baseline: each tensor on its own, after the whole backward, one at a time.
-    const std::vector<TensorSpec>& tensors = model_->tensors();
-    for (int i = static_cast<int>(tensors.size()) - 1; i >= 0; --i) {
-      KC_ASSIGN_OR_RETURN(auto work, dp_comm_->Allreduce(model_->grad(i), comm::ReduceOp::kAvg));
-      KC_RETURN_IF_ERROR(work->Wait());
+    for (size_t c = chunks_.size(); c-- > 0;) {
+      Gpt<float>& chunk = *chunks_[c];
+      for (int i = static_cast<int>(chunk.tensors().size()) - 1; i >= 0; --i) {
+        KC_ASSIGN_OR_RETURN(auto work, dp_comm_->Allreduce(chunk.grad(i), comm::ReduceOp::kAvg));
+        KC_RETURN_IF_ERROR(work->Wait());
+      }
     }
   }
-  if (embed_comm_ != nullptr && wte_tensor_ >= 0 && stages_ > 1) {
+  if (embed_comm_ != nullptr && wte_chunk_ >= 0 && stages_ > 1) {
     // The two copies of a tied wte add their parts: the embeddings' and the head's.
-    KC_ASSIGN_OR_RETURN(auto work,
-                        embed_comm_->Allreduce(model_->grad(wte_tensor_), comm::ReduceOp::kSum));
+    KC_ASSIGN_OR_RETURN(auto work, embed_comm_->Allreduce(
+                                       chunks_[static_cast<size_t>(wte_chunk_)]->grad(wte_tensor_),
+                                       comm::ReduceOp::kSum));
     KC_RETURN_IF_ERROR(work->Wait());
   }
   *comm_s += Since(t0);
@@ -333,22 +381,23 @@ Result<StepStats> Trainer::Step() {
   Clock::time_point t = span("data", SpanKind::kData, t0);
   // Each micro-batch's gradient is scaled to its share of the rank's mean; they add up.
   const int64_t m = options_.micro_batches;
-  const size_t micro_tokens = static_cast<size_t>(model_->tokens());
+  const size_t micro_tokens = static_cast<size_t>(chunks_.front()->tokens());
   const double grad_scale = 1.0 / static_cast<double>(micro_tokens * m);
   double loss = 0;
   double comm_s = 0;
   if (stages_ > 1) {
-    int64_t backwards = 0;
+    std::vector<int64_t> backwards(chunks_.size(), 0);  // per chunk, this step
     pass_s_ = 0;
     const Clock::time_point p0 = Clock::now();
     for (const PipeOp& op : ops_) {
       const size_t k = static_cast<size_t>(op.micro_batch);
       const bool backward = op.kind != PipeOpKind::kForward;
-      if (backward) ++backwards;
+      int64_t& done = backwards[static_cast<size_t>(op.chunk)];
+      if (backward) ++done;
       KC_RETURN_IF_ERROR(RunPipelineOp(
           op, std::span<const int32_t>(batch_.inputs).subspan(k * micro_tokens, micro_tokens),
           std::span<const int32_t>(batch_.targets).subspan(k * micro_tokens, micro_tokens),
-          grad_scale, backward && backwards == m, backward && backwards == 1, &loss, &comm_s));
+          grad_scale, backward && done == m, backward && done == 1, &loss, &comm_s));
     }
     // The bubble: the pipeline lasts as long as its slowest stage; each stage's share of that
     // outside its passes.
@@ -370,15 +419,16 @@ Result<StepStats> Trainer::Step() {
         std::span<const int32_t>(batch_.inputs).subspan(k * micro_tokens, micro_tokens);
     const std::span<const int32_t> tg =
         std::span<const int32_t>(batch_.targets).subspan(k * micro_tokens, micro_tokens);
-    KC_ASSIGN_OR_RETURN(double micro_loss, model_->Forward(in, tg, grad_scale));
+    Gpt<float>& model = *chunks_.front();
+    KC_ASSIGN_OR_RETURN(double micro_loss, model.Forward(in, tg, grad_scale));
     loss += micro_loss / static_cast<double>(m);
     t = span("forward", SpanKind::kCompute, t);
     // Buckets start on the last micro-batch only (DDP's no_sync for the others).
     const bool last = k + 1 == m;
-    KC_RETURN_IF_ERROR(model_->Backward(k > 0, [&](int tensor) -> Status {
+    KC_RETURN_IF_ERROR(model.Backward(k > 0, [&](int tensor) -> Status {
       if (buckets_ == nullptr || !last) return OkStatus();
       const Clock::time_point m0 = Clock::now();
-      Status s = buckets_->MarkReady(bucket_index_[tensor]);
+      Status s = buckets_->MarkReady(bucket_index_[0][static_cast<size_t>(tensor)]);
       comm_s += Since(m0);
       span("mark ready", SpanKind::kComm, m0);
       return s;
@@ -398,11 +448,13 @@ Result<StepStats> Trainer::Step() {
   optimizer_->Step(stats.lr, ClipScale(options_.spec.training, stats.grad_norm));
   t = span("optimizer", SpanKind::kCompute, t);
   if (options_.zero_stage == 1 && world_ > 1) {
-    // Every rank updated its chunk; gather the others'.
-    std::span<float> params = model_->params();
-    KC_ASSIGN_OR_RETURN(auto work, dp_comm_->Allgather(std::as_writable_bytes(params),
-                                                       params.size(), hal::DataType::kF32));
-    KC_RETURN_IF_ERROR(work->Wait());
+    // Every rank updated its part of each model chunk; gather the others'.
+    for (const auto& chunk : chunks_) {
+      std::span<float> params = chunk->params();
+      KC_ASSIGN_OR_RETURN(auto work, dp_comm_->Allgather(std::as_writable_bytes(params),
+                                                         params.size(), hal::DataType::kF32));
+      KC_RETURN_IF_ERROR(work->Wait());
+    }
     comm_s += Since(t);
     span("all-gather parameters", SpanKind::kComm, t);
   }
@@ -423,7 +475,7 @@ Result<double> Trainer::Evaluate(int64_t batches) {
   KC_RETURN_IF_ERROR(validation_->Restore(validation_start_));
   Batch batch;
   double sum = 0;
-  const size_t micro_tokens = static_cast<size_t>(model_->tokens());
+  const size_t micro_tokens = static_cast<size_t>(chunks_.front()->tokens());
   const int64_t m = options_.micro_batches;
   for (int64_t i = 0; i < batches; ++i) {
     validation_->Next(&batch);
@@ -433,27 +485,17 @@ Result<double> Trainer::Evaluate(int64_t batches) {
       const std::span<const int32_t> tg =
           std::span<const int32_t>(batch.targets).subspan(k * micro_tokens, micro_tokens);
       if (stages_ == 1) {
-        KC_ASSIGN_OR_RETURN(double loss, model_->Forward(in, tg, 0));
+        KC_ASSIGN_OR_RETURN(double loss, chunks_.front()->Forward(in, tg, 0));
         sum += loss / static_cast<double>(m);
         continue;
       }
-      // Through the stages one micro-batch at a time, in slot 0.
-      const comm::OpOptions lane{.lane = comm::Lane::kActivation};
-      const bool first = stage_ == 0, last = stage_ == stages_ - 1;
-      if (!first) {
-        KC_ASSIGN_OR_RETURN(auto work,
-                            pipe_comm_->Recv(stage_ - 1, Bytes(model_->stage_input(0)), 1, lane));
-        KC_RETURN_IF_ERROR(work->Wait());
+      // Through every virtual stage in turn, one micro-batch at a time, in slot 0; the last
+      // adds its loss / m to the sum.
+      double waited = 0;
+      for (int c = 0; c < v_; ++c) {
+        KC_RETURN_IF_ERROR(
+            RunPipelineOp({PipeOpKind::kForward, 0, c}, in, tg, 0, false, false, &sum, &waited));
       }
-      KC_ASSIGN_OR_RETURN(double loss, model_->Forward(0, first ? in : std::span<const int32_t>(),
-                                                       last ? tg : std::span<const int32_t>(), 0));
-      if (!last) {
-        KC_ASSIGN_OR_RETURN(
-            auto work,
-            pipe_comm_->Send(stage_ + 1, std::as_bytes(model_->stage_output(0)), 1, lane));
-        KC_RETURN_IF_ERROR(work->Wait());
-      }
-      sum += loss / static_cast<double>(m);
     }
   }
   return AverageAcrossRanks(batches > 0 ? sum / static_cast<double>(batches) : 0);

@@ -60,6 +60,8 @@ struct TrainerOptions {
   // crossing stages by send/recv on the activation lane. GPipe and 1F1B run today.
   int pipeline_stages = 1;
   Schedule schedule = Schedule::k1F1B;
+  // Interleaved: v model chunks per stage; stage s holds virtual stages s, s + p, ...
+  int virtual_stages = 1;
   GradSync grad_sync = GradSync::kBucketed;
   int64_t bucket_bytes = 2 << 20;
   // Where each step's spans go (data, forward, backward, optimizer, and the communication
@@ -99,8 +101,11 @@ class Trainer {
   // kFailedPrecondition when there is no validation data.
   Result<double> Evaluate(int64_t batches);
 
-  // This rank's model: the whole GPT, or its pipeline stage's part.
-  Gpt<float>& model() { return *model_; }
+  // This rank's model: the whole GPT, or its pipeline stage's part (its first chunk when
+  // interleaved).
+  Gpt<float>& model() { return *chunks_.front(); }
+  // The bytes of every chunk this rank holds.
+  int64_t arena_bytes() const;
   int stage() const { return stage_; }
   DataLoader& loader() { return *loader_; }
   int64_t steps_done() const { return step_; }
@@ -126,20 +131,22 @@ class Trainer {
   int dp_rank_ = 0;                        // this rank's replica
   int stage_ = 0;                          // this rank's pipeline stage
   int stages_ = 1;                         // p
+  int v_ = 1;                              // model chunks per stage (interleaved)
   comm::Communicator* dp_comm_ = nullptr;  // the replicas of this stage (options_.comm when p = 1)
   std::unique_ptr<comm::Communicator> dp_owned_;
   std::unique_ptr<comm::Communicator> pipe_comm_;   // this replica's stages
   std::unique_ptr<comm::Communicator> embed_comm_;  // first and last stage: tied wte gradients
   std::vector<PipeOp> ops_;                         // this stage's passes, in order
-  int wte_tensor_ = -1;  // the stage's wte, when it is one of two tied copies
-  double pass_s_ = 0;    // this step's forward and backward time on this stage
+  int wte_chunk_ = -1;  // the chunk and tensor of a tied wte that is one of two copies
+  int wte_tensor_ = -1;
+  double pass_s_ = 0;  // this step's forward and backward time on this stage
   std::unique_ptr<DataLoader> loader_;
   std::unique_ptr<DataLoader> validation_;
   LoaderState validation_start_;
-  std::unique_ptr<Gpt<float>> model_;
+  std::vector<std::unique_ptr<Gpt<float>>> chunks_;  // v of them; one without interleaving
   std::unique_ptr<AdamW<float>> optimizer_;
   std::unique_ptr<comm::GradientBuckets> buckets_;
-  std::vector<int> bucket_index_;  // forward tensor index -> its index in the buckets
+  std::vector<std::vector<int>> bucket_index_;  // per chunk: tensor -> its index in the buckets
   Batch batch_;
   int64_t step_ = 0;
 };
