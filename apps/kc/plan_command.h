@@ -18,7 +18,7 @@ namespace kc::app {
 void AddPlanCommand(CLI::App& app, Action* action);
 
 // What the planner offers for real devices: data-parallel plans with micro-batches and ZeRO-1
-// (no recompute). kc train also runs GPipe, 1F1B and interleaved pipelines, but the search keeps to
+// (no recompute). kc train also runs pipelines with every schedule, but the search keeps to
 // these until it can leave out the schedules the trainer does not run yet.
 parallel::planner::SearchConstraints EngineConstraints();
 

@@ -186,12 +186,6 @@ Result<Plan> Check(TrainArgs* args) {
           "(data and pipeline parallel, micro-batches, zero_stage 0 or 1)",
           a.plan, plan.t));
     }
-    if (plan.p > 1 && plan.schedule == parallel::Schedule::kZeroBubbleH1) {
-      return UnimplementedError(fmt::format(
-          "--plan {}: schedule=zb-h1: the trainer runs gpipe, 1f1b and interleaved so far "
-          "(zb-h1 is simulated only)",
-          a.plan));
-    }
     if (plan.p > 1 && !a.export_dir.empty()) {
       return UnimplementedError("--export with a pipeline (p > 1): each rank holds a stage only");
     }
@@ -752,9 +746,10 @@ void PrintSummary(const TrainArgs& a, const Plan& p, const Monitor& m, double pe
       "> 40%)\n",
       100 * s.exposed_comm_share, s.comm_exposed_ms, s.comm_exposed_ms_median);
   // GPipe and 1F1B idle (p - 1) / (m + p - 1) of the time; interleaving divides the idle
-  // part by v.
+  // part by v; ZB-H1 by 3 when the forward and the two backward halves cost the same.
   const bool interleaved = p.schedule == parallel::Schedule::kInterleaved;
-  const int64_t v = interleaved ? p.virtual_stages : 1;
+  const bool zero_bubble = p.schedule == parallel::Schedule::kZeroBubbleH1;
+  const int64_t v = interleaved ? p.virtual_stages : zero_bubble ? 3 : 1;
   const double ideal_bubble = static_cast<double>(p.pipeline_stages - 1) /
                               static_cast<double>(v * p.micro_batches + p.pipeline_stages - 1);
   double mean_bubble = 0;
@@ -766,7 +761,10 @@ void PrintSummary(const TrainArgs& a, const Plan& p, const Monitor& m, double pe
     }
     std::cout << fmt::format(
         "  pipeline bubble {:.1f}%{} (median per stage; {} = {:.1f}% with p={} m={}{})\n",
-        100 * mean_bubble, stages, interleaved ? "(p-1)/(vm+p-1)" : "(p-1)/(m+p-1)",
+        100 * mean_bubble, stages,
+        interleaved   ? "(p-1)/(vm+p-1)"
+        : zero_bubble ? "(p-1)/(3m+p-1), equal passes"
+                      : "(p-1)/(m+p-1)",
         100 * ideal_bubble, p.pipeline_stages, p.micro_batches,
         interleaved ? fmt::format(" v={}", v) : "");
   }

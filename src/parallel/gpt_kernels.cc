@@ -156,13 +156,22 @@ template <typename Real>
 void LayerNormBackward(Real* dinp, Real* dweight, Real* dbias, const Real* dout, const Real* inp,
                        const Real* weight, const Real* mean, const Real* rstd, int64_t N, int64_t C,
                        bool accumulate) {
-  ZeroIfOverwriting(dweight, C, accumulate);
-  ZeroIfOverwriting(dbias, C, accumulate);
+  if (dweight != nullptr) {
+    ZeroIfOverwriting(dweight, C, accumulate);
+    ZeroIfOverwriting(dbias, C, accumulate);
+  }
   for (int64_t r = 0; r < N; ++r) {
     const Real* d = dout + r * C;
     const Real* x = inp + r * C;
     const Real m = mean[r];
     const Real s = rstd[r];
+    if (dinp == nullptr) {  // the weight pass alone
+      for (int64_t i = 0; i < C; ++i) {
+        dbias[i] += d[i];
+        dweight[i] += (x[i] - m) * s * d[i];
+      }
+      continue;
+    }
     // The two reductions of the input gradient (llm.c's layernorm_backward).
     Real dnorm_mean = 0;
     Real dnorm_norm_mean = 0;
@@ -175,6 +184,13 @@ void LayerNormBackward(Real* dinp, Real* dweight, Real* dbias, const Real* dout,
     dnorm_mean /= static_cast<Real>(C);
     dnorm_norm_mean /= static_cast<Real>(C);
     Real* di = dinp + r * C;
+    if (dweight == nullptr) {  // the input pass alone
+      for (int64_t i = 0; i < C; ++i) {
+        const Real norm = (x[i] - m) * s;
+        di[i] += (weight[i] * d[i] - dnorm_mean - norm * dnorm_norm_mean) * s;
+      }
+      continue;
+    }
     for (int64_t i = 0; i < C; ++i) {
       const Real norm = (x[i] - m) * s;
       const Real dnorm = weight[i] * d[i];
@@ -207,6 +223,7 @@ Status MatmulBackward(const KernelContext& ctx, Real* dinp, Real* dweight, Real*
     KC_RETURN_IF_ERROR(
         Gemm<Real>(ctx, false, false, N, C, OC, Real{1}, dout, OC, weight, C, Real{0}, dinp, C));
   }
+  if (dweight == nullptr) return OkStatus();  // the input pass alone
   KC_RETURN_IF_ERROR(Gemm<Real>(ctx, true, false, OC, C, N, Real{1}, dout, OC, inp, C,
                                 accumulate ? Real{1} : Real{0}, dweight, C));
   if (dbias != nullptr) {

@@ -66,6 +66,9 @@ void EncoderBackward(Real* dwte, Real* dwpe, const Real* dout, const int32_t* in
 template <typename Real>
 void LayerNormForward(Real* out, Real* mean, Real* rstd, const Real* inp, const Real* weight,
                       const Real* bias, int64_t N, int64_t C, float eps);
+// dinp (N, C) accumulated into; dweight and dbias (C) as `accumulate` says. Either half may be
+// skipped: dinp null computes the weight gradients alone, dweight and dbias null the input
+// gradient alone (ZB-H1's split backward).
 template <typename Real>
 void LayerNormBackward(Real* dinp, Real* dweight, Real* dbias, const Real* dout, const Real* inp,
                        const Real* weight, const Real* mean, const Real* rstd, int64_t N, int64_t C,
@@ -76,7 +79,7 @@ template <typename Real>
 Status MatmulForward(const KernelContext& ctx, Real* out, const Real* inp, const Real* weight,
                      const Real* bias, int64_t N, int64_t C, int64_t OC);
 // dinp (N, C) OVERWRITTEN with dout * weight (skipped when dinp is null); dweight (OC, C) and
-// dbias (OC, null when there is no bias) as `accumulate` says.
+// dbias (OC, null when there is no bias) as `accumulate` says (skipped when dweight is null).
 template <typename Real>
 Status MatmulBackward(const KernelContext& ctx, Real* dinp, Real* dweight, Real* dbias,
                       const Real* dout, const Real* inp, const Real* weight, int64_t N, int64_t C,

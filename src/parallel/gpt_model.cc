@@ -130,12 +130,12 @@ Result<std::unique_ptr<Gpt<Real>>> Gpt<Real>::Create(const ModelSpec& spec,
   for (int64_t w = 0; w < workers; ++w) {
     model->slices_.emplace_back(batch * w / workers, batch * (w + 1) / workers);
   }
-  KC_RETURN_IF_ERROR(model->Allocate(options.slots));
+  KC_RETURN_IF_ERROR(model->Allocate(options.slots, options.split_backward));
   return model;
 }
 
 template <typename Real>
-Status Gpt<Real>::Allocate(int slots) {
+Status Gpt<Real>::Allocate(int slots, bool split_backward) {
   const int64_t C = spec_.hidden, NH = spec_.heads, F = spec_.ffn_hidden;
   const int64_t V = spec_.vocab, T = spec_.seq_len, B = batch_, BT = B * T;
   const int64_t P = tensors_.back().offset + tensors_.back().num_elements;
@@ -177,6 +177,19 @@ Status Gpt<Real>::Allocate(int slots) {
         s.losses = c.Take<Real>(BT);
       }
       if (has_embedding()) s.tokens = c.Take<int32_t>(BT);
+      if (split_backward) {
+        s.grads.assign(static_cast<size_t>(layers), LayerGrads{});
+        for (LayerGrads& g : s.grads) {
+          g.fcproj_out = c.Take<Real>(BT * C);
+          g.fc_out = c.Take<Real>(BT * F);
+          g.ln2_out = c.Take<Real>(BT * C);
+          g.proj_out = c.Take<Real>(BT * C);
+          g.qkv_out = c.Take<Real>(BT * 3 * C);
+          g.ln1_out = c.Take<Real>(BT * C);
+        }
+        if (has_head()) s.lnf_out_grad = c.Take<Real>(BT * C);
+        if (has_embedding()) s.input_grad = c.Take<Real>(BT * C);
+      }
     }
     dres_ = c.Take<Real>(BT * C);
     dtmp_ = c.Take<Real>(BT * C);
@@ -393,19 +406,52 @@ typename Gpt<Real>::LayerActs Gpt<Real>::Slice(const LayerActs& a, int64_t b0) c
 template <typename Real>
 Status Gpt<Real>::Backward(int slot, bool accumulate,
                            const std::function<Status(int tensor)>& on_ready) {
+  return RunBackward(slot, Pass::kWhole, accumulate, on_ready);
+}
+
+template <typename Real>
+Status Gpt<Real>::BackwardInput(int slot) {
+  return RunBackward(slot, Pass::kInput, false, nullptr);
+}
+
+template <typename Real>
+Status Gpt<Real>::BackwardWeight(int slot, bool accumulate,
+                                 const std::function<Status(int tensor)>& on_ready) {
+  return RunBackward(slot, Pass::kWeight, accumulate, on_ready);
+}
+
+template <typename Real>
+Status Gpt<Real>::RunBackward(int slot, Pass pass, bool accumulate,
+                              const std::function<Status(int tensor)>& on_ready) {
   KC_LAYER_ENTRY(Layer::kParallel, "model");
   if (slot < 0 || slot >= slots()) {
     return InvalidArgumentError("model " + spec_.name + ": slot " + std::to_string(slot) +
                                 " outside [0, " + std::to_string(slots()) + ")");
   }
   SlotActs& s = slots_[static_cast<size_t>(slot)];
-  if (!s.have_grad) {
+  if (pass != Pass::kWhole && s.grads.empty() && end_layer_ > first_layer_) {
     return FailedPreconditionError("model " + spec_.name +
-                                   ": Backward without a Forward that computed the loss gradient");
+                                   ": a split backward needs GptOptions::split_backward");
   }
-  s.have_grad = false;
+  if (pass == Pass::kWeight) {
+    if (!s.have_input_grad) {
+      return FailedPreconditionError("model " + spec_.name + ": BackwardWeight of slot " +
+                                     std::to_string(slot) + " without its BackwardInput");
+    }
+    s.have_input_grad = false;
+  } else {
+    if (!s.have_grad) {
+      return FailedPreconditionError(
+          "model " + spec_.name + ": Backward without a Forward that computed the loss gradient");
+    }
+    s.have_grad = false;
+    s.have_input_grad = pass == Pass::kInput;
+  }
   for (size_t i = 0; i < tensors_.size(); ++i) arrivals_[i].store(0, std::memory_order_relaxed);
-  pool_->Run([&](int k) { worker_status_[k] = BackwardSlice(k, s, accumulate, on_ready); });
+  pool_->Run([&](int k) {
+    worker_status_[k] = pass == Pass::kWeight ? WeightSlice(k, s, accumulate, on_ready)
+                                              : BackwardSlice(k, s, pass, accumulate, on_ready);
+  });
   for (const Status& st : worker_status_) KC_RETURN_IF_ERROR(st);
   return OkStatus();
 }
@@ -427,7 +473,7 @@ Status Gpt<Real>::TensorDone(int tensor, const std::function<Status(int)>& on_re
 }
 
 template <typename Real>
-Status Gpt<Real>::BackwardSlice(int k, SlotActs& s, bool accumulate,
+Status Gpt<Real>::BackwardSlice(int k, SlotActs& s, Pass pass, bool accumulate,
                                 const std::function<Status(int)>& on_ready) {
   const int64_t C = spec_.hidden, NH = spec_.heads, F = spec_.ffn_hidden;
   const int64_t V = spec_.vocab, T = spec_.seq_len;
@@ -435,28 +481,32 @@ Status Gpt<Real>::BackwardSlice(int k, SlotActs& s, bool accumulate,
   const int64_t b0 = slices_[k].first, B = slices_[k].second - b0, BT = B * T;
   auto rows = [&](Real* base, int64_t width) { return base + b0 * T * width; };
   // Worker 0 writes the real gradients; the others their own copies (always overwritten),
-  // added in by TensorDone.
+  // added in by TensorDone. The input pass writes none: its weight pointers are null, and
+  // the output gradients the weight pass needs land in the slot instead of the scratch.
+  const bool whole = pass == Pass::kWhole;
   const std::vector<std::span<Real>>& grads = k == 0 ? grads_ : worker_grads_[k - 1];
   const bool acc = k == 0 ? accumulate : false;
-  auto G = [&](int i) { return grads[i].data(); };
-  auto done = [&](int i) { return TensorDone(i, on_ready); };
+  auto G = [&](int i) { return whole ? grads[i].data() : nullptr; };
+  auto done = [&](int i) { return whole ? TensorDone(i, on_ready) : OkStatus(); };
   Real* dres = rows(dres_, C);
-  Real* dtmp = rows(dtmp_, C);
-  Real* dqkv = rows(dqkv_, 3 * C);
-  Real* dfch = rows(dfch_, F);
   Real* datt = datt_ + b0 * NH * T * T;
   Real* input = rows(s.input, C);
   auto acts = [&](int64_t l) { return Slice(s.layers[static_cast<size_t>(l - first_layer_)], b0); };
+  // Where an output gradient goes: the shared scratch, or the slot's copy for the weight pass.
+  auto keep = [&](Real* scratch, Real* kept, int64_t width) {
+    return whole ? rows(scratch, width) : rows(kept, width);
+  };
 
   if (has_head()) {
     // LM head: dlnf = dlogits * W; dW = dlogits^T * lnf.
-    KC_RETURN_IF_ERROR(MatmulBackward<Real>(ctx, dtmp, G(head_), nullptr, rows(s.logits, V),
+    Real* dlnf = keep(dtmp_, s.lnf_out_grad, C);
+    KC_RETURN_IF_ERROR(MatmulBackward<Real>(ctx, dlnf, G(head_), nullptr, rows(s.logits, V),
                                             rows(s.lnf, C), P(head_), BT, C, V, acc));
     // The head's own weight is final now, and so is a tied head's copy of wte on a stage
     // without the embeddings.
     if (!spec_.tied_embeddings || !has_embedding()) KC_RETURN_IF_ERROR(done(head_));
     std::fill(dres, dres + BT * C, Real{0});
-    LayerNormBackward(dres, G(lnf_), G(lnf_ + 1), dtmp, acts(end_layer_ - 1).residual3, P(lnf_),
+    LayerNormBackward(dres, G(lnf_), G(lnf_ + 1), dlnf, acts(end_layer_ - 1).residual3, P(lnf_),
                       rows(s.lnf_mean, 1), rows(s.lnf_rstd, 1), BT, C, acc);
     KC_RETURN_IF_ERROR(done(lnf_ + 1));
     KC_RETURN_IF_ERROR(done(lnf_));
@@ -465,10 +515,17 @@ Status Gpt<Real>::BackwardSlice(int k, SlotActs& s, bool accumulate,
 
   for (int64_t l = end_layer_ - 1; l >= first_layer_; --l) {
     const LayerActs a = acts(l);
+    const LayerGrads* kept = whole ? nullptr : &s.grads[static_cast<size_t>(l - first_layer_)];
     const Real* residual = l == first_layer_ ? input : acts(l - 1).residual3;
     auto p = [&](LayerTensor t) { return P(LayerIndex(l, t)); };
-    auto g = [&](LayerTensor t) { return G(LayerIndex(l, t)); };
+    auto g = [&](LayerTensor t) { return whole ? G(LayerIndex(l, t)) : nullptr; };
     auto ready = [&](LayerTensor t) { return done(LayerIndex(l, t)); };
+    Real* dfch = keep(dfch_, whole ? nullptr : kept->fc_out, F);
+    Real* dln2 = keep(dtmp_, whole ? nullptr : kept->ln2_out, C);
+    Real* dqkv = keep(dqkv_, whole ? nullptr : kept->qkv_out, 3 * C);
+    Real* dln1 = keep(dtmp_, whole ? nullptr : kept->ln1_out, C);
+    Real* datty = rows(dtmp_, C);
+    if (!whole) std::copy(dres, dres + BT * C, rows(kept->fcproj_out, C));
     // MLP: residual3 = residual2 + proj(gelu(fc(ln2(residual2)))).
     KC_RETURN_IF_ERROR(MatmulBackward(ctx, dfch, g(kFcProjW), g(kFcProjB), dres, a.fch_gelu,
                                       p(kFcProjW), BT, F, C, acc));
@@ -476,29 +533,34 @@ Status Gpt<Real>::BackwardSlice(int k, SlotActs& s, bool accumulate,
     KC_RETURN_IF_ERROR(ready(kFcProjW));
     GeluBackward(dfch, a.fch, dfch, BT * F);
     KC_RETURN_IF_ERROR(
-        MatmulBackward(ctx, dtmp, g(kFcW), g(kFcB), dfch, a.ln2, p(kFcW), BT, C, F, acc));
+        MatmulBackward(ctx, dln2, g(kFcW), g(kFcB), dfch, a.ln2, p(kFcW), BT, C, F, acc));
     KC_RETURN_IF_ERROR(ready(kFcB));
     KC_RETURN_IF_ERROR(ready(kFcW));
-    LayerNormBackward(dres, g(kLn2W), g(kLn2B), dtmp, a.residual2, p(kLn2W), a.ln2_mean, a.ln2_rstd,
+    LayerNormBackward(dres, g(kLn2W), g(kLn2B), dln2, a.residual2, p(kLn2W), a.ln2_mean, a.ln2_rstd,
                       BT, C, acc);
     KC_RETURN_IF_ERROR(ready(kLn2B));
     KC_RETURN_IF_ERROR(ready(kLn2W));
+    if (!whole) std::copy(dres, dres + BT * C, rows(kept->proj_out, C));
     // Attention: residual2 = residual + proj(attention(qkv(ln1(residual)))).
     KC_RETURN_IF_ERROR(
-        MatmulBackward(ctx, dtmp, g(kProjW), g(kProjB), dres, a.atty, p(kProjW), BT, C, C, acc));
+        MatmulBackward(ctx, datty, g(kProjW), g(kProjB), dres, a.atty, p(kProjW), BT, C, C, acc));
     KC_RETURN_IF_ERROR(ready(kProjB));
     KC_RETURN_IF_ERROR(ready(kProjW));
-    KC_RETURN_IF_ERROR(AttentionBackward(ctx, dqkv, datt, dtmp, a.qkv, a.att, B, T, C, NH));
+    KC_RETURN_IF_ERROR(AttentionBackward(ctx, dqkv, datt, datty, a.qkv, a.att, B, T, C, NH));
     KC_RETURN_IF_ERROR(
-        MatmulBackward(ctx, dtmp, g(kQkvW), g(kQkvB), dqkv, a.ln1, p(kQkvW), BT, C, 3 * C, acc));
+        MatmulBackward(ctx, dln1, g(kQkvW), g(kQkvB), dqkv, a.ln1, p(kQkvW), BT, C, 3 * C, acc));
     KC_RETURN_IF_ERROR(ready(kQkvB));
     KC_RETURN_IF_ERROR(ready(kQkvW));
-    LayerNormBackward(dres, g(kLn1W), g(kLn1B), dtmp, residual, p(kLn1W), a.ln1_mean, a.ln1_rstd,
+    LayerNormBackward(dres, g(kLn1W), g(kLn1B), dln1, residual, p(kLn1W), a.ln1_mean, a.ln1_rstd,
                       BT, C, acc);
     KC_RETURN_IF_ERROR(ready(kLn1B));
     KC_RETURN_IF_ERROR(ready(kLn1W));
   }
   if (!has_embedding()) return OkStatus();  // dres is grad_input()
+  if (!whole) {
+    std::copy(dres, dres + BT * C, rows(s.input_grad, C));
+    return OkStatus();
+  }
 
   // Embeddings. A tied wte on a stage with the head already holds the head's part.
   const bool head_part = has_head() && spec_.tied_embeddings;
@@ -507,6 +569,76 @@ Status Gpt<Real>::BackwardSlice(int k, SlotActs& s, bool accumulate,
     if (!head_part) std::fill(G(wte_), G(wte_) + V * C, Real{0});
   }
   EncoderBackward(G(wte_), G(wpe_), dres, s.tokens + b0 * T, B, T, C);
+  KC_RETURN_IF_ERROR(done(wpe_));
+  return done(wte_);
+}
+
+template <typename Real>
+Status Gpt<Real>::WeightSlice(int k, SlotActs& s, bool accumulate,
+                              const std::function<Status(int)>& on_ready) {
+  const int64_t C = spec_.hidden, F = spec_.ffn_hidden;
+  const int64_t V = spec_.vocab, T = spec_.seq_len;
+  const KernelContext& ctx = ctxs_[k];
+  const int64_t b0 = slices_[k].first, B = slices_[k].second - b0, BT = B * T;
+  auto rows = [&](Real* base, int64_t width) { return base + b0 * T * width; };
+  const std::vector<std::span<Real>>& grads = k == 0 ? grads_ : worker_grads_[k - 1];
+  const bool acc = k == 0 ? accumulate : false;
+  auto G = [&](int i) { return grads[i].data(); };
+  auto done = [&](int i) { return TensorDone(i, on_ready); };
+  auto acts = [&](int64_t l) { return Slice(s.layers[static_cast<size_t>(l - first_layer_)], b0); };
+  // The same products as the whole backward's weight halves, in its order, from the output
+  // gradients the input pass kept.
+  if (has_head()) {
+    KC_RETURN_IF_ERROR(MatmulBackward<Real>(ctx, nullptr, G(head_), nullptr, rows(s.logits, V),
+                                            rows(s.lnf, C), P(head_), BT, C, V, acc));
+    if (!spec_.tied_embeddings || !has_embedding()) KC_RETURN_IF_ERROR(done(head_));
+    LayerNormBackward<Real>(nullptr, G(lnf_), G(lnf_ + 1), rows(s.lnf_out_grad, C),
+                            acts(end_layer_ - 1).residual3, P(lnf_), rows(s.lnf_mean, 1),
+                            rows(s.lnf_rstd, 1), BT, C, acc);
+    KC_RETURN_IF_ERROR(done(lnf_ + 1));
+    KC_RETURN_IF_ERROR(done(lnf_));
+  }
+  for (int64_t l = end_layer_ - 1; l >= first_layer_; --l) {
+    const LayerActs a = acts(l);
+    const LayerGrads& d = s.grads[static_cast<size_t>(l - first_layer_)];
+    const Real* residual = l == first_layer_ ? rows(s.input, C) : acts(l - 1).residual3;
+    auto p = [&](LayerTensor t) { return P(LayerIndex(l, t)); };
+    auto g = [&](LayerTensor t) { return G(LayerIndex(l, t)); };
+    auto ready = [&](LayerTensor t) { return done(LayerIndex(l, t)); };
+    KC_RETURN_IF_ERROR(MatmulBackward<Real>(ctx, nullptr, g(kFcProjW), g(kFcProjB),
+                                            rows(d.fcproj_out, C), a.fch_gelu, p(kFcProjW), BT, F,
+                                            C, acc));
+    KC_RETURN_IF_ERROR(ready(kFcProjB));
+    KC_RETURN_IF_ERROR(ready(kFcProjW));
+    KC_RETURN_IF_ERROR(MatmulBackward<Real>(ctx, nullptr, g(kFcW), g(kFcB), rows(d.fc_out, F),
+                                            a.ln2, p(kFcW), BT, C, F, acc));
+    KC_RETURN_IF_ERROR(ready(kFcB));
+    KC_RETURN_IF_ERROR(ready(kFcW));
+    LayerNormBackward<Real>(nullptr, g(kLn2W), g(kLn2B), rows(d.ln2_out, C), a.residual2, p(kLn2W),
+                            a.ln2_mean, a.ln2_rstd, BT, C, acc);
+    KC_RETURN_IF_ERROR(ready(kLn2B));
+    KC_RETURN_IF_ERROR(ready(kLn2W));
+    KC_RETURN_IF_ERROR(MatmulBackward<Real>(ctx, nullptr, g(kProjW), g(kProjB), rows(d.proj_out, C),
+                                            a.atty, p(kProjW), BT, C, C, acc));
+    KC_RETURN_IF_ERROR(ready(kProjB));
+    KC_RETURN_IF_ERROR(ready(kProjW));
+    KC_RETURN_IF_ERROR(MatmulBackward<Real>(ctx, nullptr, g(kQkvW), g(kQkvB),
+                                            rows(d.qkv_out, 3 * C), a.ln1, p(kQkvW), BT, C, 3 * C,
+                                            acc));
+    KC_RETURN_IF_ERROR(ready(kQkvB));
+    KC_RETURN_IF_ERROR(ready(kQkvW));
+    LayerNormBackward<Real>(nullptr, g(kLn1W), g(kLn1B), rows(d.ln1_out, C), residual, p(kLn1W),
+                            a.ln1_mean, a.ln1_rstd, BT, C, acc);
+    KC_RETURN_IF_ERROR(ready(kLn1B));
+    KC_RETURN_IF_ERROR(ready(kLn1W));
+  }
+  if (!has_embedding()) return OkStatus();
+  const bool head_part = has_head() && spec_.tied_embeddings;
+  if (!acc) {
+    std::fill(G(wpe_), G(wpe_) + T * C, Real{0});
+    if (!head_part) std::fill(G(wte_), G(wte_) + V * C, Real{0});
+  }
+  EncoderBackward(G(wte_), G(wpe_), rows(s.input_grad, C), s.tokens + b0 * T, B, T, C);
   KC_RETURN_IF_ERROR(done(wpe_));
   return done(wte_);
 }

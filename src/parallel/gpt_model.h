@@ -47,6 +47,9 @@ struct GptOptions {
   // Micro-batches whose activations are kept at once (a pipeline schedule's most in flight):
   // Forward and Backward name a slot in [0, slots).
   int slots = 1;
+  // Keep, per slot, the output gradients the weight gradients need, so that the backward can
+  // run as two passes, BackwardInput then BackwardWeight (ZB-H1).
+  bool split_backward = false;
 };
 
 template <typename Real>
@@ -123,6 +126,15 @@ class Gpt {
   // embeddings ends with the gradient of its stage_input(slot) in grad_input().
   Status Backward(int slot, bool accumulate, const std::function<Status(int tensor)>& on_ready);
 
+  // ZB-H1's split of Backward(slot, ...): the input-gradient pass (everything grad_input()
+  // needs, no parameter gradient; kept for the weight pass), then the weight-gradient pass,
+  // which writes (or with `accumulate` adds) every parameter gradient and announces each as
+  // Backward does. Together they give Backward's gradients. kFailedPrecondition without
+  // GptOptions::split_backward, or out of order.
+  Status BackwardInput(int slot);
+  Status BackwardWeight(int slot, bool accumulate,
+                        const std::function<Status(int tensor)>& on_ready);
+
   // A stage's boundary buffers, B * T * C each (empty where the stage has no such boundary).
   std::span<Real> stage_input(int slot);         // the residual stream in; kept for Backward
   std::span<const Real> stage_output(int slot);  // the residual stream out, after Forward
@@ -132,7 +144,7 @@ class Gpt {
  private:
   Gpt(ModelSpec spec, int64_t batch, int64_t first_layer, int64_t end_layer,
       hal::ComputeDevice* device);
-  Status Allocate(int slots);
+  Status Allocate(int slots, bool split_backward);
 
   // Per-layer tensor indices (ParameterTensors order).
   enum LayerTensor {
@@ -157,6 +169,16 @@ class Gpt {
   }
   Real* P(int i) { return params_.data() + tensors_[i].offset; }
 
+  // The output gradients one layer's weight gradients need (split backward only).
+  struct LayerGrads {
+    Real* fcproj_out;  // (BT, C)
+    Real* fc_out;      // (BT, F): after the GELU
+    Real* ln2_out;     // (BT, C)
+    Real* proj_out;    // (BT, C)
+    Real* qkv_out;     // (BT, 3C)
+    Real* ln1_out;     // (BT, C)
+  };
+  enum class Pass { kWhole, kInput, kWeight };
   // What one layer's forward keeps for its backward.
   struct LayerActs {
     Real* ln1;        // (BT, C)
@@ -183,6 +205,11 @@ class Gpt {
     Real* logits = nullptr;     // (BT, V); the logits' gradient after a training Forward
     Real* losses = nullptr;     // (BT)
     int32_t* tokens = nullptr;  // (BT): the Forward's inputs, for the embedding backward
+    // Split backward: what the weight pass needs.
+    std::vector<LayerGrads> grads;
+    Real* lnf_out_grad = nullptr;  // (BT, C)
+    Real* input_grad = nullptr;    // (BT, C): the embeddings' output gradient
+    bool have_input_grad = false;  // BackwardInput ran, BackwardWeight not yet
     bool have_grad = false;
   };
   // `a` moved to sequence b0 of the batch.
@@ -190,8 +217,13 @@ class Gpt {
   // Worker k's share of a pass: sequences [slices_[k].first, slices_[k].second).
   Status ForwardSlice(int k, SlotActs& s, const int32_t* targets, Real grad_scale,
                       double* loss_sum);
-  Status BackwardSlice(int k, SlotActs& s, bool accumulate,
+  Status BackwardSlice(int k, SlotActs& s, Pass pass, bool accumulate,
                        const std::function<Status(int)>& on_ready);
+  // The weight pass of a split backward.
+  Status WeightSlice(int k, SlotActs& s, bool accumulate,
+                     const std::function<Status(int)>& on_ready);
+  Status RunBackward(int slot, Pass pass, bool accumulate,
+                     const std::function<Status(int)>& on_ready);
   // A worker has finished its part of tensor i's gradient.
   Status TensorDone(int tensor, const std::function<Status(int)>& on_ready);
 

@@ -259,6 +259,91 @@ INSTANTIATE_TEST_SUITE_P(Splits, GptStageTest,
                                                               std::vector<int64_t>{0, 2, 3, 5},
                                                               std::vector<int64_t>{0, 3})));
 
+// ZB-H1's split backward (input pass, then weight pass, two micro-batches in flight and the
+// weight passes after both input passes) gives the whole backward's gradients, and the same
+// input gradient for the previous stage.
+TEST_P(GptGradientTest, SplitBackwardGivesTheWholeBackwardsGradients) {
+  auto device = Cpu();
+  ModelSpec spec = Small(GetParam());
+  spec.layers = 3;
+  for (const auto& [first, end] : {std::pair<int64_t, int64_t>{0, 3}, {1, 3}, {0, 2}, {1, 2}}) {
+    auto whole = Gpt<double>::Create(
+        spec, device.get(), {.threads = 2, .first_layer = first, .end_layer = end, .slots = 2});
+    auto split = Gpt<double>::Create(
+        spec, device.get(),
+        {.threads = 2, .first_layer = first, .end_layer = end, .slots = 2, .split_backward = true});
+    ASSERT_TRUE(whole.ok() && split.ok());
+    Gpt<double>& w = **whole;
+    Gpt<double>& s = **split;
+    w.InitParameters(7);
+    std::mt19937 gen(3);
+    std::normal_distribution<double> noise(0.0, 0.3);
+    for (double& p : w.params()) p += noise(gen);
+    std::copy(w.params().begin(), w.params().end(), s.params().begin());
+    const int64_t n = w.tokens();
+    std::vector<int32_t> tokens[2] = {Tokens(n, spec.vocab, 1), Tokens(n, spec.vocab, 2)};
+    std::vector<int32_t> targets[2] = {Tokens(n, spec.vocab, 3), Tokens(n, spec.vocab, 4)};
+    std::vector<double> stage_in[2], grad_out[2];
+    for (int mb = 0; mb < 2; ++mb) {
+      stage_in[mb].resize(static_cast<size_t>(n * spec.hidden));
+      grad_out[mb].resize(static_cast<size_t>(n * spec.hidden));
+      for (double& x : stage_in[mb]) x = noise(gen);
+      for (double& x : grad_out[mb]) x = noise(gen) * 0.01;
+    }
+    for (Gpt<double>* m : {&w, &s}) {
+      for (int mb = 0; mb < 2; ++mb) {
+        if (!m->has_embedding()) {
+          std::copy(stage_in[mb].begin(), stage_in[mb].end(), m->stage_input(mb).begin());
+        }
+        ASSERT_TRUE(m->Forward(mb,
+                               m->has_embedding() ? std::span<const int32_t>(tokens[mb])
+                                                  : std::span<const int32_t>(),
+                               m->has_head() ? std::span<const int32_t>(targets[mb])
+                                             : std::span<const int32_t>(),
+                               1.0 / n)
+                        .ok());
+      }
+    }
+    auto ignore = [](int) { return OkStatus(); };
+    std::vector<double> whole_in[2], split_in[2];
+    for (int mb = 0; mb < 2; ++mb) {
+      if (!w.has_head())
+        std::copy(grad_out[mb].begin(), grad_out[mb].end(), w.grad_output().begin());
+      ASSERT_TRUE(w.Backward(mb, mb > 0, ignore).ok());
+      if (!w.has_embedding()) whole_in[mb].assign(w.grad_input().begin(), w.grad_input().end());
+    }
+    for (int mb = 0; mb < 2; ++mb) {
+      if (!s.has_head())
+        std::copy(grad_out[mb].begin(), grad_out[mb].end(), s.grad_output().begin());
+      ASSERT_TRUE(s.BackwardInput(mb).ok());
+      if (!s.has_embedding()) split_in[mb].assign(s.grad_input().begin(), s.grad_input().end());
+    }
+    ASSERT_TRUE(s.BackwardWeight(0, false, ignore).ok());
+    // A second weight pass has no input pass to follow.
+    EXPECT_EQ(s.BackwardWeight(0, false, ignore).code(), ErrorCode::kFailedPrecondition);
+    std::vector<int> announced;
+    ASSERT_TRUE(s.BackwardInput(1).code() == ErrorCode::kFailedPrecondition);  // no forward left
+    ASSERT_TRUE(s.BackwardWeight(1, true, [&](int t) {
+                   announced.push_back(t);
+                   return OkStatus();
+                 }).ok());
+    EXPECT_EQ(announced.size(), s.tensors().size());
+    for (int mb = 0; mb < 2; ++mb) EXPECT_EQ(whole_in[mb], split_in[mb]) << first << "-" << end;
+    for (size_t t = 0; t < w.tensors().size(); ++t) {
+      const std::span<double> a = w.grad(static_cast<int>(t));
+      const std::span<double> b = s.grad(static_cast<int>(t));
+      for (size_t j = 0; j < a.size(); ++j) {
+        ASSERT_NEAR(a[j], b[j], 1e-12 * (1 + std::abs(a[j])))
+            << first << "-" << end << " " << w.tensors()[t].name << "[" << j << "]";
+      }
+    }
+  }
+  auto device2 = Cpu();
+  auto plain = Gpt<double>::Create(Small(true), device2.get(), {});
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ((*plain)->BackwardInput(0).code(), ErrorCode::kFailedPrecondition);
+}
+
 TEST(GptModelTest, StagesRejectBadRangesSlotsAndInputs) {
   auto device = Cpu();
   const ModelSpec spec = Small(true);

@@ -106,13 +106,15 @@ Status Trainer::Init() {
       const size_t vs = static_cast<size_t>(c * stages_ + stage_);
       gpt.first_layer = bounds[vs];
       gpt.end_layer = bounds[vs + 1];
+      // Activations are held from the forward to the pass that frees them: B, or ZB-H1's W.
       int held = 0;
       for (int in_flight = 0; const PipeOp& op : ops_) {
-        if (op.chunk != c) continue;
+        if (op.chunk != c || op.kind == PipeOpKind::kBackwardInput) continue;
         in_flight += op.kind == PipeOpKind::kForward ? 1 : -1;
         held = std::max(held, in_flight);
       }
       gpt.slots = std::max(held, 1);
+      gpt.split_backward = options_.schedule == Schedule::kZeroBubbleH1;
     }
     KC_ASSIGN_OR_RETURN(std::unique_ptr<Gpt<float>> chunk,
                         Gpt<float>::Create(spec, options_.device, gpt));
@@ -220,12 +222,6 @@ Result<double> Trainer::GradNorm() {
 Status Trainer::InitPipeline() {
   comm::Communicator* comm = options_.comm;
   KC_CHECK(comm != nullptr);
-  if (options_.schedule == Schedule::kZeroBubbleH1) {
-    return UnimplementedError(
-        "trainer: the zb-h1 schedule is simulated (parallel/pipeline_schedule.h) but not yet run "
-        "by the trainer (it needs the backward split into input and weight passes); gpipe, 1f1b "
-        "and interleaved are");
-  }
   v_ = options_.schedule == Schedule::kInterleaved ? options_.virtual_stages : 1;
   if (v_ < 1 || stages_ * v_ > options_.spec.layers) {
     return InvalidArgumentError(
@@ -306,18 +302,31 @@ Status Trainer::RunPipelineOp(const PipeOp& op, std::span<const int32_t> inputs,
     }
     return OkStatus();
   }
+  const std::vector<int>& buckets = bucket_index_[static_cast<size_t>(op.chunk)];
+  auto mark_ready = [&](int tensor) -> Status {
+    if (buckets_ == nullptr || !last_backward) return OkStatus();
+    return buckets_->MarkReady(buckets[static_cast<size_t>(tensor)]);
+  };
+  if (op.kind == PipeOpKind::kBackwardWeight) {  // ZB-H1's W: no neighbour involved
+    const Clock::time_point t0 = Clock::now();
+    KC_RETURN_IF_ERROR(model.BackwardWeight(slot, !first_backward, mark_ready));
+    pass_s_ += Since(t0);
+    span("backward weights", SpanKind::kCompute, t0);
+    return OkStatus();
+  }
   if (!last) {
     KC_RETURN_IF_ERROR(
         receive(next, model.grad_output(), gradient_tag(vs + 1), "receive gradients"));
   }
   const Clock::time_point t0 = Clock::now();
-  const std::vector<int>& buckets = bucket_index_[static_cast<size_t>(op.chunk)];
-  KC_RETURN_IF_ERROR(model.Backward(slot, !first_backward, [&](int tensor) -> Status {
-    if (buckets_ == nullptr || !last_backward) return OkStatus();
-    return buckets_->MarkReady(buckets[static_cast<size_t>(tensor)]);
-  }));
+  if (op.kind == PipeOpKind::kBackwardInput) {
+    KC_RETURN_IF_ERROR(model.BackwardInput(slot));
+  } else {
+    KC_RETURN_IF_ERROR(model.Backward(slot, !first_backward, mark_ready));
+  }
   pass_s_ += Since(t0);
-  span("backward", SpanKind::kCompute, t0);
+  span(op.kind == PipeOpKind::kBackwardInput ? "backward inputs" : "backward", SpanKind::kCompute,
+       t0);
   if (!first) {
     KC_RETURN_IF_ERROR(send(prev, model.grad_input(), gradient_tag(vs), "send gradients"));
   }
@@ -391,13 +400,15 @@ Result<StepStats> Trainer::Step() {
     const Clock::time_point p0 = Clock::now();
     for (const PipeOp& op : ops_) {
       const size_t k = static_cast<size_t>(op.micro_batch);
-      const bool backward = op.kind != PipeOpKind::kForward;
+      // The passes that write parameter gradients: B, or ZB-H1's W.
+      const bool writes =
+          op.kind == PipeOpKind::kBackward || op.kind == PipeOpKind::kBackwardWeight;
       int64_t& done = backwards[static_cast<size_t>(op.chunk)];
-      if (backward) ++done;
+      if (writes) ++done;
       KC_RETURN_IF_ERROR(RunPipelineOp(
           op, std::span<const int32_t>(batch_.inputs).subspan(k * micro_tokens, micro_tokens),
           std::span<const int32_t>(batch_.targets).subspan(k * micro_tokens, micro_tokens),
-          grad_scale, backward && done == m, backward && done == 1, &loss, &comm_s));
+          grad_scale, writes && done == m, writes && done == 1, &loss, &comm_s));
     }
     // The bubble: the pipeline lasts as long as its slowest stage; each stage's share of that
     // outside its passes.
