@@ -416,7 +416,8 @@ Status RunWorkerRank(const TrainArgs& a, const Plan& p) {
                  {"parameters", parallel::ParameterCount(p.spec)},
                  {"flops_per_token", parallel::TrainingFlopsPerToken(p.spec)},
                  {"grad_buckets", trainer->grad_buckets()},
-                 {"arena_bytes", trainer->arena_bytes()}});
+                 {"arena_bytes", trainer->arena_bytes()},
+                 {"stage_activation_bytes", trainer->stage_activation_bytes()}});
   auto evaluate = [&](int64_t step) -> Status {
     if (!p.validation) return OkStatus();
     KC_ASSIGN_OR_RETURN(double val, trainer->Evaluate(a.eval_batches));
@@ -609,6 +610,8 @@ class Monitor {
       }
       steps_.push_back(r);
       Show(r.step == a_.steps || r.step % every_ == 0);
+    } else if (type == "start" && j.contains("stage_activation_bytes")) {
+      stage_activation_bytes_ = j["stage_activation_bytes"].get<std::vector<int64_t>>();
     } else if (type == "val") {
       val_.push_back({j.value("step", int64_t{0}), j.value("loss", 0.0)});
       if (mode_ == "lines") {
@@ -630,6 +633,7 @@ class Monitor {
 
   const std::vector<StepRecord>& steps() const { return steps_; }
   const std::vector<ValRecord>& val() const { return val_; }
+  const std::vector<int64_t>& stage_activation_bytes() const { return stage_activation_bytes_; }
 
  private:
   void Show(bool line_due) {
@@ -668,6 +672,7 @@ class Monitor {
   bool bar_shown_ = false;
   std::vector<StepRecord> steps_;
   std::vector<ValRecord> val_;
+  std::vector<int64_t> stage_activation_bytes_;  // from the start record
 };
 
 // Splits what arrived on a pipe into lines; returns false at end of file.
@@ -767,6 +772,15 @@ void PrintSummary(const TrainArgs& a, const Plan& p, const Monitor& m, double pe
                       : "(p-1)/(m+p-1)",
         100 * ideal_bubble, p.pipeline_stages, p.micro_batches,
         interleaved ? fmt::format(" v={}", v) : "");
+  }
+  if (m.stage_activation_bytes().size() > 1) {
+    std::string stages;
+    for (size_t i = 0; i < m.stage_activation_bytes().size(); ++i) {
+      stages += fmt::format("{}stage {} {:.1f} MiB", i == 0 ? "" : ", ", i,
+                            static_cast<double>(m.stage_activation_bytes()[i]) / (1 << 20));
+    }
+    std::cout << fmt::format("  activations     {} (the micro-batches each stage holds at once)\n",
+                             stages);
   }
   if (peak_per_core > 0) {
     std::cout << fmt::format(

@@ -151,6 +151,7 @@ Status Gpt<Real>::Allocate(int slots, bool split_backward) {
     const int64_t extra = static_cast<int64_t>(slices_.size()) - 1;
     worker_arena_ = {c.Take<Real>(extra * P), static_cast<size_t>(extra * P)};
     slots_.assign(static_cast<size_t>(slots), SlotActs{});
+    const size_t before_slots = c.used();
     for (SlotActs& s : slots_) {
       s.input = c.Take<Real>(BT * C);
       s.layers.assign(static_cast<size_t>(layers), LayerActs{});
@@ -191,6 +192,7 @@ Status Gpt<Real>::Allocate(int slots, bool split_backward) {
         if (has_embedding()) s.input_grad = c.Take<Real>(BT * C);
       }
     }
+    activation_bytes_ = static_cast<int64_t>(c.used() - before_slots);
     dres_ = c.Take<Real>(BT * C);
     dtmp_ = c.Take<Real>(BT * C);
     dqkv_ = c.Take<Real>(BT * 3 * C);

@@ -78,6 +78,8 @@ class Gpt {
   // start as the whole model's).
   int global_index(int tensor) const { return global_index_.at(static_cast<size_t>(tensor)); }
   int64_t arena_bytes() const { return static_cast<int64_t>(arena_.size_bytes()); }
+  // The part of the arena that holds the slots' activations (and, split, kept gradients).
+  int64_t activation_bytes() const { return activation_bytes_; }
 
   // Every parameter, back to back in forward order (TensorSpec::offset).
   std::span<Real> params() { return params_; }
@@ -256,6 +258,7 @@ class Gpt {
   std::span<Real> own_grads_;
   std::vector<std::span<Real>> grads_;  // per tensor
   std::vector<SlotActs> slots_;
+  int64_t activation_bytes_ = 0;
   // Backward scratch, shared by the layers and the slots.
   Real* dres_ = nullptr;  // (BT, C): the residual stream's gradient (grad_output/grad_input)
   Real* dtmp_ = nullptr;  // (BT, C)

@@ -129,6 +129,22 @@ Status Trainer::Init() {
     chunks_.push_back(std::move(chunk));
   }
 
+  // Each stage's activation memory, for every rank to report.
+  int64_t activations = 0;
+  for (const auto& chunk : chunks_) activations += chunk->activation_bytes();
+  stage_activation_bytes_.assign(static_cast<size_t>(stages_), 0);
+  stage_activation_bytes_[static_cast<size_t>(stage_)] = activations;
+  if (stages_ > 1) {
+    std::vector<double> gathered(static_cast<size_t>(stages_), 0.0);
+    gathered[static_cast<size_t>(stage_)] = static_cast<double>(activations);
+    KC_ASSIGN_OR_RETURN(auto work, pipe_comm_->Allgather(Bytes(std::span<double>(gathered)),
+                                                         gathered.size(), hal::DataType::kF64));
+    KC_RETURN_IF_ERROR(work->Wait());
+    for (size_t i = 0; i < gathered.size(); ++i) {
+      stage_activation_bytes_[i] = static_cast<int64_t>(gathered[i]);
+    }
+  }
+
   bucket_index_.assign(chunks_.size(), {});
   if (comm != nullptr && world_ > 1) {
     // Every rank starts from rank 0's parameters, as DDP does.

@@ -57,7 +57,7 @@ struct TrainerOptions {
   // Pipeline parallelism: the plan's p. Ranks are numbered replica fastest, then stage
   // (rank = stage * d + replica, d = world / p); stage s holds BalanceStages' layers and runs
   // the schedule's passes over `micro_batches` micro-batches, activations and their gradients
-  // crossing stages by send/recv on the activation lane. GPipe and 1F1B run today.
+  // crossing stages by send/recv on the activation lane; any of the four schedules.
   int pipeline_stages = 1;
   Schedule schedule = Schedule::k1F1B;
   // Interleaved: v model chunks per stage; stage s holds virtual stages s, s + p, ...
@@ -106,6 +106,9 @@ class Trainer {
   Gpt<float>& model() { return *chunks_.front(); }
   // The bytes of every chunk this rank holds.
   int64_t arena_bytes() const;
+  // Every pipeline stage's activation memory (its chunks' slots), the same on every rank; one
+  // entry without pipelining.
+  const std::vector<int64_t>& stage_activation_bytes() const { return stage_activation_bytes_; }
   int stage() const { return stage_; }
   DataLoader& loader() { return *loader_; }
   int64_t steps_done() const { return step_; }
@@ -140,6 +143,7 @@ class Trainer {
   int wte_chunk_ = -1;  // the chunk and tensor of a tied wte that is one of two copies
   int wte_tensor_ = -1;
   double pass_s_ = 0;  // this step's forward and backward time on this stage
+  std::vector<int64_t> stage_activation_bytes_;
   std::unique_ptr<DataLoader> loader_;
   std::unique_ptr<DataLoader> validation_;
   LoaderState validation_start_;

@@ -156,7 +156,7 @@ TEST(KcTrainTest, PipelinePlansGiveTheLossesOfOneRank) {
   TrainRun one = Train(model, common + "d=1,micro_batch_size=8", "pp1");
   ASSERT_EQ(one.result.exit_code, 0) << one.result.err;
   ASSERT_EQ(one.losses.size(), 20u);
-  std::map<std::string, int64_t> arena;  // rank 0's (stage 0's) model memory, by plan
+  std::map<std::string, std::vector<int64_t>> activations;  // per stage, by plan
   for (const char* plan : {"p=2,micro_batch_size=2,micro_batches=4",
                            "p=2,micro_batch_size=2,micro_batches=4,schedule=gpipe",
                            "p=2,d=2,micro_batch_size=2,micro_batches=2,zero_stage=1",
@@ -169,7 +169,9 @@ TEST(KcTrainTest, PipelinePlansGiveTheLossesOfOneRank) {
     EXPECT_LT(MaxRelativeDifference(one.losses, run.losses), 1e-5) << plan;
     EXPECT_EQ(run.records.front()["global_batch"], 8) << plan;
     for (const auto& r : run.records) {
-      if (r["type"] == "start") arena[plan] = r["arena_bytes"].get<int64_t>();
+      if (r["type"] == "start") {
+        activations[plan] = r["stage_activation_bytes"].get<std::vector<int64_t>>();
+      }
       // Every step reports each stage's bubble, a fraction of the pipeline's time.
       if (r["type"] == "step") {
         const size_t stages = std::string(plan).starts_with("p=3") ? 3 : 2;
@@ -208,11 +210,16 @@ TEST(KcTrainTest, PipelinePlansGiveTheLossesOfOneRank) {
     EXPECT_LT(MaxRelativeDifference(one4.losses, run.losses), 1e-5) << plan;
     EXPECT_THAT(run.result.out, HasSubstr("(p-1)/(vm+p-1)")) << plan;
   }
-  // Stage 0 keeps p = 2 micro-batches of activations under 1F1B, all m = 4 under GPipe.
-  const int64_t f1b = arena["p=2,micro_batch_size=2,micro_batches=4"];
-  const int64_t gpipe = arena["p=2,micro_batch_size=2,micro_batches=4,schedule=gpipe"];
-  EXPECT_GT(f1b, 0);
-  EXPECT_GT(gpipe, f1b);
+  // 1F1B keeps p - s micro-batches of activations on stage s (2, then 1), GPipe all m = 4 on
+  // every stage: measured as the stages' activation memory.
+  const std::vector<int64_t>& f1b = activations["p=2,micro_batch_size=2,micro_batches=4"];
+  const std::vector<int64_t>& gpipe =
+      activations["p=2,micro_batch_size=2,micro_batches=4,schedule=gpipe"];
+  ASSERT_EQ(f1b.size(), 2u);
+  ASSERT_EQ(gpipe.size(), 2u);
+  EXPECT_GT(f1b[0], 0);
+  EXPECT_EQ(gpipe[0], 2 * f1b[0]);  // 4 slots against 2, each the same size
+  EXPECT_EQ(gpipe[1], 4 * f1b[1]);  // 4 slots against 1
 }
 
 TEST(KcTrainTest, PerTensorSyncGivesTheSameLossesAsBuckets) {
