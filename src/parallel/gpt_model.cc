@@ -120,6 +120,11 @@ Result<std::unique_ptr<Gpt<Real>>> Gpt<Real>::Create(const ModelSpec& spec,
                                 ") must be a non-empty range within the " +
                                 std::to_string(spec.layers) + " layers");
   }
+  if (options.recompute && options.split_backward) {
+    return InvalidArgumentError("model " + spec.name +
+                                ": recompute with a split backward (zb-h1) is not supported: the "
+                                "weight pass needs the activations recompute drops");
+  }
   if (options.slots < 1) {
     return InvalidArgumentError("model " + spec.name + ": slots " + std::to_string(options.slots) +
                                 " must be at least 1");
@@ -130,12 +135,13 @@ Result<std::unique_ptr<Gpt<Real>>> Gpt<Real>::Create(const ModelSpec& spec,
   for (int64_t w = 0; w < workers; ++w) {
     model->slices_.emplace_back(batch * w / workers, batch * (w + 1) / workers);
   }
-  KC_RETURN_IF_ERROR(model->Allocate(options.slots, options.split_backward));
+  KC_RETURN_IF_ERROR(model->Allocate(options.slots, options.split_backward, options.recompute));
   return model;
 }
 
 template <typename Real>
-Status Gpt<Real>::Allocate(int slots, bool split_backward) {
+Status Gpt<Real>::Allocate(int slots, bool split_backward, bool recompute) {
+  recompute_ = recompute;
   const int64_t C = spec_.hidden, NH = spec_.heads, F = spec_.ffn_hidden;
   const int64_t V = spec_.vocab, T = spec_.seq_len, B = batch_, BT = B * T;
   const int64_t P = tensors_.back().offset + tensors_.back().num_elements;
@@ -150,25 +156,35 @@ Status Gpt<Real>::Allocate(int slots, bool split_backward) {
     // Workers after the first write their gradients here, then add them in.
     const int64_t extra = static_cast<int64_t>(slices_.size()) - 1;
     worker_arena_ = {c.Take<Real>(extra * P), static_cast<size_t>(extra * P)};
+    auto take_layer = [&] {
+      LayerActs a;
+      a.ln1 = c.Take<Real>(BT * C);
+      a.ln1_mean = c.Take<Real>(BT);
+      a.ln1_rstd = c.Take<Real>(BT);
+      a.qkv = c.Take<Real>(BT * 3 * C);
+      a.att = c.Take<Real>(B * NH * T * T);
+      a.atty = c.Take<Real>(BT * C);
+      a.residual2 = c.Take<Real>(BT * C);
+      a.ln2 = c.Take<Real>(BT * C);
+      a.ln2_mean = c.Take<Real>(BT);
+      a.ln2_rstd = c.Take<Real>(BT);
+      a.fch = c.Take<Real>(BT * F);
+      a.fch_gelu = c.Take<Real>(BT * F);
+      a.residual3 = c.Take<Real>(BT * C);
+      return a;
+    };
     slots_.assign(static_cast<size_t>(slots), SlotActs{});
     const size_t before_slots = c.used();
+    if (recompute) recompute_layer_ = take_layer();
     for (SlotActs& s : slots_) {
       s.input = c.Take<Real>(BT * C);
       s.layers.assign(static_cast<size_t>(layers), LayerActs{});
       for (LayerActs& a : s.layers) {
-        a.ln1 = c.Take<Real>(BT * C);
-        a.ln1_mean = c.Take<Real>(BT);
-        a.ln1_rstd = c.Take<Real>(BT);
-        a.qkv = c.Take<Real>(BT * 3 * C);
-        a.att = c.Take<Real>(B * NH * T * T);
-        a.atty = c.Take<Real>(BT * C);
-        a.residual2 = c.Take<Real>(BT * C);
-        a.ln2 = c.Take<Real>(BT * C);
-        a.ln2_mean = c.Take<Real>(BT);
-        a.ln2_rstd = c.Take<Real>(BT);
-        a.fch = c.Take<Real>(BT * F);
-        a.fch_gelu = c.Take<Real>(BT * F);
-        a.residual3 = c.Take<Real>(BT * C);
+        if (recompute) {  // the output only: the next layer's input
+          a.residual3 = c.Take<Real>(BT * C);
+          continue;
+        }
+        a = take_layer();
       }
       if (has_head()) {
         s.lnf = c.Take<Real>(BT * C);
@@ -349,7 +365,7 @@ Result<double> Gpt<Real>::Forward(int slot, std::span<const int32_t> inputs,
 template <typename Real>
 Status Gpt<Real>::ForwardSlice(int k, SlotActs& s, const int32_t* targets, Real grad_scale,
                                double* loss_sum) {
-  const int64_t C = spec_.hidden, NH = spec_.heads, F = spec_.ffn_hidden;
+  const int64_t C = spec_.hidden;
   const int64_t V = spec_.vocab, T = spec_.seq_len;
   const float eps = spec_.layernorm_eps;
   const KernelContext& ctx = ctxs_[k];
@@ -360,20 +376,8 @@ Status Gpt<Real>::ForwardSlice(int k, SlotActs& s, const int32_t* targets, Real 
   if (has_embedding()) EncoderForward(input, s.tokens + b0 * T, P(wte_), P(wpe_), B, T, C);
   const Real* residual = input;
   for (int64_t l = first_layer_; l < end_layer_; ++l) {
-    const LayerActs a = Slice(s.layers[static_cast<size_t>(l - first_layer_)], b0);
-    auto p = [&](LayerTensor t) { return P(LayerIndex(l, t)); };
-    LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p(kLn1W), p(kLn1B), BT, C, eps);
-    KC_RETURN_IF_ERROR(MatmulForward(ctx, a.qkv, a.ln1, p(kQkvW), p(kQkvB), BT, C, 3 * C));
-    KC_RETURN_IF_ERROR(AttentionForward(ctx, a.atty, a.att, a.qkv, B, T, C, NH));
-    // The projection lands in residual2, then the residual is added in place.
-    KC_RETURN_IF_ERROR(MatmulForward(ctx, a.residual2, a.atty, p(kProjW), p(kProjB), BT, C, C));
-    ResidualForward(a.residual2, a.residual2, residual, BT * C);
-    LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p(kLn2W), p(kLn2B), BT, C, eps);
-    KC_RETURN_IF_ERROR(MatmulForward(ctx, a.fch, a.ln2, p(kFcW), p(kFcB), BT, C, F));
-    GeluForward(a.fch_gelu, a.fch, BT * F);
-    KC_RETURN_IF_ERROR(
-        MatmulForward(ctx, a.residual3, a.fch_gelu, p(kFcProjW), p(kFcProjB), BT, F, C));
-    ResidualForward(a.residual3, a.residual3, a.residual2, BT * C);
+    const LayerActs a = Slice(LayerFor(s, l), b0);
+    KC_RETURN_IF_ERROR(LayerForward(ctx, a, residual, l, B));
     residual = a.residual3;
   }
   if (!has_head()) return OkStatus();
@@ -383,6 +387,37 @@ Status Gpt<Real>::ForwardSlice(int k, SlotActs& s, const int32_t* targets, Real 
   Real* logits = rows(s.logits, V);
   KC_RETURN_IF_ERROR(MatmulForward<Real>(ctx, logits, lnf_out, P(head_), nullptr, BT, C, V));
   *loss_sum = CrossEntropy(logits, rows(s.losses, 1), targets + b0 * T, BT, V, grad_scale);
+  return OkStatus();
+}
+
+template <typename Real>
+typename Gpt<Real>::LayerActs Gpt<Real>::LayerFor(const SlotActs& s, int64_t l) const {
+  const LayerActs& own = s.layers[static_cast<size_t>(l - first_layer_)];
+  if (!recompute_) return own;
+  LayerActs a = recompute_layer_;
+  a.residual3 = own.residual3;
+  return a;
+}
+
+template <typename Real>
+Status Gpt<Real>::LayerForward(const KernelContext& ctx, const LayerActs& a, const Real* residual,
+                               int64_t l, int64_t B) {
+  const int64_t C = spec_.hidden, NH = spec_.heads, F = spec_.ffn_hidden, T = spec_.seq_len;
+  const int64_t BT = B * T;
+  const float eps = spec_.layernorm_eps;
+  auto p = [&](LayerTensor t) { return P(LayerIndex(l, t)); };
+  LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p(kLn1W), p(kLn1B), BT, C, eps);
+  KC_RETURN_IF_ERROR(MatmulForward(ctx, a.qkv, a.ln1, p(kQkvW), p(kQkvB), BT, C, 3 * C));
+  KC_RETURN_IF_ERROR(AttentionForward(ctx, a.atty, a.att, a.qkv, B, T, C, NH));
+  // The projection lands in residual2, then the residual is added in place.
+  KC_RETURN_IF_ERROR(MatmulForward(ctx, a.residual2, a.atty, p(kProjW), p(kProjB), BT, C, C));
+  ResidualForward(a.residual2, a.residual2, residual, BT * C);
+  LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p(kLn2W), p(kLn2B), BT, C, eps);
+  KC_RETURN_IF_ERROR(MatmulForward(ctx, a.fch, a.ln2, p(kFcW), p(kFcB), BT, C, F));
+  GeluForward(a.fch_gelu, a.fch, BT * F);
+  KC_RETURN_IF_ERROR(
+      MatmulForward(ctx, a.residual3, a.fch_gelu, p(kFcProjW), p(kFcProjB), BT, F, C));
+  ResidualForward(a.residual3, a.residual3, a.residual2, BT * C);
   return OkStatus();
 }
 
@@ -493,7 +528,7 @@ Status Gpt<Real>::BackwardSlice(int k, SlotActs& s, Pass pass, bool accumulate,
   Real* dres = rows(dres_, C);
   Real* datt = datt_ + b0 * NH * T * T;
   Real* input = rows(s.input, C);
-  auto acts = [&](int64_t l) { return Slice(s.layers[static_cast<size_t>(l - first_layer_)], b0); };
+  auto acts = [&](int64_t l) { return Slice(LayerFor(s, l), b0); };
   // Where an output gradient goes: the shared scratch, or the slot's copy for the weight pass.
   auto keep = [&](Real* scratch, Real* kept, int64_t width) {
     return whole ? rows(scratch, width) : rows(kept, width);
@@ -519,6 +554,8 @@ Status Gpt<Real>::BackwardSlice(int k, SlotActs& s, Pass pass, bool accumulate,
     const LayerActs a = acts(l);
     const LayerGrads* kept = whole ? nullptr : &s.grads[static_cast<size_t>(l - first_layer_)];
     const Real* residual = l == first_layer_ ? input : acts(l - 1).residual3;
+    // Recompute: this layer's activations again, from its kept input.
+    if (recompute_) KC_RETURN_IF_ERROR(LayerForward(ctx, a, residual, l, B));
     auto p = [&](LayerTensor t) { return P(LayerIndex(l, t)); };
     auto g = [&](LayerTensor t) { return whole ? G(LayerIndex(l, t)) : nullptr; };
     auto ready = [&](LayerTensor t) { return done(LayerIndex(l, t)); };

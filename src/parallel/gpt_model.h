@@ -50,6 +50,10 @@ struct GptOptions {
   // Keep, per slot, the output gradients the weight gradients need, so that the backward can
   // run as two passes, BackwardInput then BackwardWeight (ZB-H1).
   bool split_backward = false;
+  // Activation recompute: a slot keeps only each layer's output; the backward runs each
+  // layer's forward again from its input before backpropagating through it (one layer's
+  // activations, shared by the slots). Not with split_backward.
+  bool recompute = false;
 };
 
 template <typename Real>
@@ -146,7 +150,7 @@ class Gpt {
  private:
   Gpt(ModelSpec spec, int64_t batch, int64_t first_layer, int64_t end_layer,
       hal::ComputeDevice* device);
-  Status Allocate(int slots, bool split_backward);
+  Status Allocate(int slots, bool split_backward, bool recompute);
 
   // Per-layer tensor indices (ParameterTensors order).
   enum LayerTensor {
@@ -226,6 +230,12 @@ class Gpt {
                      const std::function<Status(int)>& on_ready);
   Status RunBackward(int slot, Pass pass, bool accumulate,
                      const std::function<Status(int)>& on_ready);
+  // Layer l's activations for slot s: its own, or with recompute the shared ones with the
+  // slot's output.
+  LayerActs LayerFor(const SlotActs& s, int64_t l) const;
+  // One layer's forward from `residual` into `a` (already moved to this worker's rows).
+  Status LayerForward(const KernelContext& ctx, const LayerActs& a, const Real* residual, int64_t l,
+                      int64_t B);
   // A worker has finished its part of tensor i's gradient.
   Status TensorDone(int tensor, const std::function<Status(int)>& on_ready);
 
@@ -258,6 +268,8 @@ class Gpt {
   std::span<Real> own_grads_;
   std::vector<std::span<Real>> grads_;  // per tensor
   std::vector<SlotActs> slots_;
+  bool recompute_ = false;
+  LayerActs recompute_layer_{};  // with recompute: the one layer's activations
   int64_t activation_bytes_ = 0;
   // Backward scratch, shared by the layers and the slots.
   Real* dres_ = nullptr;  // (BT, C): the residual stream's gradient (grad_output/grad_input)

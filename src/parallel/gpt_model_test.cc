@@ -344,6 +344,65 @@ TEST_P(GptGradientTest, SplitBackwardGivesTheWholeBackwardsGradients) {
   EXPECT_EQ((*plain)->BackwardInput(0).code(), ErrorCode::kFailedPrecondition);
 }
 
+// Activation recompute keeps each layer's output only and redoes the rest in the backward: the
+// same losses and gradients, bit for bit, in less memory; with stages and slots too.
+TEST_P(GptGradientTest, RecomputeGivesTheSameGradientsInLessMemory) {
+  auto device = Cpu();
+  ModelSpec spec = Small(GetParam());
+  spec.layers = 3;
+  for (const auto& [first, end] : {std::pair<int64_t, int64_t>{0, 3}, {1, 3}, {0, 2}}) {
+    GptOptions o{.threads = 2, .first_layer = first, .end_layer = end, .slots = 2};
+    auto kept = Gpt<double>::Create(spec, device.get(), o);
+    o.recompute = true;
+    auto redone = Gpt<double>::Create(spec, device.get(), o);
+    ASSERT_TRUE(kept.ok() && redone.ok());
+    Gpt<double>& a = **kept;
+    Gpt<double>& b = **redone;
+    EXPECT_LT(b.activation_bytes(), a.activation_bytes());
+    a.InitParameters(5);
+    std::copy(a.params().begin(), a.params().end(), b.params().begin());
+    const int64_t n = a.tokens();
+    std::mt19937 gen(9);
+    std::normal_distribution<double> noise(0.0, 0.1);
+    std::vector<double> in(static_cast<size_t>(n * spec.hidden)), out(in.size());
+    for (double& x : in) x = noise(gen);
+    for (double& x : out) x = noise(gen);
+    const std::vector<int32_t> tokens = Tokens(n, spec.vocab, 1),
+                               targets = Tokens(n, spec.vocab, 2);
+    double loss[2] = {0, 0};
+    int i = 0;
+    for (Gpt<double>* m : {&a, &b}) {
+      for (int mb = 0; mb < 2; ++mb) {  // two micro-batches in flight
+        if (!m->has_embedding()) std::copy(in.begin(), in.end(), m->stage_input(mb).begin());
+        Result<double> l = m->Forward(
+            mb, m->has_embedding() ? std::span<const int32_t>(tokens) : std::span<const int32_t>(),
+            m->has_head() ? std::span<const int32_t>(targets) : std::span<const int32_t>(),
+            1.0 / n);
+        ASSERT_TRUE(l.ok()) << l.status();
+        loss[i] += *l;
+      }
+      for (int mb = 0; mb < 2; ++mb) {
+        if (!m->has_head()) std::copy(out.begin(), out.end(), m->grad_output().begin());
+        ASSERT_TRUE(m->Backward(mb, mb > 0, [](int) { return OkStatus(); }).ok());
+      }
+      ++i;
+    }
+    EXPECT_EQ(loss[0], loss[1]);
+    if (!a.has_embedding()) {
+      EXPECT_TRUE(std::equal(a.grad_input().begin(), a.grad_input().end(), b.grad_input().begin()));
+    }
+    for (size_t t = 0; t < a.tensors().size(); ++t) {
+      const std::span<double> x = a.grad(static_cast<int>(t));
+      const std::span<double> y = b.grad(static_cast<int>(t));
+      ASSERT_TRUE(std::equal(x.begin(), x.end(), y.begin())) << a.tensors()[t].name;
+    }
+  }
+  EXPECT_EQ(Gpt<double>::Create(spec, device.get(), {.split_backward = true, .recompute = true})
+                .status()
+                .code(),
+            ErrorCode::kInvalidArgument);
+}
+
 TEST(GptModelTest, StagesRejectBadRangesSlotsAndInputs) {
   auto device = Cpu();
   const ModelSpec spec = Small(true);

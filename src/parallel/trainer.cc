@@ -101,7 +101,7 @@ Status Trainer::Init() {
     KC_ASSIGN_OR_RETURN(bounds, BalanceStages(spec, stages_ * v_));
   }
   for (int c = 0; c < v_; ++c) {
-    GptOptions gpt{.threads = options_.compute_threads};
+    GptOptions gpt{.threads = options_.compute_threads, .recompute = options_.recompute};
     if (stages_ > 1) {
       const size_t vs = static_cast<size_t>(c * stages_ + stage_);
       gpt.first_layer = bounds[vs];

@@ -62,6 +62,9 @@ struct TrainerOptions {
   Schedule schedule = Schedule::k1F1B;
   // Interleaved: v model chunks per stage; stage s holds virtual stages s, s + p, ...
   int virtual_stages = 1;
+  // Activation recompute (GptOptions::recompute): each layer's forward runs again in the
+  // backward; not with ZB-H1.
+  bool recompute = false;
   GradSync grad_sync = GradSync::kBucketed;
   int64_t bucket_bytes = 2 << 20;
   // Where each step's spans go (data, forward, backward, optimizer, and the communication

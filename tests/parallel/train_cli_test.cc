@@ -137,7 +137,8 @@ TEST(KcTrainTest, PlansWithMicroBatchesAndZeroGiveTheLossesOfOneRank) {
   ASSERT_EQ(one.losses.size(), 20u);
   for (const char* plan : {"d=2,micro_batch_size=2,micro_batches=2",
                            "d=2,micro_batch_size=2,micro_batches=2,zero_stage=1",
-                           "d=4,micro_batch_size=1,micro_batches=2,zero_stage=1"}) {
+                           "d=4,micro_batch_size=1,micro_batches=2,zero_stage=1",
+                           "d=2,micro_batch_size=2,micro_batches=2,recompute=true"}) {
     TrainRun run = Train(TheCorpus().model(), common + plan, "plan");
     ASSERT_EQ(run.result.exit_code, 0) << plan << "\n" << run.result.err;
     ASSERT_EQ(run.losses.size(), 20u) << plan;
@@ -162,6 +163,7 @@ TEST(KcTrainTest, PipelinePlansGiveTheLossesOfOneRank) {
                            "p=2,d=2,micro_batch_size=2,micro_batches=2,zero_stage=1",
                            "p=3,micro_batch_size=2,micro_batches=4",
                            "p=2,micro_batch_size=2,micro_batches=4,schedule=zb-h1",
+                           "p=2,micro_batch_size=2,micro_batches=4,recompute=true",
                            "p=3,micro_batch_size=2,micro_batches=4,schedule=zb-h1"}) {
     TrainRun run = Train(model, common + plan, "pp");
     ASSERT_EQ(run.result.exit_code, 0) << plan << "\n" << run.result.err;
