@@ -601,15 +601,25 @@ Status Gpt<Real>::BackwardSlice(int k, SlotActs& s, Pass pass, bool accumulate,
     return OkStatus();
   }
 
-  // Embeddings. A tied wte on a stage with the head already holds the head's part.
-  const bool head_part = has_head() && spec_.tied_embeddings;
-  if (!acc) {
-    std::fill(G(wpe_), G(wpe_) + T * C, Real{0});
-    if (!head_part) std::fill(G(wte_), G(wte_) + V * C, Real{0});
+  return EmbeddingBackward(k, s, dres, accumulate, on_ready);
+}
+
+template <typename Real>
+Status Gpt<Real>::EmbeddingBackward(int k, const SlotActs& s, const Real* dout, bool accumulate,
+                                    const std::function<Status(int)>& on_ready) {
+  const int64_t C = spec_.hidden, V = spec_.vocab, T = spec_.seq_len;
+  const int64_t b0 = slices_[k].first, B = slices_[k].second - b0;
+  const std::vector<std::span<Real>>& grads = k == 0 ? grads_ : worker_grads_[k - 1];
+  Real* dwte = grads[wte_].data();
+  Real* dwpe = grads[wpe_].data();
+  // A tied wte on a stage with the head already holds the head's part.
+  if (k != 0 || !accumulate) {
+    std::fill(dwpe, dwpe + T * C, Real{0});
+    if (!(has_head() && spec_.tied_embeddings)) std::fill(dwte, dwte + V * C, Real{0});
   }
-  EncoderBackward(G(wte_), G(wpe_), dres, s.tokens + b0 * T, B, T, C);
-  KC_RETURN_IF_ERROR(done(wpe_));
-  return done(wte_);
+  EncoderBackward(dwte, dwpe, dout, s.tokens + b0 * T, B, T, C);
+  KC_RETURN_IF_ERROR(TensorDone(wpe_, on_ready));
+  return TensorDone(wte_, on_ready);
 }
 
 template <typename Real>
@@ -672,14 +682,7 @@ Status Gpt<Real>::WeightSlice(int k, SlotActs& s, bool accumulate,
     KC_RETURN_IF_ERROR(ready(kLn1W));
   }
   if (!has_embedding()) return OkStatus();
-  const bool head_part = has_head() && spec_.tied_embeddings;
-  if (!acc) {
-    std::fill(G(wpe_), G(wpe_) + T * C, Real{0});
-    if (!head_part) std::fill(G(wte_), G(wte_) + V * C, Real{0});
-  }
-  EncoderBackward(G(wte_), G(wpe_), rows(s.input_grad, C), s.tokens + b0 * T, B, T, C);
-  KC_RETURN_IF_ERROR(done(wpe_));
-  return done(wte_);
+  return EmbeddingBackward(k, s, rows(s.input_grad, C), accumulate, on_ready);
 }
 
 template class Gpt<float>;

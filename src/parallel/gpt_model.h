@@ -225,6 +225,10 @@ class Gpt {
                       double* loss_sum);
   Status BackwardSlice(int k, SlotActs& s, Pass pass, bool accumulate,
                        const std::function<Status(int)>& on_ready);
+  // The embeddings' gradients from the gradient of their output (worker k's rows); the last
+  // part of a whole backward and of a weight pass.
+  Status EmbeddingBackward(int k, const SlotActs& s, const Real* dout, bool accumulate,
+                           const std::function<Status(int)>& on_ready);
   // The weight pass of a split backward.
   Status WeightSlice(int k, SlotActs& s, bool accumulate,
                      const std::function<Status(int)>& on_ready);
