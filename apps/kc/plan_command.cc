@@ -262,9 +262,9 @@ int RunPlan(const PlanArgs& a) {
   constraints.max_micro_batch_size = a.max_micro_batch_size;
   if (local && (constraints.fixed_t > 1 || constraints.max_p > 1)) {
     return Fail(InvalidArgumentError(
-        "--fixed-t/--max-p: on real devices the planner keeps to data-parallel plans (kc "
-        "train runs no tensor parallelism yet; a pipeline plan you may give kc train --plan "
-        "yourself); plan a simulated cluster with --cluster INVENTORY.yaml"));
+        "--fixed-t/--max-p: on real devices the planner keeps to data-parallel plans (its "
+        "calibration times whole layers; a tensor-parallel or pipeline plan you may give kc "
+        "train --plan yourself); plan a simulated cluster with --cluster INVENTORY.yaml"));
   }
   const int n = cluster->spec.devices;
   const int64_t batch = a.batch > 0 ? a.batch : spec->batch_per_rank * n;
@@ -350,7 +350,7 @@ int RunPlan(const PlanArgs& a) {
   for (const std::string& note : cluster->notes) os << "         note: " << note << "\n";
   if (local) {
     os << "         note: on real devices the search keeps to data-parallel plans (t=1 p=1); a "
-          "pipeline plan you may give kc train --plan yourself\n";
+          "tensor-parallel or pipeline plan you may give kc train --plan yourself\n";
   }
   os << fmt::format("batch    {} sequences x {} tokens per step{}\n\n", batch, spec->seq_len,
                     a.batch > 0 ? "" : " (batch_per_rank x devices; --batch to change)");

@@ -39,6 +39,7 @@
 #include "comm/communicator.h"
 #include "comm/tcp_store.h"
 #include "hal/compute.h"
+#include "hal/host_probe.h"
 #include "hal/measure.h"
 #include "parallel/data/loader.h"
 #include "parallel/model_spec.h"
@@ -89,6 +90,7 @@ struct Plan {
   parallel::ModelSpec spec;   // batch_per_rank: the micro-batch, sequences per pass
   int64_t micro_batches = 1;  // per step per rank
   int zero_stage = 0;
+  int tensor_parallel = 1;  // the plan's t
   int pipeline_stages = 1;  // the plan's p
   parallel::Schedule schedule = parallel::Schedule::k1F1B;
   int virtual_stages = 1;                  // the plan's v
@@ -121,6 +123,19 @@ std::vector<int> AllowedCpus() {
     }
   }
   if (cpus.empty()) cpus.push_back(0);
+  // NUMA node by node (L1's probe), so that consecutive ranks, a tensor-parallel group
+  // among them, share a node's memory and caches where they fit in one.
+  if (Result<hal::HostInfo> host = hal::ProbeHost(); host.ok()) {
+    auto node_of = [&](int cpu) {
+      for (size_t n = 0; n < host->numa_nodes.size(); ++n) {
+        const std::vector<int>& in = host->numa_nodes[n].cpus;
+        if (std::find(in.begin(), in.end(), cpu) != in.end()) return n;
+      }
+      return host->numa_nodes.size();
+    };
+    std::stable_sort(cpus.begin(), cpus.end(),
+                     [&](int x, int y) { return node_of(x) < node_of(y); });
+  }
   return cpus;
 }
 
@@ -181,15 +196,14 @@ Result<Plan> Check(TrainArgs* args) {
     const int64_t global = a.global_batch != 0 ? a.global_batch : plan.global_batch();
     KC_RETURN_IF_ERROR(
         parallel::ValidatePlan(plan, p.spec, a.ranks, global).WithContext("--plan " + a.plan));
-    if (plan.t > 1) {
-      return UnimplementedError(fmt::format(
-          "--plan {}: t={}: tensor parallelism is not built yet; kc train runs plans with t=1 "
-          "(data and pipeline parallel, micro-batches, zero_stage 0 or 1)",
-          a.plan, plan.t));
-    }
     if (plan.p > 1 && !a.export_dir.empty()) {
       return UnimplementedError("--export with a pipeline (p > 1): each rank holds a stage only");
     }
+    if (plan.t > 1 && !a.export_dir.empty()) {
+      return UnimplementedError(
+          "--export with tensor parallelism (t > 1): each rank holds a shard of every layer only");
+    }
+    p.tensor_parallel = plan.t;
     p.pipeline_stages = plan.p;
     p.schedule = plan.schedule;
     p.virtual_stages = plan.v;
@@ -215,7 +229,8 @@ Result<Plan> Check(TrainArgs* args) {
     }
     p.spec.batch_per_rank = a.global_batch / a.ranks;
   }
-  p.global_batch = p.spec.batch_per_rank * p.micro_batches * (a.ranks / p.pipeline_stages);
+  p.global_batch =
+      p.spec.batch_per_rank * p.micro_batches * (a.ranks / (p.pipeline_stages * p.tensor_parallel));
   p.cpus = AllowedCpus();
   const int ncpu = static_cast<int>(p.cpus.size());
   p.threads = a.threads_per_rank > 0 ? a.threads_per_rank : std::max(1, ncpu / a.ranks);
@@ -402,6 +417,7 @@ Status RunWorkerRank(const TrainArgs& a, const Plan& p) {
   o.compute_threads = p.compute_threads;
   o.micro_batches = p.micro_batches;
   o.zero_stage = p.zero_stage;
+  o.tensor_parallel = p.tensor_parallel;
   o.pipeline_stages = p.pipeline_stages;
   o.schedule = p.schedule;
   o.virtual_stages = p.virtual_stages;
@@ -446,6 +462,7 @@ Status RunWorkerRank(const TrainArgs& a, const Plan& p) {
                    {"step_ms", s.step_s * 1e3},
                    {"compute_ms", s.compute_s * 1e3},
                    {"comm_exposed_ms", s.comm_exposed_s * 1e3},
+                   {"tp_comm_ms", s.tp_comm_s * 1e3},
                    {"stage_bubble", s.stage_bubble},
                    {"tokens", s.tokens},
                    {"tokens_per_s", s.tokens / s.step_s}});
@@ -611,6 +628,7 @@ class Monitor {
       r.step_s = j.value("step_ms", 0.0) / 1e3;
       r.compute_s = j.value("compute_ms", 0.0) / 1e3;
       r.comm_exposed_s = j.value("comm_exposed_ms", 0.0) / 1e3;
+      r.tp_comm_s = j.value("tp_comm_ms", 0.0) / 1e3;
       r.tokens = j.value("tokens", int64_t{0});
       if (j.contains("stage_bubble") && j["stage_bubble"].is_array()) {
         r.stage_bubble = j["stage_bubble"].get<std::vector<double>>();
@@ -757,6 +775,12 @@ void PrintSummary(const TrainArgs& a, const Plan& p, const Monitor& m, double pe
       "  exposed comm    {:.1f}% of step time, {:.2f} ms per step (median {:.2f}; the seed flags "
       "> 40%)\n",
       100 * s.exposed_comm_share, s.comm_exposed_ms, s.comm_exposed_ms_median);
+  if (p.tensor_parallel > 1) {
+    std::cout << fmt::format(
+        "  tensor parallel t={}: {:.2f} ms per step in its all-reduces (median; 2 per block each "
+        "way, plus the embeddings', the loss's and the head's)\n",
+        p.tensor_parallel, s.tp_comm_ms_median);
+  }
   // GPipe and 1F1B idle (p - 1) / (m + p - 1) of the time; interleaving divides the idle
   // part by v; ZB-H1 by 3 when the forward and the two backward halves cost the same.
   const bool interleaved = p.schedule == parallel::Schedule::kInterleaved;
@@ -799,30 +823,32 @@ void PrintSummary(const TrainArgs& a, const Plan& p, const Monitor& m, double pe
   std::cout << fmt::format("  metrics         {}\n  plot            {}\n", metrics_path.string(),
                            plot_path.string());
   if (!a.trace.empty()) std::cout << fmt::format("  trace           {}\n", a.trace);
-  *summary_json = {{"type", "summary"},
-                   {"model", p.spec.name},
-                   {"ranks", a.ranks},
-                   {"threads_per_rank", p.threads},
-                   {"steps", s.steps},
-                   {"global_batch", global},
-                   {"grad_sync", a.grad_sync},
-                   {"first_loss", s.first_loss},
-                   {"last_loss", s.last_loss},
-                   {"val_loss", m.val().empty() ? Json(nullptr) : Json(m.val().back().loss)},
-                   {"tokens_per_s", s.tokens_per_s},
-                   {"step_ms", s.step_ms_median},
-                   {"device_utilisation", s.device_utilisation},
-                   {"exposed_comm_share", s.exposed_comm_share},
-                   {"comm_exposed_ms", s.comm_exposed_ms},
-                   {"comm_exposed_ms_median", s.comm_exposed_ms_median},
-                   {"stage_bubble", s.stage_bubble},
-                   {"bubble", p.pipeline_stages > 1 ? Json(mean_bubble) : Json()},
-                   {"bubble_ideal", p.pipeline_stages > 1 ? Json(ideal_bubble) : Json()},
-                   {"flops_per_token", flops_per_token},
-                   {"sgemm_flops_per_core", peak_per_core},
-                   {"mfu", mfu},
-                   {"measured_steps", s.measured_steps},
-                   {"wall_s", s.total_s}};
+  *summary_json = {
+      {"type", "summary"},
+      {"model", p.spec.name},
+      {"ranks", a.ranks},
+      {"threads_per_rank", p.threads},
+      {"steps", s.steps},
+      {"global_batch", global},
+      {"grad_sync", a.grad_sync},
+      {"first_loss", s.first_loss},
+      {"last_loss", s.last_loss},
+      {"val_loss", m.val().empty() ? Json(nullptr) : Json(m.val().back().loss)},
+      {"tokens_per_s", s.tokens_per_s},
+      {"step_ms", s.step_ms_median},
+      {"device_utilisation", s.device_utilisation},
+      {"exposed_comm_share", s.exposed_comm_share},
+      {"comm_exposed_ms", s.comm_exposed_ms},
+      {"comm_exposed_ms_median", s.comm_exposed_ms_median},
+      {"tp_comm_ms_median", p.tensor_parallel > 1 ? Json(s.tp_comm_ms_median) : Json()},
+      {"stage_bubble", s.stage_bubble},
+      {"bubble", p.pipeline_stages > 1 ? Json(mean_bubble) : Json()},
+      {"bubble_ideal", p.pipeline_stages > 1 ? Json(ideal_bubble) : Json()},
+      {"flops_per_token", flops_per_token},
+      {"sgemm_flops_per_core", peak_per_core},
+      {"mfu", mfu},
+      {"measured_steps", s.measured_steps},
+      {"wall_s", s.total_s}};
 }
 
 // `--plan auto`: the planner's choice for this machine, among the plans kc train runs, written

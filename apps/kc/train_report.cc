@@ -19,7 +19,7 @@ TrainSummary Summarise(const std::vector<StepRecord>& steps) {
   for (size_t i = steps.size() - tail; i < steps.size(); ++i) last += steps[i].loss;
   s.last_loss = last / static_cast<double>(tail);
   double time = 0, compute = 0, comm = 0, tokens = 0;
-  std::vector<double> ms, comm_ms;
+  std::vector<double> ms, comm_ms, tp_ms;
   for (size_t i = 0; i < steps.size(); ++i) {
     s.total_s += steps[i].step_s;
     if (i < skip) continue;
@@ -29,6 +29,7 @@ TrainSummary Summarise(const std::vector<StepRecord>& steps) {
     tokens += static_cast<double>(steps[i].tokens);
     ms.push_back(steps[i].step_s * 1e3);
     comm_ms.push_back(steps[i].comm_exposed_s * 1e3);
+    tp_ms.push_back(steps[i].tp_comm_s * 1e3);
   }
   s.measured_steps = static_cast<int64_t>(ms.size());
   auto median = [](std::vector<double>& v) {
@@ -37,6 +38,7 @@ TrainSummary Summarise(const std::vector<StepRecord>& steps) {
   };
   s.step_ms_median = median(ms);
   s.comm_exposed_ms_median = median(comm_ms);
+  s.tp_comm_ms_median = median(tp_ms);
   if (time > 0) {
     s.tokens_per_s = tokens / time;
     s.device_utilisation = compute / time;

@@ -17,6 +17,7 @@ struct StepRecord {
   double step_s = 0;
   double compute_s = 0;
   double comm_exposed_s = 0;
+  double tp_comm_s = 0;              // of which rank 0's tensor-parallel all-reduces
   int64_t tokens = 0;                // global batch tokens
   std::vector<double> stage_bubble;  // pipelines: each stage's bubble fraction
 };
@@ -38,6 +39,7 @@ struct TrainSummary {
   double exposed_comm_share = 0;      // exposed communication time / step time, steady state
   double comm_exposed_ms = 0;         // mean per steady-state step
   double comm_exposed_ms_median = 0;  // median per steady-state step (robust to a slow step)
+  double tp_comm_ms_median = 0;       // the tensor-parallel all-reduces' part of it
   double total_s = 0;                 // all steps
   std::vector<double> stage_bubble;   // pipelines: each stage's median bubble, steady state
 };

@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "hal/kernels.h"
 
@@ -106,25 +107,40 @@ Status GemmBatched(const KernelContext& ctx, bool trans_a, bool trans_b, int64_t
 
 template <typename Real>
 void EncoderForward(Real* out, const int32_t* inp, const Real* wte, const Real* wpe, int64_t B,
-                    int64_t T, int64_t C) {
+                    int64_t T, int64_t C, int64_t v0, int64_t vl) {
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t t = 0; t < T; ++t) {
       Real* o = out + (b * T + t) * C;
-      const Real* e = wte + static_cast<int64_t>(inp[b * T + t]) * C;
+      const int64_t row = static_cast<int64_t>(inp[b * T + t]) - v0;
+      const bool mine = row >= 0 && (vl < 0 || row < vl);
+      const Real* e = wte + row * C;
       const Real* p = wpe + t * C;
-      for (int64_t i = 0; i < C; ++i) o[i] = e[i] + p[i];
+      if (mine && wpe != nullptr) {
+        for (int64_t i = 0; i < C; ++i) o[i] = e[i] + p[i];
+      } else if (mine) {
+        std::copy(e, e + C, o);
+      } else if (wpe != nullptr) {
+        std::copy(p, p + C, o);
+      } else {
+        std::fill(o, o + C, Real{0});
+      }
     }
   }
 }
 
 template <typename Real>
 void EncoderBackward(Real* dwte, Real* dwpe, const Real* dout, const int32_t* inp, int64_t B,
-                     int64_t T, int64_t C) {
+                     int64_t T, int64_t C, int64_t v0, int64_t vl) {
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t t = 0; t < T; ++t) {
       const Real* d = dout + (b * T + t) * C;
-      Real* de = dwte + static_cast<int64_t>(inp[b * T + t]) * C;
+      const int64_t row = static_cast<int64_t>(inp[b * T + t]) - v0;
       Real* dp = dwpe + t * C;
+      if (row < 0 || (vl >= 0 && row >= vl)) {  // another rank's row
+        for (int64_t i = 0; i < C; ++i) dp[i] += d[i];
+        continue;
+      }
+      Real* de = dwte + row * C;
       for (int64_t i = 0; i < C; ++i) {
         de[i] += d[i];
         dp[i] += d[i];
@@ -206,13 +222,16 @@ Status MatmulForward(const KernelContext& ctx, Real* out, const Real* inp, const
                      const Real* bias, int64_t N, int64_t C, int64_t OC) {
   KC_RETURN_IF_ERROR(
       Gemm<Real>(ctx, false, true, N, OC, C, Real{1}, inp, C, weight, C, Real{0}, out, OC));
-  if (bias != nullptr) {
-    for (int64_t r = 0; r < N; ++r) {
-      Real* o = out + r * OC;
-      for (int64_t j = 0; j < OC; ++j) o[j] += bias[j];
-    }
-  }
+  if (bias != nullptr) BiasForward(out, bias, N, OC);
   return OkStatus();
+}
+
+template <typename Real>
+void BiasForward(Real* out, const Real* bias, int64_t N, int64_t OC) {
+  for (int64_t r = 0; r < N; ++r) {
+    Real* o = out + r * OC;
+    for (int64_t j = 0; j < OC; ++j) o[j] += bias[j];
+  }
 }
 
 template <typename Real>
@@ -371,15 +390,65 @@ double CrossEntropy(Real* logits, Real* losses, const int32_t* targets, int64_t 
   return total;
 }
 
+template <typename Real>
+void CrossEntropyMax(const Real* logits, Real* mx, int64_t N, int64_t Vl, int64_t valid) {
+  for (int64_t r = 0; r < N; ++r) {
+    const Real* row = logits + r * Vl;
+    Real m = -std::numeric_limits<Real>::infinity();
+    for (int64_t j = 0; j < valid; ++j) m = std::max(m, row[j]);
+    mx[r] = m;
+  }
+}
+
+template <typename Real>
+void CrossEntropySums(const Real* logits, const Real* mx, const int32_t* targets, int64_t v0,
+                      int64_t N, int64_t Vl, int64_t valid, Real* sums) {
+  for (int64_t r = 0; r < N; ++r) {
+    const Real* row = logits + r * Vl;
+    Real sum = 0;
+    for (int64_t j = 0; j < valid; ++j) sum += Exp(row[j] - mx[r]);
+    const int64_t target = static_cast<int64_t>(targets[r]) - v0;
+    sums[2 * r] = sum;
+    sums[2 * r + 1] = target >= 0 && target < valid ? row[target] : Real{0};
+  }
+}
+
+template <typename Real>
+double CrossEntropyFinish(Real* logits, Real* losses, const Real* mx, const Real* sums,
+                          const int32_t* targets, int64_t v0, int64_t N, int64_t Vl, int64_t valid,
+                          Real grad_scale) {
+  double total = 0;
+  for (int64_t r = 0; r < N; ++r) {
+    const Real sum = sums[2 * r];
+    const Real loss = std::log(sum) + mx[r] - sums[2 * r + 1];
+    losses[r] = loss;
+    total += static_cast<double>(loss);
+    if (grad_scale == Real{0}) continue;
+    Real* row = logits + r * Vl;
+    const Real inv = Real{1} / sum;
+    for (int64_t j = 0; j < valid; ++j) row[j] = grad_scale * Exp(row[j] - mx[r]) * inv;
+    std::fill(row + valid, row + Vl, Real{0});  // padding: no gradient
+    const int64_t target = static_cast<int64_t>(targets[r]) - v0;
+    if (target >= 0 && target < valid) row[target] -= grad_scale;
+  }
+  return total;
+}
+
 // The instantiations: float trains; double checks gradients.
 #define KC_INSTANTIATE_GPT_KERNELS(Real)                                                           \
   template Status GemmBatched<Real>(const KernelContext&, bool, bool, int64_t, int64_t, int64_t,   \
                                     Real, const Real*, int64_t, int64_t, const Real*, int64_t,     \
                                     int64_t, Real, Real*, int64_t, int64_t, int64_t);              \
   template void EncoderForward<Real>(Real*, const int32_t*, const Real*, const Real*, int64_t,     \
-                                     int64_t, int64_t);                                            \
+                                     int64_t, int64_t, int64_t, int64_t);                          \
   template void EncoderBackward<Real>(Real*, Real*, const Real*, const int32_t*, int64_t, int64_t, \
-                                      int64_t);                                                    \
+                                      int64_t, int64_t, int64_t);                                  \
+  template void BiasForward<Real>(Real*, const Real*, int64_t, int64_t);                           \
+  template void CrossEntropyMax<Real>(const Real*, Real*, int64_t, int64_t, int64_t);              \
+  template void CrossEntropySums<Real>(const Real*, const Real*, const int32_t*, int64_t, int64_t, \
+                                       int64_t, int64_t, Real*);                                   \
+  template double CrossEntropyFinish<Real>(Real*, Real*, const Real*, const Real*, const int32_t*, \
+                                           int64_t, int64_t, int64_t, int64_t, Real);              \
   template void LayerNormForward<Real>(Real*, Real*, Real*, const Real*, const Real*, const Real*, \
                                        int64_t, int64_t, float);                                   \
   template void LayerNormBackward<Real>(Real*, Real*, Real*, const Real*, const Real*,             \

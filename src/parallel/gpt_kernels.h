@@ -52,14 +52,17 @@ Status GemmBatched(const KernelContext& ctx, bool trans_a, bool trans_b, int64_t
                    int64_t stride_c, int64_t batch);
 
 // out (B, T, C) = wte[inp[b, t]] + wpe[t]. wte (V, C), wpe (T, C), inp (B, T).
+// Vocabulary-parallel (tensor parallelism): wte holds rows [v0, v0 + vl) of the whole; a token
+// outside them contributes zeros (the group's all-reduce adds the owner's row), and wpe may be
+// null (added on one rank only). The defaults are the whole table.
 template <typename Real>
 void EncoderForward(Real* out, const int32_t* inp, const Real* wte, const Real* wpe, int64_t B,
-                    int64_t T, int64_t C);
-// dwte[inp[b, t]] += dout[b, t]; dwpe[t] += dout[b, t]. Always adds (the caller zeroes or
-// the LM head's product wrote dwte first).
+                    int64_t T, int64_t C, int64_t v0 = 0, int64_t vl = -1);
+// dwte[inp[b, t] - v0] += dout[b, t] for the rows held; dwpe[t] += dout[b, t]. Always adds
+// (the caller zeroes or the LM head's product wrote dwte first).
 template <typename Real>
 void EncoderBackward(Real* dwte, Real* dwpe, const Real* dout, const int32_t* inp, int64_t B,
-                     int64_t T, int64_t C);
+                     int64_t T, int64_t C, int64_t v0 = 0, int64_t vl = -1);
 
 // out (N, C) = (inp - mean) * rstd * weight + bias per row; saves mean (N) and rstd (N)
 // (1 / sqrt(biased variance + eps)) for the backward.
@@ -78,6 +81,9 @@ void LayerNormBackward(Real* dinp, Real* dweight, Real* dbias, const Real* dout,
 template <typename Real>
 Status MatmulForward(const KernelContext& ctx, Real* out, const Real* inp, const Real* weight,
                      const Real* bias, int64_t N, int64_t C, int64_t OC);
+// out (N, OC) += bias (OC) per row: a row-parallel layer's bias, after its all-reduce.
+template <typename Real>
+void BiasForward(Real* out, const Real* bias, int64_t N, int64_t OC);
 // dinp (N, C) OVERWRITTEN with dout * weight (skipped when dinp is null); dweight (OC, C) and
 // dbias (OC, null when there is no bias) as `accumulate` says (skipped when dweight is null).
 template <typename Real>
@@ -115,5 +121,24 @@ void ResidualForward(Real* out, const Real* a, const Real* b, int64_t n);
 template <typename Real>
 double CrossEntropy(Real* logits, Real* losses, const int32_t* targets, int64_t N, int64_t V,
                     Real grad_scale);
+
+// Vocabulary-parallel cross-entropy (Megatron's): logits (N, Vl) are columns [v0, v0 + Vl) of
+// the whole, the first `valid` of them real (the rest padding, ignored), in three steps around
+// two all-reduces over the group. CrossEntropyMax writes each row's largest logit to mx (N),
+// to be all-reduced with max; CrossEntropySums writes each row's sum of exp(logit - mx) and
+// its target's logit (0 where another rank holds the target) to sums (N, 2), to be
+// all-reduced with sum; CrossEntropyFinish then gives each row's loss (losses, N), returns
+// their sum and, with grad_scale != 0, OVERWRITES the logits with their gradient as
+// CrossEntropy does (padding: 0). With the whole vocabulary on one rank (v0 = 0,
+// Vl = valid = V) the three give exactly CrossEntropy's values.
+template <typename Real>
+void CrossEntropyMax(const Real* logits, Real* mx, int64_t N, int64_t Vl, int64_t valid);
+template <typename Real>
+void CrossEntropySums(const Real* logits, const Real* mx, const int32_t* targets, int64_t v0,
+                      int64_t N, int64_t Vl, int64_t valid, Real* sums);
+template <typename Real>
+double CrossEntropyFinish(Real* logits, Real* losses, const Real* mx, const Real* sums,
+                          const int32_t* targets, int64_t v0, int64_t N, int64_t Vl, int64_t valid,
+                          Real grad_scale);
 
 }  // namespace kc::parallel

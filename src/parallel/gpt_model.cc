@@ -65,12 +65,21 @@ class Carver {
 
 template <typename Real>
 Gpt<Real>::Gpt(ModelSpec spec, int64_t batch, int64_t first_layer, int64_t end_layer,
-               hal::ComputeDevice* device)
+               hal::ComputeDevice* device, TensorParallelGroup* tp)
     : spec_(std::move(spec)),
       batch_(batch),
       first_layer_(first_layer),
       end_layer_(end_layer),
-      device_(device) {
+      device_(device),
+      tp_(tp),
+      tp_rank_(tp != nullptr ? tp->rank() : 0),
+      tp_size_(tp != nullptr ? tp->size() : 1),
+      attn_width_(spec_.hidden / tp_size_),
+      local_heads_(spec_.heads / tp_size_),
+      ffn_width_(spec_.ffn_hidden / tp_size_),
+      vocab_rows_(VocabShard(spec_.vocab, tp_size_)),
+      vocab_begin_(tp_rank_ * vocab_rows_),
+      vocab_valid_(std::clamp<int64_t>(spec_.vocab - vocab_begin_, 0, vocab_rows_)) {
   ctx_.stream = &device_->default_stream();
   // The stage's tensors in forward order, offsets counted afresh: wte (for the embeddings, or
   // a tied head's copy), wpe, the blocks, the final LayerNorm and an untied head.
@@ -79,9 +88,14 @@ Gpt<Real>::Gpt(ModelSpec spec, int64_t batch, int64_t first_layer, int64_t end_l
   const int global_lnf = 2 + static_cast<int>(spec_.layers) * per_layer;
   auto take = [&](int global) {
     TensorSpec t = all[static_cast<size_t>(global)];
+    const TpSplit split = tp_size_ > 1 ? TensorParallelSplit(t.name) : TpSplit::kReplicated;
+    t.shape = ShardShape(t.shape, split, tp_size_);
+    t.num_elements = 1;
+    for (int64_t d : t.shape) t.num_elements *= d;
     t.offset = tensors_.empty() ? 0 : tensors_.back().offset + tensors_.back().num_elements;
     tensors_.push_back(std::move(t));
     global_index_.push_back(global);
+    splits_.push_back(split);
     return static_cast<int>(tensors_.size()) - 1;
   };
   if (has_embedding() || (has_head() && spec_.tied_embeddings)) wte_ = take(0);
@@ -129,7 +143,16 @@ Result<std::unique_ptr<Gpt<Real>>> Gpt<Real>::Create(const ModelSpec& spec,
     return InvalidArgumentError("model " + spec.name + ": slots " + std::to_string(options.slots) +
                                 " must be at least 1");
   }
-  std::unique_ptr<Gpt> model(new Gpt(spec, batch, options.first_layer, end, device));
+  if (TensorParallelGroup* tp = options.tensor_parallel; tp != nullptr) {
+    KC_RETURN_IF_ERROR(ValidateTensorParallel(spec, tp->size()));
+    if (tp->rank() < 0 || tp->rank() >= tp->size()) {
+      return InvalidArgumentError("model " + spec.name + ": tensor-parallel rank " +
+                                  std::to_string(tp->rank()) + " outside [0, " +
+                                  std::to_string(tp->size()) + ")");
+    }
+  }
+  std::unique_ptr<Gpt> model(
+      new Gpt(spec, batch, options.first_layer, end, device, options.tensor_parallel));
   // Whole sequences per worker, as even as they go; never more workers than sequences.
   const int64_t workers = std::min<int64_t>(options.threads, batch);
   for (int64_t w = 0; w < workers; ++w) {
@@ -142,8 +165,9 @@ Result<std::unique_ptr<Gpt<Real>>> Gpt<Real>::Create(const ModelSpec& spec,
 template <typename Real>
 Status Gpt<Real>::Allocate(int slots, bool split_backward, bool recompute) {
   recompute_ = recompute;
-  const int64_t C = spec_.hidden, NH = spec_.heads, F = spec_.ffn_hidden;
-  const int64_t V = spec_.vocab, T = spec_.seq_len, B = batch_, BT = B * T;
+  // This rank's widths (the whole model's without tensor parallelism).
+  const int64_t C = spec_.hidden, Ca = attn_width_, NH = local_heads_, F = ffn_width_;
+  const int64_t V = vocab_rows_, T = spec_.seq_len, B = batch_, BT = B * T;
   const int64_t P = tensors_.back().offset + tensors_.back().num_elements;
   const int64_t layers = end_layer_ - first_layer_;
   // Two passes over the same layout: count, then assign.
@@ -161,9 +185,9 @@ Status Gpt<Real>::Allocate(int slots, bool split_backward, bool recompute) {
       a.ln1 = c.Take<Real>(BT * C);
       a.ln1_mean = c.Take<Real>(BT);
       a.ln1_rstd = c.Take<Real>(BT);
-      a.qkv = c.Take<Real>(BT * 3 * C);
+      a.qkv = c.Take<Real>(BT * 3 * Ca);
       a.att = c.Take<Real>(B * NH * T * T);
-      a.atty = c.Take<Real>(BT * C);
+      a.atty = c.Take<Real>(BT * Ca);
       a.residual2 = c.Take<Real>(BT * C);
       a.ln2 = c.Take<Real>(BT * C);
       a.ln2_mean = c.Take<Real>(BT);
@@ -201,7 +225,7 @@ Status Gpt<Real>::Allocate(int slots, bool split_backward, bool recompute) {
           g.fc_out = c.Take<Real>(BT * F);
           g.ln2_out = c.Take<Real>(BT * C);
           g.proj_out = c.Take<Real>(BT * C);
-          g.qkv_out = c.Take<Real>(BT * 3 * C);
+          g.qkv_out = c.Take<Real>(BT * 3 * Ca);
           g.ln1_out = c.Take<Real>(BT * C);
         }
         if (has_head()) s.lnf_out_grad = c.Take<Real>(BT * C);
@@ -211,9 +235,14 @@ Status Gpt<Real>::Allocate(int slots, bool split_backward, bool recompute) {
     activation_bytes_ = static_cast<int64_t>(c.used() - before_slots);
     dres_ = c.Take<Real>(BT * C);
     dtmp_ = c.Take<Real>(BT * C);
-    dqkv_ = c.Take<Real>(BT * 3 * C);
+    dqkv_ = c.Take<Real>(BT * 3 * Ca);
     dfch_ = c.Take<Real>(BT * F);
     datt_ = c.Take<Real>(B * NH * T * T);
+    datty_ = c.Take<Real>(BT * Ca);
+    if (has_head()) {
+      ce_max_ = c.Take<Real>(BT);
+      ce_sums_ = c.Take<Real>(2 * BT);
+    }
     return c.used();
   };
   const size_t bytes = layout(nullptr);
@@ -299,22 +328,34 @@ void Gpt<Real>::SetGradientStorage(std::vector<std::span<Real>> storage) {
 template <typename Real>
 void Gpt<Real>::InitParameters(uint64_t seed) {
   const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(spec_.layers));
+  const std::vector<TensorSpec> whole = ParameterTensors(spec_);
+  std::vector<Real> values;
   for (size_t i = 0; i < tensors_.size(); ++i) {
-    const TensorSpec& t = tensors_[i];
+    const TensorSpec& t = whole[static_cast<size_t>(global_index_[i])];
     std::span<Real> p = param(static_cast<int>(i));
+    // The whole tensor's values; a shard takes its part of them.
+    values.assign(static_cast<size_t>(t.num_elements), Real{0});
     if (t.shape.size() == 2) {
       const bool residual =
           EndsWith(t.name, "attn.proj.weight") || EndsWith(t.name, "mlp.proj.weight");
       // One stream per tensor: a tensor's values do not depend on the shapes before it.
       const uint64_t g = static_cast<uint64_t>(global_index_[i]);
       uint64_t stream_seed = seed ^ (0x5851f42d4c957f2dull * (g + 1));
-      FillNormal(p, residual ? residual_std : 0.02, SplitMix64(&stream_seed));
+      FillNormal(std::span<Real>(values), residual ? residual_std : 0.02, SplitMix64(&stream_seed));
     } else {
       const bool is_ln_weight = EndsWith(t.name, "ln1.weight") || EndsWith(t.name, "ln2.weight") ||
                                 t.name == "lnf.weight";
-      std::fill(p.begin(), p.end(), is_ln_weight ? Real{1} : Real{0});
+      std::fill(values.begin(), values.end(), is_ln_weight ? Real{1} : Real{0});
     }
+    ExtractShard<Real>(values, t.shape, splits_[i], tp_rank_, tp_size_, p);
   }
+}
+
+template <typename Real>
+Status Gpt<Real>::AllReduce(Real* data, int64_t count, comm::ReduceOp op) {
+  if (tp_ == nullptr) return OkStatus();
+  return pool_->Sync(
+      [&] { return tp_->AllReduce(std::span<Real>(data, static_cast<size_t>(count)), op); });
 }
 
 template <typename Real>
@@ -366,19 +407,24 @@ template <typename Real>
 Status Gpt<Real>::ForwardSlice(int k, SlotActs& s, const int32_t* targets, Real grad_scale,
                                double* loss_sum) {
   const int64_t C = spec_.hidden;
-  const int64_t V = spec_.vocab, T = spec_.seq_len;
+  const int64_t V = vocab_rows_, T = spec_.seq_len, BT_all = batch_ * T;
   const float eps = spec_.layernorm_eps;
   const KernelContext& ctx = ctxs_[k];
   // This worker's sequences [b0, b0 + B): rows [b0 * T, (b0 + B) * T) of every activation.
   const int64_t b0 = slices_[k].first, B = slices_[k].second - b0, BT = B * T;
   auto rows = [&](Real* base, int64_t width) { return base + b0 * T * width; };
   Real* input = rows(s.input, C);
-  if (has_embedding()) EncoderForward(input, s.tokens + b0 * T, P(wte_), P(wpe_), B, T, C);
+  if (has_embedding()) {
+    // Vocabulary-parallel: each rank adds the rows it holds (wpe on one rank), then the sum.
+    EncoderForward(input, s.tokens + b0 * T, P(wte_), tp_rank_ == 0 ? P(wpe_) : nullptr, B, T, C,
+                   vocab_begin_, vocab_rows_);
+    KC_RETURN_IF_ERROR(AllReduce(s.input, BT_all * C));
+  }
   const Real* residual = input;
   for (int64_t l = first_layer_; l < end_layer_; ++l) {
-    const LayerActs a = Slice(LayerFor(s, l), b0);
-    KC_RETURN_IF_ERROR(LayerForward(ctx, a, residual, l, B));
-    residual = a.residual3;
+    const LayerActs whole = LayerFor(s, l);
+    KC_RETURN_IF_ERROR(LayerForward(k, whole, residual, l));
+    residual = rows(whole.residual3, C);
   }
   if (!has_head()) return OkStatus();
   Real* lnf_out = rows(s.lnf, C);
@@ -386,7 +432,15 @@ Status Gpt<Real>::ForwardSlice(int k, SlotActs& s, const int32_t* targets, Real 
                    P(lnf_ + 1), BT, C, eps);
   Real* logits = rows(s.logits, V);
   KC_RETURN_IF_ERROR(MatmulForward<Real>(ctx, logits, lnf_out, P(head_), nullptr, BT, C, V));
-  *loss_sum = CrossEntropy(logits, rows(s.losses, 1), targets + b0 * T, BT, V, grad_scale);
+  // The loss over the vocabulary shards: the rows' maxima, then their sums, across the group.
+  const int32_t* tg = targets + b0 * T;
+  CrossEntropyMax(logits, rows(ce_max_, 1), BT, V, vocab_valid_);
+  KC_RETURN_IF_ERROR(AllReduce(ce_max_, BT_all, comm::ReduceOp::kMax));
+  CrossEntropySums(logits, rows(ce_max_, 1), tg, vocab_begin_, BT, V, vocab_valid_,
+                   rows(ce_sums_, 2));
+  KC_RETURN_IF_ERROR(AllReduce(ce_sums_, 2 * BT_all));
+  *loss_sum = CrossEntropyFinish(logits, rows(s.losses, 1), rows(ce_max_, 1), rows(ce_sums_, 2), tg,
+                                 vocab_begin_, BT, V, vocab_valid_, grad_scale);
   return OkStatus();
 }
 
@@ -400,37 +454,46 @@ typename Gpt<Real>::LayerActs Gpt<Real>::LayerFor(const SlotActs& s, int64_t l) 
 }
 
 template <typename Real>
-Status Gpt<Real>::LayerForward(const KernelContext& ctx, const LayerActs& a, const Real* residual,
-                               int64_t l, int64_t B) {
-  const int64_t C = spec_.hidden, NH = spec_.heads, F = spec_.ffn_hidden, T = spec_.seq_len;
-  const int64_t BT = B * T;
+Status Gpt<Real>::LayerForward(int k, const LayerActs& whole, const Real* residual, int64_t l) {
+  const int64_t C = spec_.hidden, Ca = attn_width_, NH = local_heads_, F = ffn_width_;
+  const int64_t T = spec_.seq_len, BT_all = batch_ * T;
+  const int64_t b0 = slices_[k].first, B = slices_[k].second - b0, BT = B * T;
+  const KernelContext& ctx = ctxs_[k];
+  const LayerActs a = Slice(whole, b0);
   const float eps = spec_.layernorm_eps;
   auto p = [&](LayerTensor t) { return P(LayerIndex(l, t)); };
   LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, p(kLn1W), p(kLn1B), BT, C, eps);
-  KC_RETURN_IF_ERROR(MatmulForward(ctx, a.qkv, a.ln1, p(kQkvW), p(kQkvB), BT, C, 3 * C));
-  KC_RETURN_IF_ERROR(AttentionForward(ctx, a.atty, a.att, a.qkv, B, T, C, NH));
-  // The projection lands in residual2, then the residual is added in place.
-  KC_RETURN_IF_ERROR(MatmulForward(ctx, a.residual2, a.atty, p(kProjW), p(kProjB), BT, C, C));
+  // Column-parallel qkv (this rank's heads), attention, row-parallel projection: a partial sum
+  // over the heads until the all-reduce; then the bias and the residual.
+  KC_RETURN_IF_ERROR(MatmulForward(ctx, a.qkv, a.ln1, p(kQkvW), p(kQkvB), BT, C, 3 * Ca));
+  KC_RETURN_IF_ERROR(AttentionForward(ctx, a.atty, a.att, a.qkv, B, T, Ca, NH));
+  KC_RETURN_IF_ERROR(MatmulForward<Real>(ctx, a.residual2, a.atty, p(kProjW), nullptr, BT, Ca, C));
+  KC_RETURN_IF_ERROR(AllReduce(whole.residual2, BT_all * C));
+  BiasForward(a.residual2, p(kProjB), BT, C);
   ResidualForward(a.residual2, a.residual2, residual, BT * C);
+  // The MLP the same way: column-parallel fc, row-parallel projection.
   LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p(kLn2W), p(kLn2B), BT, C, eps);
   KC_RETURN_IF_ERROR(MatmulForward(ctx, a.fch, a.ln2, p(kFcW), p(kFcB), BT, C, F));
   GeluForward(a.fch_gelu, a.fch, BT * F);
   KC_RETURN_IF_ERROR(
-      MatmulForward(ctx, a.residual3, a.fch_gelu, p(kFcProjW), p(kFcProjB), BT, F, C));
+      MatmulForward<Real>(ctx, a.residual3, a.fch_gelu, p(kFcProjW), nullptr, BT, F, C));
+  KC_RETURN_IF_ERROR(AllReduce(whole.residual3, BT_all * C));
+  BiasForward(a.residual3, p(kFcProjB), BT, C);
   ResidualForward(a.residual3, a.residual3, a.residual2, BT * C);
   return OkStatus();
 }
 
 template <typename Real>
 typename Gpt<Real>::LayerActs Gpt<Real>::Slice(const LayerActs& a, int64_t b0) const {
-  const int64_t C = spec_.hidden, NH = spec_.heads, F = spec_.ffn_hidden, T = spec_.seq_len;
+  const int64_t C = spec_.hidden, Ca = attn_width_, NH = local_heads_, F = ffn_width_;
+  const int64_t T = spec_.seq_len;
   const int64_t r = b0 * T;
   return {.ln1 = a.ln1 + r * C,
           .ln1_mean = a.ln1_mean + r,
           .ln1_rstd = a.ln1_rstd + r,
-          .qkv = a.qkv + r * 3 * C,
+          .qkv = a.qkv + r * 3 * Ca,
           .att = a.att + b0 * NH * T * T,
-          .atty = a.atty + r * C,
+          .atty = a.atty + r * Ca,
           .residual2 = a.residual2 + r * C,
           .ln2 = a.ln2 + r * C,
           .ln2_mean = a.ln2_mean + r,
@@ -512,8 +575,8 @@ Status Gpt<Real>::TensorDone(int tensor, const std::function<Status(int)>& on_re
 template <typename Real>
 Status Gpt<Real>::BackwardSlice(int k, SlotActs& s, Pass pass, bool accumulate,
                                 const std::function<Status(int)>& on_ready) {
-  const int64_t C = spec_.hidden, NH = spec_.heads, F = spec_.ffn_hidden;
-  const int64_t V = spec_.vocab, T = spec_.seq_len;
+  const int64_t C = spec_.hidden, Ca = attn_width_, NH = local_heads_, F = ffn_width_;
+  const int64_t V = vocab_rows_, T = spec_.seq_len, BT_all = batch_ * T;
   const KernelContext& ctx = ctxs_[k];
   const int64_t b0 = slices_[k].first, B = slices_[k].second - b0, BT = B * T;
   auto rows = [&](Real* base, int64_t width) { return base + b0 * T * width; };
@@ -529,19 +592,21 @@ Status Gpt<Real>::BackwardSlice(int k, SlotActs& s, Pass pass, bool accumulate,
   Real* datt = datt_ + b0 * NH * T * T;
   Real* input = rows(s.input, C);
   auto acts = [&](int64_t l) { return Slice(LayerFor(s, l), b0); };
-  // Where an output gradient goes: the shared scratch, or the slot's copy for the weight pass.
-  auto keep = [&](Real* scratch, Real* kept, int64_t width) {
-    return whole ? rows(scratch, width) : rows(kept, width);
-  };
+  // Where an output gradient goes (every worker's rows): the shared scratch, or the slot's copy
+  // for the weight pass.
+  auto keep = [&](Real* scratch, Real* kept) { return whole ? scratch : kept; };
 
   if (has_head()) {
-    // LM head: dlnf = dlogits * W; dW = dlogits^T * lnf.
-    Real* dlnf = keep(dtmp_, s.lnf_out_grad, C);
+    // LM head: dlnf = dlogits * W (a partial sum over the vocabulary shards); dW = dlogits^T *
+    // lnf.
+    Real* dlnf_all = keep(dtmp_, s.lnf_out_grad);
+    Real* dlnf = rows(dlnf_all, C);
     KC_RETURN_IF_ERROR(MatmulBackward<Real>(ctx, dlnf, G(head_), nullptr, rows(s.logits, V),
                                             rows(s.lnf, C), P(head_), BT, C, V, acc));
     // The head's own weight is final now, and so is a tied head's copy of wte on a stage
     // without the embeddings.
     if (!spec_.tied_embeddings || !has_embedding()) KC_RETURN_IF_ERROR(done(head_));
+    KC_RETURN_IF_ERROR(AllReduce(dlnf_all, BT_all * C));
     std::fill(dres, dres + BT * C, Real{0});
     LayerNormBackward(dres, G(lnf_), G(lnf_ + 1), dlnf, acts(end_layer_ - 1).residual3, P(lnf_),
                       rows(s.lnf_mean, 1), rows(s.lnf_rstd, 1), BT, C, acc);
@@ -552,20 +617,23 @@ Status Gpt<Real>::BackwardSlice(int k, SlotActs& s, Pass pass, bool accumulate,
 
   for (int64_t l = end_layer_ - 1; l >= first_layer_; --l) {
     const LayerActs a = acts(l);
-    const LayerGrads* kept = whole ? nullptr : &s.grads[static_cast<size_t>(l - first_layer_)];
+    LayerGrads* kept = whole ? nullptr : &s.grads[static_cast<size_t>(l - first_layer_)];
     const Real* residual = l == first_layer_ ? input : acts(l - 1).residual3;
     // Recompute: this layer's activations again, from its kept input.
-    if (recompute_) KC_RETURN_IF_ERROR(LayerForward(ctx, a, residual, l, B));
+    if (recompute_) KC_RETURN_IF_ERROR(LayerForward(k, LayerFor(s, l), residual, l));
     auto p = [&](LayerTensor t) { return P(LayerIndex(l, t)); };
     auto g = [&](LayerTensor t) { return whole ? G(LayerIndex(l, t)) : nullptr; };
     auto ready = [&](LayerTensor t) { return done(LayerIndex(l, t)); };
-    Real* dfch = keep(dfch_, whole ? nullptr : kept->fc_out, F);
-    Real* dln2 = keep(dtmp_, whole ? nullptr : kept->ln2_out, C);
-    Real* dqkv = keep(dqkv_, whole ? nullptr : kept->qkv_out, 3 * C);
-    Real* dln1 = keep(dtmp_, whole ? nullptr : kept->ln1_out, C);
-    Real* datty = rows(dtmp_, C);
+    Real* dfch = rows(keep(dfch_, whole ? nullptr : kept->fc_out), F);
+    Real* dln2_all = keep(dtmp_, whole ? nullptr : kept->ln2_out);
+    Real* dqkv = rows(keep(dqkv_, whole ? nullptr : kept->qkv_out), 3 * Ca);
+    Real* dln1_all = keep(dtmp_, whole ? nullptr : kept->ln1_out);
+    Real* dln2 = rows(dln2_all, C);
+    Real* dln1 = rows(dln1_all, C);
+    Real* datty = rows(datty_, Ca);
     if (!whole) std::copy(dres, dres + BT * C, rows(kept->fcproj_out, C));
-    // MLP: residual3 = residual2 + proj(gelu(fc(ln2(residual2)))).
+    // MLP: residual3 = residual2 + proj(gelu(fc(ln2(residual2)))). The column-parallel fc's
+    // input gradient is a partial sum over the hidden units: all-reduced before the LayerNorm.
     KC_RETURN_IF_ERROR(MatmulBackward(ctx, dfch, g(kFcProjW), g(kFcProjB), dres, a.fch_gelu,
                                       p(kFcProjW), BT, F, C, acc));
     KC_RETURN_IF_ERROR(ready(kFcProjB));
@@ -575,21 +643,23 @@ Status Gpt<Real>::BackwardSlice(int k, SlotActs& s, Pass pass, bool accumulate,
         MatmulBackward(ctx, dln2, g(kFcW), g(kFcB), dfch, a.ln2, p(kFcW), BT, C, F, acc));
     KC_RETURN_IF_ERROR(ready(kFcB));
     KC_RETURN_IF_ERROR(ready(kFcW));
+    KC_RETURN_IF_ERROR(AllReduce(dln2_all, BT_all * C));
     LayerNormBackward(dres, g(kLn2W), g(kLn2B), dln2, a.residual2, p(kLn2W), a.ln2_mean, a.ln2_rstd,
                       BT, C, acc);
     KC_RETURN_IF_ERROR(ready(kLn2B));
     KC_RETURN_IF_ERROR(ready(kLn2W));
     if (!whole) std::copy(dres, dres + BT * C, rows(kept->proj_out, C));
-    // Attention: residual2 = residual + proj(attention(qkv(ln1(residual)))).
+    // Attention: residual2 = residual + proj(attention(qkv(ln1(residual)))), likewise.
     KC_RETURN_IF_ERROR(
-        MatmulBackward(ctx, datty, g(kProjW), g(kProjB), dres, a.atty, p(kProjW), BT, C, C, acc));
+        MatmulBackward(ctx, datty, g(kProjW), g(kProjB), dres, a.atty, p(kProjW), BT, Ca, C, acc));
     KC_RETURN_IF_ERROR(ready(kProjB));
     KC_RETURN_IF_ERROR(ready(kProjW));
-    KC_RETURN_IF_ERROR(AttentionBackward(ctx, dqkv, datt, datty, a.qkv, a.att, B, T, C, NH));
+    KC_RETURN_IF_ERROR(AttentionBackward(ctx, dqkv, datt, datty, a.qkv, a.att, B, T, Ca, NH));
     KC_RETURN_IF_ERROR(
-        MatmulBackward(ctx, dln1, g(kQkvW), g(kQkvB), dqkv, a.ln1, p(kQkvW), BT, C, 3 * C, acc));
+        MatmulBackward(ctx, dln1, g(kQkvW), g(kQkvB), dqkv, a.ln1, p(kQkvW), BT, C, 3 * Ca, acc));
     KC_RETURN_IF_ERROR(ready(kQkvB));
     KC_RETURN_IF_ERROR(ready(kQkvW));
+    KC_RETURN_IF_ERROR(AllReduce(dln1_all, BT_all * C));
     LayerNormBackward(dres, g(kLn1W), g(kLn1B), dln1, residual, p(kLn1W), a.ln1_mean, a.ln1_rstd,
                       BT, C, acc);
     KC_RETURN_IF_ERROR(ready(kLn1B));
@@ -607,7 +677,7 @@ Status Gpt<Real>::BackwardSlice(int k, SlotActs& s, Pass pass, bool accumulate,
 template <typename Real>
 Status Gpt<Real>::EmbeddingBackward(int k, const SlotActs& s, const Real* dout, bool accumulate,
                                     const std::function<Status(int)>& on_ready) {
-  const int64_t C = spec_.hidden, V = spec_.vocab, T = spec_.seq_len;
+  const int64_t C = spec_.hidden, V = vocab_rows_, T = spec_.seq_len;
   const int64_t b0 = slices_[k].first, B = slices_[k].second - b0;
   const std::vector<std::span<Real>>& grads = k == 0 ? grads_ : worker_grads_[k - 1];
   Real* dwte = grads[wte_].data();
@@ -617,7 +687,8 @@ Status Gpt<Real>::EmbeddingBackward(int k, const SlotActs& s, const Real* dout, 
     std::fill(dwpe, dwpe + T * C, Real{0});
     if (!(has_head() && spec_.tied_embeddings)) std::fill(dwte, dwte + V * C, Real{0});
   }
-  EncoderBackward(dwte, dwpe, dout, s.tokens + b0 * T, B, T, C);
+  // Every rank of a tensor-parallel group gets the same (whole) dwpe and its rows of dwte.
+  EncoderBackward(dwte, dwpe, dout, s.tokens + b0 * T, B, T, C, vocab_begin_, vocab_rows_);
   KC_RETURN_IF_ERROR(TensorDone(wpe_, on_ready));
   return TensorDone(wte_, on_ready);
 }
@@ -625,8 +696,8 @@ Status Gpt<Real>::EmbeddingBackward(int k, const SlotActs& s, const Real* dout, 
 template <typename Real>
 Status Gpt<Real>::WeightSlice(int k, SlotActs& s, bool accumulate,
                               const std::function<Status(int)>& on_ready) {
-  const int64_t C = spec_.hidden, F = spec_.ffn_hidden;
-  const int64_t V = spec_.vocab, T = spec_.seq_len;
+  const int64_t C = spec_.hidden, Ca = attn_width_, F = ffn_width_;
+  const int64_t V = vocab_rows_, T = spec_.seq_len;
   const KernelContext& ctx = ctxs_[k];
   const int64_t b0 = slices_[k].first, B = slices_[k].second - b0, BT = B * T;
   auto rows = [&](Real* base, int64_t width) { return base + b0 * T * width; };
@@ -668,11 +739,11 @@ Status Gpt<Real>::WeightSlice(int k, SlotActs& s, bool accumulate,
     KC_RETURN_IF_ERROR(ready(kLn2B));
     KC_RETURN_IF_ERROR(ready(kLn2W));
     KC_RETURN_IF_ERROR(MatmulBackward<Real>(ctx, nullptr, g(kProjW), g(kProjB), rows(d.proj_out, C),
-                                            a.atty, p(kProjW), BT, C, C, acc));
+                                            a.atty, p(kProjW), BT, Ca, C, acc));
     KC_RETURN_IF_ERROR(ready(kProjB));
     KC_RETURN_IF_ERROR(ready(kProjW));
     KC_RETURN_IF_ERROR(MatmulBackward<Real>(ctx, nullptr, g(kQkvW), g(kQkvB),
-                                            rows(d.qkv_out, 3 * C), a.ln1, p(kQkvW), BT, C, 3 * C,
+                                            rows(d.qkv_out, 3 * Ca), a.ln1, p(kQkvW), BT, C, 3 * Ca,
                                             acc));
     KC_RETURN_IF_ERROR(ready(kQkvB));
     KC_RETURN_IF_ERROR(ready(kQkvW));

@@ -25,6 +25,7 @@
 #include "hal/compute.h"
 #include "parallel/gpt_kernels.h"
 #include "parallel/model_spec.h"
+#include "parallel/tensor_parallel.h"
 #include "parallel/worker_pool.h"
 
 namespace kc::parallel {
@@ -54,6 +55,15 @@ struct GptOptions {
   // layer's forward again from its input before backpropagating through it (one layer's
   // activations, shared by the slots). Not with split_backward.
   bool recompute = false;
+  // Tensor parallelism: this model is rank tensor_parallel->rank() of the group's size() that
+  // share every layer (Megatron's split, parallel/tensor_parallel.h): it holds its shard of
+  // each split tensor (tensors() gives the shard shapes) and calls the group's AllReduce inside
+  // Forward and Backward: per block, once on the attention's and once on the MLP's output in
+  // the forward and once on each one's input gradient in the backward, plus the embeddings'
+  // output, the loss's two row statistics and the LM head's input gradient. Every rank of the
+  // group runs the same passes with the same inputs and gets the same loss. Not owned; null:
+  // no tensor parallelism.
+  TensorParallelGroup* tensor_parallel = nullptr;
 };
 
 template <typename Real>
@@ -75,12 +85,17 @@ class Gpt {
   bool has_embedding() const { return first_layer_ == 0; }
   bool has_head() const { return end_layer_ == spec_.layers; }
   int slots() const { return static_cast<int>(slots_.size()); }
+  int tp_rank() const { return tp_rank_; }
+  int tp_size() const { return tp_size_; }
   // The parameter tensors this model holds, in forward order: ParameterTensors(spec) for the
   // whole model; for a stage, its subset (names kept, offsets counted within the stage).
   const std::vector<TensorSpec>& tensors() const { return tensors_; }
   // Tensor i's index in ParameterTensors(spec) (initialisation uses it, so a stage's tensors
   // start as the whole model's).
   int global_index(int tensor) const { return global_index_.at(static_cast<size_t>(tensor)); }
+  // How tensor i is split over the tensor-parallel group (kReplicated for every tensor
+  // without one); ParameterTensors(spec)[global_index(i)] is the whole tensor's spec.
+  TpSplit split(int tensor) const { return splits_.at(static_cast<size_t>(tensor)); }
   int64_t arena_bytes() const { return static_cast<int64_t>(arena_.size_bytes()); }
   // The part of the arena that holds the slots' activations (and, split, kept gradients).
   int64_t activation_bytes() const { return activation_bytes_; }
@@ -99,7 +114,8 @@ class Gpt {
   void SetGradientStorage(std::vector<std::span<Real>> storage);
 
   // GPT-2's initialisation: weights ~ N(0, 0.02), the two residual projections of each block
-  // N(0, 0.02 / sqrt(2 L)), biases 0, LayerNorm weights 1. Deterministic in `seed` alone.
+  // N(0, 0.02 / sqrt(2 L)), biases 0, LayerNorm weights 1. Deterministic in `seed` alone; a
+  // tensor-parallel shard gets its part of the whole tensor's values.
   void InitParameters(uint64_t seed);
 
   // Runs the model on inputs (B, T) and returns the mean cross-entropy against targets
@@ -149,7 +165,7 @@ class Gpt {
 
  private:
   Gpt(ModelSpec spec, int64_t batch, int64_t first_layer, int64_t end_layer,
-      hal::ComputeDevice* device);
+      hal::ComputeDevice* device, TensorParallelGroup* tp);
   Status Allocate(int slots, bool split_backward, bool recompute);
 
   // Per-layer tensor indices (ParameterTensors order).
@@ -174,6 +190,9 @@ class Gpt {
     return layer_base_ + static_cast<int>(layer - first_layer_) * kTensorsPerLayer + t;
   }
   Real* P(int i) { return params_.data() + tensors_[i].offset; }
+
+  // Activation widths below are this rank's under tensor parallelism: the attention's (3C, C
+  // of atty, NH) and the MLP's (F) divided by t, the logits' V the vocabulary shard.
 
   // The output gradients one layer's weight gradients need (split backward only).
   struct LayerGrads {
@@ -237,9 +256,12 @@ class Gpt {
   // Layer l's activations for slot s: its own, or with recompute the shared ones with the
   // slot's output.
   LayerActs LayerFor(const SlotActs& s, int64_t l) const;
-  // One layer's forward from `residual` into `a` (already moved to this worker's rows).
-  Status LayerForward(const KernelContext& ctx, const LayerActs& a, const Real* residual, int64_t l,
-                      int64_t B);
+  // Worker k's part of one layer's forward from `residual` (its rows) into `whole` (every
+  // row: the tensor-parallel all-reduces take every worker's).
+  Status LayerForward(int k, const LayerActs& whole, const Real* residual, int64_t l);
+  // Sums (or maxes) `count` elements at `data` over the tensor-parallel group, once every
+  // worker has written its rows; nothing without tensor parallelism. Every worker calls it.
+  Status AllReduce(Real* data, int64_t count, comm::ReduceOp op = comm::ReduceOp::kSum);
   // A worker has finished its part of tensor i's gradient.
   Status TensorDone(int tensor, const std::function<Status(int)>& on_ready);
 
@@ -248,9 +270,21 @@ class Gpt {
   const int64_t first_layer_;
   const int64_t end_layer_;
   hal::ComputeDevice* const device_;
+  TensorParallelGroup* const tp_;  // null without tensor parallelism
+  const int tp_rank_;
+  const int tp_size_;
+  // This rank's widths: attention (C / t), heads, MLP hidden (F / t), vocabulary rows (the
+  // shard, padding included), the first of them and how many are real.
+  const int64_t attn_width_;
+  const int64_t local_heads_;
+  const int64_t ffn_width_;
+  const int64_t vocab_rows_;
+  const int64_t vocab_begin_;
+  const int64_t vocab_valid_;
   KernelContext ctx_;  // the device's default stream, worker 0's
   std::vector<TensorSpec> tensors_;
   std::vector<int> global_index_;  // per local tensor
+  std::vector<TpSplit> splits_;    // per local tensor
   // Local indices; -1 where the stage has no such tensor. head_ is wte_ when tied.
   int wte_ = -1;
   int wpe_ = -1;
@@ -276,11 +310,15 @@ class Gpt {
   LayerActs recompute_layer_{};  // with recompute: the one layer's activations
   int64_t activation_bytes_ = 0;
   // Backward scratch, shared by the layers and the slots.
-  Real* dres_ = nullptr;  // (BT, C): the residual stream's gradient (grad_output/grad_input)
-  Real* dtmp_ = nullptr;  // (BT, C)
-  Real* dqkv_ = nullptr;  // (BT, 3C)
-  Real* dfch_ = nullptr;  // (BT, F)
-  Real* datt_ = nullptr;  // (B, NH, T, T)
+  Real* dres_ = nullptr;   // (BT, C): the residual stream's gradient (grad_output/grad_input)
+  Real* dtmp_ = nullptr;   // (BT, C)
+  Real* dqkv_ = nullptr;   // (BT, 3C)
+  Real* dfch_ = nullptr;   // (BT, F)
+  Real* datt_ = nullptr;   // (B, NH, T, T)
+  Real* datty_ = nullptr;  // (BT, C): the attention output's gradient
+  // The loss's row statistics (the head's): maxima (BT) and sums with target logits (BT, 2).
+  Real* ce_max_ = nullptr;
+  Real* ce_sums_ = nullptr;
 };
 
 extern template class Gpt<float>;

@@ -11,16 +11,14 @@
 #include <tuple>
 #include <vector>
 
+#include "parallel/gpt_test_support.h"
 #include "parallel/optimizer.h"
 
 namespace kc::parallel {
 namespace {
 
-std::unique_ptr<hal::ComputeDevice> Cpu() {
-  auto device = hal::OpenComputeDevice({.id = "test/cpu0", .kind = hal::DeviceKind::kCpu});
-  KC_CHECK(device.ok()) << device.status();
-  return std::move(device).value();
-}
+using ::kc::parallel::testing::Cpu;
+using ::kc::parallel::testing::Tokens;
 
 ModelSpec Small(bool tied) {
   ModelSpec s;
@@ -34,13 +32,6 @@ ModelSpec Small(bool tied) {
   s.batch_per_rank = 2;
   s.tied_embeddings = tied;
   return s;
-}
-
-std::vector<int32_t> Tokens(int64_t n, int64_t vocab, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::vector<int32_t> t(n);
-  for (int32_t& x : t) x = static_cast<int32_t>(gen() % vocab);
-  return t;
 }
 
 class GptGradientTest : public ::testing::TestWithParam<bool> {};

@@ -1,6 +1,8 @@
 // What a rank did and when: spans of compute, communication and data loading, written as
 // Chrome-trace / Perfetto JSON events (`kc train --trace`). One recorder per rank, filled by
-// the training thread; the launcher joins the ranks' events into one file.
+// the training thread (and by the worker that runs a pass's tensor-parallel all-reduce, never
+// at the same time: WorkerPool::Sync orders them); the launcher joins the ranks' events into
+// one file. Spans may nest (an all-reduce inside a forward).
 #pragma once
 
 #include <chrono>

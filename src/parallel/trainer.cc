@@ -24,6 +24,41 @@ std::span<std::byte> Bytes(std::span<T> s) {
 
 }  // namespace
 
+// The tensor-parallel group of a rank's models, over its sub-communicator on the activation
+// lane; times its all-reduces and puts them on the timeline. Called from whichever worker
+// thread runs the pass's serial step, never two at once (WorkerPool::Sync).
+class TensorParallelLink final : public TensorParallelGroup {
+ public:
+  TensorParallelLink(comm::Communicator* comm, Timeline* timeline)
+      : comm_(comm), timeline_(timeline) {}
+  int rank() const override { return comm_->rank(); }
+  int size() const override { return comm_->size(); }
+  Status AllReduce(std::span<std::byte> data, size_t count, hal::DataType type,
+                   comm::ReduceOp op) override {
+    const auto t0 = std::chrono::steady_clock::now();
+    KC_ASSIGN_OR_RETURN(auto work,
+                        comm_->Allreduce(data, count, type, op, {.lane = comm::Lane::kActivation}));
+    Status s = work->Wait();
+    seconds_ += Since(t0);
+    if (timeline_ != nullptr) {
+      timeline_->Add("tensor-parallel all-reduce", SpanKind::kComm, step_, t0,
+                     std::chrono::steady_clock::now());
+    }
+    return s;
+  }
+  // The seconds spent since the last call; the step the spans belong to from now.
+  double Take(int64_t step) {
+    step_ = step;
+    return std::exchange(seconds_, 0.0);
+  }
+
+ private:
+  comm::Communicator* const comm_;
+  Timeline* const timeline_;
+  double seconds_ = 0;
+  int64_t step_ = 0;
+};
+
 std::string_view GradSyncName(GradSync sync) {
   switch (sync) {
     case GradSync::kBucketed:
@@ -42,6 +77,7 @@ Result<GradSync> ParseGradSync(std::string_view name) {
                               "': expected bucketed or per-tensor");
 }
 
+Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {}
 Trainer::~Trainer() = default;
 
 Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& options) {
@@ -61,16 +97,21 @@ Status Trainer::Init() {
     return InvalidArgumentError("trainer: micro_batches must be >= 1 and zero_stage 0 or 1");
   }
   stages_ = options_.pipeline_stages;
-  if (stages_ < 1 || size % stages_ != 0 || stages_ > spec.layers) {
-    return InvalidArgumentError("trainer: " + std::to_string(stages_) + " pipeline stages for " +
+  tp_ = options_.tensor_parallel;
+  if (tp_ < 1 || stages_ < 1 || size % (tp_ * stages_) != 0 || stages_ > spec.layers) {
+    return InvalidArgumentError("trainer: t=" + std::to_string(tp_) +
+                                " and p=" + std::to_string(stages_) + " for " +
                                 std::to_string(size) + " ranks and " + std::to_string(spec.layers) +
-                                " layers: p must divide the ranks and be "
-                                "at most the layers");
+                                " layers: t * p must divide the ranks and p be at most the layers");
   }
-  world_ = size / stages_;
-  stage_ = (comm != nullptr ? comm->rank() : 0) / world_;
-  dp_rank_ = (comm != nullptr ? comm->rank() : 0) % world_;
+  if (tp_ > 1) KC_RETURN_IF_ERROR(ValidateTensorParallel(spec, tp_));
+  const int global_rank = comm != nullptr ? comm->rank() : 0;
+  tp_rank_ = global_rank % tp_;
+  world_ = size / (tp_ * stages_);
+  stage_ = global_rank / tp_ / world_;
+  dp_rank_ = global_rank / tp_ % world_;
   dp_comm_ = comm;
+  if (stages_ > 1 || tp_ > 1) KC_RETURN_IF_ERROR(InitGroups());
   if (stages_ > 1) KC_RETURN_IF_ERROR(InitPipeline());
   comm = dp_comm_;
   const int rank = dp_rank_;
@@ -101,7 +142,9 @@ Status Trainer::Init() {
     KC_ASSIGN_OR_RETURN(bounds, BalanceStages(spec, stages_ * v_));
   }
   for (int c = 0; c < v_; ++c) {
-    GptOptions gpt{.threads = options_.compute_threads, .recompute = options_.recompute};
+    GptOptions gpt{.threads = options_.compute_threads,
+                   .recompute = options_.recompute,
+                   .tensor_parallel = tp_link_.get()};
     if (stages_ > 1) {
       const size_t vs = static_cast<size_t>(c * stages_ + stage_);
       gpt.first_layer = bounds[vs];
@@ -217,16 +260,23 @@ int64_t Trainer::arena_bytes() const {
 }
 
 Result<double> Trainer::GradNorm() {
-  double sum = 0;
   // Over every tensor, not the optimizer's slots: with ZeRO-1 those are this rank's chunk.
-  // A tied wte's second copy (on the last stage) is the first's, counted once.
+  // A tied wte's second copy (on the last stage) is the first's, counted once; a tensor-parallel
+  // group's shards add up, its replicated tensors (the same on every member) count once.
+  double sums[2] = {0, 0};  // shards, replicated
   for (int c = 0; c < static_cast<int>(chunks_.size()); ++c) {
     Gpt<float>& chunk = *chunks_[static_cast<size_t>(c)];
     for (int i = 0; i < static_cast<int>(chunk.tensors().size()); ++i) {
       if (c == wte_chunk_ && i == wte_tensor_ && !chunk.has_embedding()) continue;
-      sum += SquaredNorm<float>(chunk.grad(i));
+      sums[chunk.split(i) == TpSplit::kReplicated ? 1 : 0] += SquaredNorm<float>(chunk.grad(i));
     }
   }
+  if (tp_comm_ != nullptr) {
+    KC_ASSIGN_OR_RETURN(auto work,
+                        tp_comm_->Allreduce(std::span<double>(sums, 1), comm::ReduceOp::kSum));
+    KC_RETURN_IF_ERROR(work->Wait());
+  }
+  double sum = sums[0] + sums[1];
   if (stages_ > 1) {
     KC_ASSIGN_OR_RETURN(auto work,
                         pipe_comm_->Allreduce(std::span<double>(&sum, 1), comm::ReduceOp::kSum));
@@ -235,22 +285,33 @@ Result<double> Trainer::GradNorm() {
   return std::sqrt(sum);
 }
 
-Status Trainer::InitPipeline() {
+Status Trainer::InitGroups() {
   comm::Communicator* comm = options_.comm;
   KC_CHECK(comm != nullptr);
+  // Every rank makes the same calls in the same order: its tensor-parallel group, the replicas
+  // of its stage and tensor-parallel rank, the stages of its replica and tensor-parallel rank,
+  // then the first and last of those (for tied embeddings).
+  if (tp_ > 1) {
+    KC_ASSIGN_OR_RETURN(tp_comm_, comm->Split(stage_ * world_ + dp_rank_, tp_rank_));
+    tp_link_ = std::make_unique<TensorParallelLink>(tp_comm_.get(), options_.timeline);
+  }
+  KC_ASSIGN_OR_RETURN(dp_owned_, comm->Split(stage_ * tp_ + tp_rank_, dp_rank_));
+  dp_comm_ = dp_owned_.get();
+  if (stages_ > 1) {
+    KC_ASSIGN_OR_RETURN(pipe_comm_, comm->Split(dp_rank_ * tp_ + tp_rank_, stage_));
+    const int ends[2] = {0, stages_ - 1};
+    KC_ASSIGN_OR_RETURN(embed_comm_, pipe_comm_->SubGroup(ends));
+  }
+  return OkStatus();
+}
+
+Status Trainer::InitPipeline() {
   v_ = options_.schedule == Schedule::kInterleaved ? options_.virtual_stages : 1;
   if (v_ < 1 || stages_ * v_ > options_.spec.layers) {
     return InvalidArgumentError(
         "trainer: " + std::to_string(stages_) + " stages x " + std::to_string(v_) + " chunks for " +
         std::to_string(options_.spec.layers) + " layers: every chunk needs a layer");
   }
-  // Every rank makes the same calls in the same order: the replicas of a stage, the stages of
-  // a replica, then the first and last stage of each replica (for tied embeddings).
-  KC_ASSIGN_OR_RETURN(dp_owned_, comm->Split(stage_, dp_rank_));
-  dp_comm_ = dp_owned_.get();
-  KC_ASSIGN_OR_RETURN(pipe_comm_, comm->Split(dp_rank_, stage_));
-  const int ends[2] = {0, stages_ - 1};
-  KC_ASSIGN_OR_RETURN(embed_comm_, pipe_comm_->SubGroup(ends));
   KC_ASSIGN_OR_RETURN(std::vector<std::vector<PipeOp>> schedule,
                       BuildPipelineSchedule(options_.schedule, stages_,
                                             static_cast<int>(options_.micro_batches), v_));
@@ -351,8 +412,9 @@ Status Trainer::RunPipelineOp(const PipeOp& op, std::span<const int32_t> inputs,
 
 Result<double> Trainer::AverageAcrossRanks(double value) {
   if (stages_ > 1) {
-    // Only the last stages hold a loss: sum over every rank, over the replicas.
-    if (stage_ != stages_ - 1) value = 0;
+    // Only the last stages hold a loss (each tensor-parallel rank the same): sum over every
+    // rank, over the replicas.
+    if (stage_ != stages_ - 1 || tp_rank_ != 0) value = 0;
     KC_ASSIGN_OR_RETURN(
         auto work, options_.comm->Allreduce(std::span<double>(&value, 1), comm::ReduceOp::kSum));
     KC_RETURN_IF_ERROR(work->Wait());
@@ -402,6 +464,7 @@ Result<StepStats> Trainer::Step() {
   };
   StepStats stats;
   stats.step = step_;
+  if (tp_link_ != nullptr) tp_link_->Take(step_);
   loader_->Next(&batch_);
   Clock::time_point t = span("data", SpanKind::kData, t0);
   // Each micro-batch's gradient is scaled to its share of the rank's mean; they add up.
@@ -484,6 +547,10 @@ Result<StepStats> Trainer::Step() {
     }
     comm_s += Since(t);
     span("all-gather parameters", SpanKind::kComm, t);
+  }
+  if (tp_link_ != nullptr) {
+    stats.tp_comm_s = tp_link_->Take(step_ + 1);
+    comm_s += stats.tp_comm_s;
   }
   ++step_;
   stats.step_s = Since(t0);

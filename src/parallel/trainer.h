@@ -28,6 +28,8 @@
 
 namespace kc::parallel {
 
+class TensorParallelLink;  // trainer.cc: a TensorParallelGroup over a sub-communicator
+
 // How gradients cross ranks.
 enum class GradSync : uint8_t {
   // Fused buckets, each all-reduced as soon as it is complete, in the background while the
@@ -54,10 +56,17 @@ struct TrainerOptions {
   // its 1/N of the parameters, then the parameters are all-gathered). 0: every rank updates
   // everything.
   int zero_stage = 0;
-  // Pipeline parallelism: the plan's p. Ranks are numbered replica fastest, then stage
-  // (rank = stage * d + replica, d = world / p); stage s holds BalanceStages' layers and runs
-  // the schedule's passes over `micro_batches` micro-batches, activations and their gradients
-  // crossing stages by send/recv on the activation lane; any of the four schedules.
+  // Tensor parallelism: the plan's t. Ranks are numbered Megatron's way, tensor-parallel rank
+  // fastest, then replica, then stage: rank = (stage * d + replica) * t + tp_rank, so a
+  // tensor-parallel group is t consecutive ranks (the launcher keeps consecutive ranks on
+  // neighbouring cores of one host: the fastest links). Each rank holds its shard of every
+  // layer (GptOptions::tensor_parallel) and all-reduces within its group on the activation
+  // lane; data-parallel buckets, ZeRO-1 and the pipeline run per tensor-parallel rank.
+  int tensor_parallel = 1;
+  // Pipeline parallelism: the plan's p (d = world / (t * p)); stage s holds BalanceStages'
+  // layers and runs the schedule's passes over `micro_batches` micro-batches, activations and
+  // their gradients crossing stages by send/recv on the activation lane; any of the four
+  // schedules.
   int pipeline_stages = 1;
   Schedule schedule = Schedule::k1F1B;
   // Interleaved: v model chunks per stage; stage s holds virtual stages s, s + p, ...
@@ -81,6 +90,7 @@ struct StepStats {
   double step_s = 0;          // the whole step
   double compute_s = 0;       // forward, backward and optimizer: step_s - comm_exposed_s
   double comm_exposed_s = 0;  // waiting for or running communication on the step's path
+  double tp_comm_s = 0;       // of which the tensor-parallel all-reduces inside the passes
   int64_t tokens = 0;         // in the global batch
   // With pipelining, per stage: the share of the pipeline's time (from the step's first pass
   // to the last stage's last, the slowest stage's) that the stage spent outside its forward
@@ -118,8 +128,10 @@ class Trainer {
   int64_t grad_buckets() const { return buckets_ != nullptr ? buckets_->num_buckets() : 0; }
 
  private:
-  explicit Trainer(TrainerOptions options) : options_(std::move(options)) {}
+  explicit Trainer(TrainerOptions options);
   Status Init();
+  // The sub-communicators of a plan with t > 1 or p > 1 (collective, in one order).
+  Status InitGroups();
   Status InitPipeline();
   Status SyncGradients(double* comm_s);
   // The mean of a per-replica value over the data-parallel replicas; with pipelining the
@@ -133,6 +145,8 @@ class Trainer {
                        bool first_backward, double* loss, double* comm_s);
 
   TrainerOptions options_;
+  int tp_ = 1;                             // t
+  int tp_rank_ = 0;                        // this rank's place in its tensor-parallel group
   int world_ = 1;                          // data-parallel replicas (d)
   int dp_rank_ = 0;                        // this rank's replica
   int stage_ = 0;                          // this rank's pipeline stage
@@ -140,6 +154,8 @@ class Trainer {
   int v_ = 1;                              // model chunks per stage (interleaved)
   comm::Communicator* dp_comm_ = nullptr;  // the replicas of this stage (options_.comm when p = 1)
   std::unique_ptr<comm::Communicator> dp_owned_;
+  std::unique_ptr<comm::Communicator> tp_comm_;     // this rank's tensor-parallel group
+  std::unique_ptr<TensorParallelLink> tp_link_;     // the models' view of tp_comm_
   std::unique_ptr<comm::Communicator> pipe_comm_;   // this replica's stages
   std::unique_ptr<comm::Communicator> embed_comm_;  // first and last stage: tied wte gradients
   std::vector<PipeOp> ops_;                         // this stage's passes, in order

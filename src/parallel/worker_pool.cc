@@ -29,11 +29,13 @@ void WorkerPool::RunImpl(void* fn, Trampoline call) {
     fn_ = fn;
     call_ = call;
     pending_ = static_cast<int>(helpers_.size());
+    returned_ = 0;
     ++generation_;
   }
   start_cv_.SignalAll();
   call(fn, 0);
   MutexLock lock(&mu_);
+  Returned();
   while (pending_ > 0) done_cv_.Wait(&mu_);
   fn_ = nullptr;
   call_ = nullptr;
@@ -56,10 +58,36 @@ void WorkerPool::HelperLoop(int worker) {
     bool last = false;
     {
       MutexLock lock(&mu_);
+      Returned();
       last = --pending_ == 0;
     }
     if (last) done_cv_.Signal();
   }
+}
+
+Status WorkerPool::SyncImpl(void* fn, SyncTrampoline call) {
+  if (helpers_.empty()) return call(fn);
+  MutexLock lock(&mu_);
+  const uint64_t generation = sync_generation_;
+  if (++sync_arrived_ + returned_ < threads()) {
+    while (sync_generation_ == generation) sync_cv_.Wait(&mu_);
+    return sync_status_;
+  }
+  // The last to arrive: the others wait on the lock's condition while serial runs.
+  sync_status_ = returned_ > 0 ? AbortedError("a worker of the pass failed") : call(fn);
+  sync_arrived_ = 0;
+  ++sync_generation_;
+  sync_cv_.SignalAll();
+  return sync_status_;
+}
+
+void WorkerPool::Returned() {
+  ++returned_;
+  if (sync_arrived_ == 0 || sync_arrived_ + returned_ < threads()) return;
+  sync_status_ = AbortedError("a worker of the pass failed");
+  sync_arrived_ = 0;
+  ++sync_generation_;
+  sync_cv_.SignalAll();
 }
 
 }  // namespace kc::parallel

@@ -4,6 +4,9 @@
 //
 //   WorkerPool pool(2);
 //   pool.Run([&](int k) { ... slice k ... });  // returns when every worker has finished
+//
+// Inside a Run, Sync makes the workers meet: a step that needs every slice done (tensor
+// parallelism's all-reduce of a whole activation) runs once, between two halves of the slices.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +15,7 @@
 #include <vector>
 
 #include "base/mutex.h"
+#include "base/status.h"
 #include "base/thread_annotations.h"
 
 namespace kc::parallel {
@@ -36,10 +40,27 @@ class WorkerPool {
             [](void* f, int worker) { (*static_cast<std::remove_reference_t<F>*>(f))(worker); });
   }
 
+  // Called by every worker inside a Run, as many times and at the same points: the last to
+  // arrive runs serial() (a Status-returning callable, on its own thread) while the others
+  // wait, and every one returns serial's Status. A worker whose function has returned counts
+  // as arrived for the rest of the Run, so one that fails early holds nobody up: a Sync
+  // completed that way does not run serial and returns kAborted. With one thread it just runs
+  // serial().
+  template <typename F>
+  Status Sync(F&& serial) {
+    return SyncImpl(&serial, [](void* f) -> Status {
+      return (*static_cast<std::remove_reference_t<F>*>(f))();
+    });
+  }
+
  private:
   using Trampoline = void (*)(void* fn, int worker);
+  using SyncTrampoline = Status (*)(void* fn);
   void RunImpl(void* fn, Trampoline call);
+  Status SyncImpl(void* fn, SyncTrampoline call);
   void HelperLoop(int worker);
+  // A worker's function has returned; completes a Sync it was the last to hold up.
+  void Returned() KC_REQUIRES(mu_);
 
   Mutex mu_;
   CondVar start_cv_;
@@ -49,6 +70,12 @@ class WorkerPool {
   uint64_t generation_ KC_GUARDED_BY(mu_) = 0;
   int pending_ KC_GUARDED_BY(mu_) = 0;
   bool stop_ KC_GUARDED_BY(mu_) = false;
+  // This Run's workers whose function returned, and the Sync in progress.
+  int returned_ KC_GUARDED_BY(mu_) = 0;
+  int sync_arrived_ KC_GUARDED_BY(mu_) = 0;
+  uint64_t sync_generation_ KC_GUARDED_BY(mu_) = 0;
+  Status sync_status_ KC_GUARDED_BY(mu_);
+  CondVar sync_cv_;
   std::vector<std::thread> helpers_;
 };
 
