@@ -113,8 +113,8 @@ void EncoderForward(Real* out, const int32_t* inp, const Real* wte, const Real* 
       Real* o = out + (b * T + t) * C;
       const int64_t row = static_cast<int64_t>(inp[b * T + t]) - v0;
       const bool mine = row >= 0 && (vl < 0 || row < vl);
-      const Real* e = wte + row * C;
-      const Real* p = wpe + t * C;
+      const Real* e = mine ? wte + row * C : nullptr;
+      const Real* p = wpe != nullptr ? wpe + t * C : nullptr;
       if (mine && wpe != nullptr) {
         for (int64_t i = 0; i < C; ++i) o[i] = e[i] + p[i];
       } else if (mine) {

@@ -1,4 +1,5 @@
-// Data-parallel training of the GPT on one rank: each step loads this rank's share of the
+// Training of the GPT on one rank of a t x p x d plan (tensor, pipeline and data parallel;
+// TrainerOptions says how ranks map to groups). Each step loads this rank's share of the
 // global batch, runs forward and backward, reduces the gradients across ranks through L2
 // gradient buckets as the backward produces them (a bucket's all-reduce starts the moment its
 // last gradient is final, so communication hides behind the rest of the backward), clips,
