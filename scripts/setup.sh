@@ -13,6 +13,8 @@ PACKAGES=(
   libprotobuf-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc
   # L1 hal: topology probe and kernels.
   libhwloc-dev libopenblas-dev
+  # L5 fault: checkpoint checksums (XXH3) and compression (zstd).
+  libxxhash-dev libzstd-dev
   # Tests and benchmarks.
   libgtest-dev libgmock-dev libbenchmark-dev python3 iproute2
   # Training data: a small English corpus of fortune cookies, /usr/share/games/fortunes/

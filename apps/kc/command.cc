@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "base/file.h"
+
 namespace kc::app {
 
 Status ParseHostPort(const std::string& s, std::string* host, int* port) {
@@ -32,20 +34,7 @@ std::string UserConfigPath(const std::string& file) {
 }
 
 Status WriteFileAtomically(const std::string& path, const std::string& text) {
-  std::error_code ec;
-  const std::filesystem::path p(path);
-  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path(), ec);
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    if (!f) return UnavailableError("cannot write \"" + tmp + "\"");
-    f << text;
-    if (!f.flush()) return UnavailableError("cannot write \"" + tmp + "\"");
-  }
-  std::filesystem::rename(tmp, path, ec);
-  if (ec)
-    return UnavailableError("cannot rename \"" + tmp + "\" to \"" + path + "\": " + ec.message());
-  return OkStatus();
+  return WriteFileDurably(path, text);
 }
 
 }  // namespace kc::app

@@ -60,6 +60,8 @@ class AdamW {
   void Step(double lr, double grad_scale);
 
   int64_t steps() const { return steps_; }
+  // Restoring a checkpoint: the updates made so far (the bias corrections count them).
+  void set_steps(int64_t steps) { steps_ = steps; }
   // The first and second moments of every slot, back to back in slot order (checkpoints).
   std::span<Real> moments() { return moments_; }
 

@@ -246,10 +246,53 @@ Status Trainer::Init() {
       slots.push_back({chunk->param(static_cast<int>(i)).subspan(from - begin, to - from),
                        chunk->grad(static_cast<int>(i)).subspan(from - begin, to - from),
                        tensors[i].shape.size() == 2});
+      slot_refs_.push_back({static_cast<int>(&chunk - chunks_.data()), static_cast<int>(i),
+                            static_cast<int64_t>(from - begin), static_cast<int64_t>(to - from)});
     }
   }
   KC_ASSIGN_OR_RETURN(optimizer_,
                       AdamW<float>::Create(spec.training, std::move(slots), options_.device));
+  return OkStatus();
+}
+
+std::vector<StateTensor> Trainer::StateTensors() {
+  std::vector<StateTensor> out;
+  std::vector<std::vector<int>> index(chunks_.size());  // chunk, tensor -> entry of out
+  const std::vector<TensorSpec> whole = ParameterTensors(options_.spec);
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    Gpt<float>& chunk = *chunks_[c];
+    for (int i = 0; i < static_cast<int>(chunk.tensors().size()); ++i) {
+      StateTensor t;
+      const TensorSpec& w = whole[static_cast<size_t>(chunk.global_index(i))];
+      t.name = w.name;
+      t.shape = w.shape;
+      t.split = chunk.split(i);
+      t.tp_rank = tp_rank_;
+      t.tp_size = tp_;
+      t.values = chunk.param(i);
+      t.second_copy =
+          static_cast<int>(c) == wte_chunk_ && i == wte_tensor_ && !chunk.has_embedding();
+      index[c].push_back(static_cast<int>(out.size()));
+      out.push_back(std::move(t));
+    }
+  }
+  // Moments are AdamW's: every slot's first moments, then every slot's second, in slot order.
+  std::span<float> moments = optimizer_->moments();
+  const size_t half = moments.size() / 2;
+  size_t at = 0;
+  for (const SlotRef& r : slot_refs_) {
+    const size_t n = static_cast<size_t>(r.count);
+    out[static_cast<size_t>(index[static_cast<size_t>(r.chunk)][static_cast<size_t>(r.tensor)])]
+        .moments.push_back({r.offset, moments.subspan(at, n), moments.subspan(half + at, n)});
+    at += n;
+  }
+  return out;
+}
+
+Status Trainer::RestoreProgress(int64_t steps, const LoaderState& loader) {
+  KC_RETURN_IF_ERROR(loader_->Restore(loader));
+  step_ = steps;
+  optimizer_->set_steps(steps);
   return OkStatus();
 }
 

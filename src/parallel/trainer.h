@@ -99,6 +99,25 @@ struct StepStats {
   std::vector<double> stage_bubble;
 };
 
+// A parameter tensor as one rank holds it, for checkpoints (the fault layer decides who saves
+// what): the whole tensor's name and shape, how this rank's shard is cut from it, the shard's
+// values, and the AdamW moments of the parts of it this rank's optimizer updates.
+struct StateTensor {
+  std::string name;            // ParameterTensors' name
+  std::vector<int64_t> shape;  // the whole tensor's
+  TpSplit split = TpSplit::kReplicated;
+  int tp_rank = 0;
+  int tp_size = 1;
+  std::span<float> values;  // this rank's shard, all of it
+  struct Moments {
+    int64_t offset = 0;     // into the shard
+    std::span<float> m, v;  // the first and second moments of [offset, offset + m.size())
+  };
+  std::vector<Moments> moments;  // this rank's optimizer slots in it (ZeRO-1: a part)
+  // A tied wte's second copy (on the last pipeline stage): the same values as the first's.
+  bool second_copy = false;
+};
+
 class Trainer {
  public:
   // Opens the loaders, allocates the model and optimizer, initialises the parameters from
@@ -124,6 +143,17 @@ class Trainer {
   // entry without pipelining.
   const std::vector<int64_t>& stage_activation_bytes() const { return stage_activation_bytes_; }
   int stage() const { return stage_; }
+  int dp_rank() const { return dp_rank_; }
+  int tp_rank() const { return tp_rank_; }
+  int zero_stage() const { return options_.zero_stage; }
+
+  // Every parameter tensor this rank holds, with views of its values and moments (valid while
+  // the trainer is): what a checkpoint saves and restores.
+  std::vector<StateTensor> StateTensors();
+  // After restoring StateTensors' values and moments: the steps taken and where the data
+  // stands, so the next Step is the one after the checkpoint's (learning rate, bias
+  // corrections, batches). kInvalidArgument for a loader state of other data.
+  Status RestoreProgress(int64_t steps, const LoaderState& loader);
   DataLoader& loader() { return *loader_; }
   int64_t steps_done() const { return step_; }
   int64_t grad_buckets() const { return buckets_ != nullptr ? buckets_->num_buckets() : 0; }
@@ -171,6 +201,14 @@ class Trainer {
   std::unique_ptr<AdamW<float>> optimizer_;
   std::unique_ptr<comm::GradientBuckets> buckets_;
   std::vector<std::vector<int>> bucket_index_;  // per chunk: tensor -> its index in the buckets
+  // The optimizer's slots, in its order: which chunk and tensor, from which element.
+  struct SlotRef {
+    int chunk = 0;
+    int tensor = 0;
+    int64_t offset = 0;
+    int64_t count = 0;
+  };
+  std::vector<SlotRef> slot_refs_;
   Batch batch_;
   int64_t step_ = 0;
 };

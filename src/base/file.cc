@@ -1,0 +1,83 @@
+#include "base/file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+namespace kc {
+namespace {
+
+Status Errno(const std::string& what, const std::string& path) {
+  return UnavailableError(what + " \"" + path + "\": " + std::strerror(errno));
+}
+
+}  // namespace
+
+Status WriteFileDurably(const std::string& path, std::span<const std::byte> data) {
+  const std::filesystem::path p(path);
+  const std::filesystem::path dir = p.has_parent_path() ? p.parent_path() : ".";
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return UnavailableError("cannot create \"" + dir.string() + "\": " + ec.message());
+  const std::string tmp = path + ".tmp";
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Errno("cannot create", tmp);
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = write(fd, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      Status s = Errno("cannot write", tmp);
+      close(fd);
+      unlink(tmp.c_str());
+      return s;
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (fsync(fd) != 0) {
+    Status s = Errno("cannot sync", tmp);
+    close(fd);
+    unlink(tmp.c_str());
+    return s;
+  }
+  close(fd);
+  if (rename(tmp.c_str(), path.c_str()) != 0) {
+    Status s = Errno("cannot rename to", path);
+    unlink(tmp.c_str());
+    return s;
+  }
+  const int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) return Errno("cannot open directory", dir.string());
+  const int r = fsync(dfd);
+  close(dfd);
+  if (r != 0) return Errno("cannot sync directory", dir.string());
+  return OkStatus();
+}
+
+Result<std::string> ReadWholeFile(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return NotFoundError("no such file \"" + path + "\"");
+    return Errno("cannot open", path);
+  }
+  std::string out;
+  char buf[1 << 16];
+  while (true) {
+    const ssize_t n = read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      Status s = Errno("cannot read", path);
+      close(fd);
+      return s;
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  return out;
+}
+
+}  // namespace kc

@@ -1,0 +1,26 @@
+// Whole-file reads and crash-safe writes: what checkpoints, state files and reports need.
+#pragma once
+
+#include <cstddef>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "base/status.h"
+
+namespace kc {
+
+// Writes `data` to `path` so that after a crash the file is either the old one or the whole
+// new one: into "<path>.tmp" (parent directories created), fsync, rename over `path`, fsync of
+// the directory. kUnavailable naming the file and the system's reason on failure (the
+// temporary file is removed).
+Status WriteFileDurably(const std::string& path, std::span<const std::byte> data);
+inline Status WriteFileDurably(const std::string& path, std::string_view text) {
+  return WriteFileDurably(path, std::as_bytes(std::span<const char>(text.data(), text.size())));
+}
+
+// The whole file. kNotFound when it does not exist, kUnavailable for other errors; both name
+// the file.
+Result<std::string> ReadWholeFile(const std::string& path);
+
+}  // namespace kc

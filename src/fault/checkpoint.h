@@ -1,0 +1,151 @@
+// Checkpoints: every rank saves the parts of the training state it owns, in content-addressed
+// chunks, and rank 0 commits a manifest last. Sharded (each rank writes its own), incremental
+// (a chunk whose hash the rank wrote in its previous checkpoint is referenced, not written
+// again), checksummed (XXH3-128 of every chunk, and of every rank's index in the manifest),
+// optionally compressed (zstd), atomic (temporary name, fsync, rename; the manifest last),
+// asynchronous (a copy to memory at the step boundary, persisted by a background thread), and
+// plan-independent: a tensor is saved as pieces of the whole tensor, so a checkpoint loads into
+// any plan of the same model (another d, t or p).
+//
+// On disk (docs/operations/checkpoints.md):
+//   DIR/step-00000120/MANIFEST.json   the commit: step, data position, plan, model, rank files
+//   DIR/step-00000120/rank-00003.json rank 3's pieces: tensor, kind, shard, chunk references
+//   DIR/step-00000120/chunks/HASH.bin the chunks this checkpoint wrote (.zst: compressed)
+// A later checkpoint's rank files may reference chunks in an earlier one's directory; retention
+// removes a directory's chunks once no kept checkpoint references them.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/mutex.h"
+#include "base/status.h"
+#include "comm/store.h"
+#include "parallel/trainer.h"
+
+namespace kc::fault {
+
+// XXH3-128 of `data`, as 32 hexadecimal digits.
+std::string ContentHash(std::span<const std::byte> data);
+
+struct CheckpointOptions {
+  std::string dir;                // where the step-N directories go
+  int keep = 3;                   // committed checkpoints kept (the newest); at least 1
+  bool compress = false;          // zstd (level 1) the chunks
+  int64_t chunk_bytes = 4 << 20;  // content is cut into chunks of this size
+};
+
+// What the manifest records besides the shards.
+struct CheckpointInfo {
+  int64_t step = 0;          // steps done: training resumes with step + 1
+  std::string loader_state;  // parallel::LoaderState::Serialize
+  nlohmann::json plan;       // the plan it was saved with (informational: any plan loads it)
+  nlohmann::json model;      // the model's fields; loading checks them
+};
+
+// Which pieces of the state a rank saves: each element once over all ranks. Replicated
+// tensors: tensor-parallel rank 0 only; a tied wte's second copy: never; without ZeRO-1
+// replica 0 saves values and moments, with ZeRO-1 each replica its optimizer's part of both.
+struct Ownership {
+  int dp_rank = 0;
+  int tp_rank = 0;
+  bool zero = false;
+};
+
+struct SaveStats {
+  int64_t step = 0;
+  double stall_s = 0;     // the step's wait: the previous persist, then the copy
+  double persist_s = 0;   // the background thread's time for this checkpoint
+  int64_t raw_bytes = 0;  // content of this rank's pieces
+  int64_t chunks_written = 0;
+  int64_t chunks_reused = 0;  // unchanged since this rank's previous checkpoint
+  int64_t bytes_written = 0;  // chunk bytes on disk, written now
+};
+
+// One rank's saver. Not thread-safe: the training thread calls Save and Wait.
+class CheckpointWriter {
+ public:
+  // `store` (not owned; null for one rank): each rank announces its committed rank file there
+  // and rank 0 waits for all of them before it writes the manifest.
+  static Result<std::unique_ptr<CheckpointWriter>> Create(const CheckpointOptions& options,
+                                                          int rank, int ranks, comm::Store* store);
+  ~CheckpointWriter();  // waits for the persist in flight
+
+  // Copies this rank's pieces of `tensors` to memory, first waiting for the previous persist,
+  // then starts persisting them in the background. The previous persist's failure is returned
+  // here (that checkpoint is not committed). The stall is in last_stats() once persisted.
+  Status Save(std::span<const parallel::StateTensor> tensors, const Ownership& owner,
+              const CheckpointInfo& info);
+  // Waits for the persist in flight; its status.
+  Status Wait();
+  // The last persisted checkpoint's figures (after Wait, or the next Save).
+  SaveStats last_stats() const;
+
+ private:
+  CheckpointWriter(CheckpointOptions options, int rank, int ranks, comm::Store* store);
+  struct Piece;
+  Status Persist();
+
+  const CheckpointOptions options_;
+  const int rank_;
+  const int ranks_;
+  comm::Store* const store_;
+  std::vector<Piece> pieces_;  // this snapshot's, their content in snapshot_
+  std::vector<float> snapshot_;
+  CheckpointInfo info_;
+  std::vector<std::pair<std::string, std::string>> previous_;  // hash -> file, last checkpoint
+  std::thread persist_;
+  Status persist_status_;
+  SaveStats stats_;
+  SaveStats last_;
+};
+
+struct CheckpointEntry {
+  int64_t step = 0;
+  std::string path;  // DIR/step-N
+};
+// Committed checkpoints under `dir` (those with a manifest), newest first; not verified.
+// An absent directory has none.
+Result<std::vector<CheckpointEntry>> ListCheckpoints(const std::string& dir);
+
+// The manifest of the checkpoint at `path`: kDataLoss naming the file when unreadable.
+Result<nlohmann::json> ReadManifest(const std::string& path);
+
+struct VerifyReport {
+  int ranks = 0;
+  int64_t pieces = 0;
+  int64_t chunks = 0;
+  int64_t raw_bytes = 0;
+  int64_t stored_bytes = 0;
+};
+// Reads the manifest, every rank file (its hash against the manifest's) and every chunk it
+// references (decompressed and hashed): kDataLoss naming the file and the fault.
+Result<VerifyReport> VerifyCheckpoint(const std::string& path);
+
+// The newest checkpoint under `dir` that verifies; a line per newer one that did not goes to
+// `skipped` ("PATH: reason"). kNotFound when there is none.
+Result<CheckpointEntry> LatestGoodCheckpoint(const std::string& dir,
+                                             std::vector<std::string>* skipped);
+
+// Loads the checkpoint at `path` into `tensors` (their values, and their moments): each is
+// put together whole from the pieces every rank saved and cut into this rank's shard, so any
+// plan of the same model loads it. Every chunk read is verified. kDataLoss for a corrupt or
+// missing chunk, kInvalidArgument for a tensor the checkpoint lacks or has another shape of.
+Status RestoreTensors(const std::string& path, std::span<parallel::StateTensor> tensors);
+
+// Keeps the newest `keep` committed checkpoints under `dir` and removes the rest, and every
+// chunk no kept checkpoint references in directories older than the newest commit (abandoned
+// attempts included). Rank 0 calls it after a commit.
+Status PruneCheckpoints(const std::string& dir, int keep);
+
+// Young/Daly: the checkpoint interval sqrt(2 * C * MTBF) that minimises the expected lost
+// work plus checkpoint cost, for a checkpoint costing `cost_s` and a mean time between
+// failures (or preemptions) `mtbf_s`.
+double YoungDalyInterval(double cost_s, double mtbf_s);
+
+}  // namespace kc::fault
