@@ -5,6 +5,7 @@
 #include <string>
 
 #include "apps/kc/bench_command.h"
+#include "apps/kc/ckpt_command.h"
 #include "apps/kc/command.h"
 #include "apps/kc/data_command.h"
 #include "apps/kc/plan_command.h"
@@ -65,6 +66,7 @@ int main(int argc, char** argv) {
   AddDataCommand(app, &action);
   AddTrainCommand(app, &action);
   AddPlanCommand(app, &action);
+  AddCkptCommand(app, &action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {

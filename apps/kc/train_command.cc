@@ -38,6 +38,8 @@
 #include "base/clock.h"
 #include "comm/communicator.h"
 #include "comm/tcp_store.h"
+#include "fault/checkpoint.h"
+#include "fault/runner.h"
 #include "hal/compute.h"
 #include "hal/host_probe.h"
 #include "hal/measure.h"
@@ -78,6 +80,12 @@ struct TrainArgs {
   // "RANK:STEP": that rank dies (exit 86, no clean-up) before that step (1-based): how tests
   // and drills check that one worker's death stops the job.
   std::string inject_fault;
+  // Checkpoints (docs/user-guide/checkpoints.md).
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;  // steps; 0: after the last step only
+  int checkpoint_keep = 3;
+  bool checkpoint_compress = false;
+  std::string resume = "auto";  // auto, never, or a checkpoint's directory
   // Internal: set by the launcher for its workers.
   int worker_rank = -1;
   std::string store;
@@ -170,6 +178,15 @@ Result<Plan> Check(TrainArgs* args) {
                                 ": must be at least 1");
   }
   if (!(a.bucket_mb > 0)) return InvalidArgumentError("--bucket-mb: must be positive");
+  if (a.checkpoint_every < 0) {
+    return InvalidArgumentError("--checkpoint-every " + std::to_string(a.checkpoint_every) +
+                                ": must be 0 (after the last step only) or more");
+  }
+  if (a.checkpoint_keep < 1) {
+    return InvalidArgumentError("--checkpoint-keep " + std::to_string(a.checkpoint_keep) +
+                                ": must be at least 1");
+  }
+
   if (a.progress != "auto" && a.progress != "bar" && a.progress != "lines" &&
       a.progress != "none") {
     return InvalidArgumentError("--progress " + a.progress + ": expected auto, bar, lines or none");
@@ -447,13 +464,49 @@ Status RunWorkerRank(const TrainArgs& a, const Plan& p) {
     metrics.Write({{"type", "val"}, {"step", step}, {"loss", val}});
     return OkStatus();
   };
-  for (int64_t i = 0; i < a.steps; ++i) {
-    if (rank == p.fault_rank && i + 1 == p.fault_step) {
-      std::cerr << "kc train: rank " << rank << ": injected fault before step " << i + 1
-                << " (--inject-fault)" << std::endl;
-      _exit(86);
-    }
-    KC_ASSIGN_OR_RETURN(parallel::StepStats s, trainer->Step());
+  auto inject_fault = [&](int64_t next_step) {
+    if (rank != p.fault_rank || next_step != p.fault_step) return;
+    std::cerr << "kc train: rank " << rank << ": injected fault before step " << next_step
+              << " (--inject-fault)" << std::endl;
+    _exit(86);
+  };
+  // The loop is L5's resilient runner: checkpoints on the cadence, resuming from one.
+  std::unique_ptr<comm::Store> checkpoint_store;  // a connection of its own: it blocks
+  if (!a.checkpoint_dir.empty() && a.ranks > 1) {
+    std::string host;
+    int port = 0;
+    KC_RETURN_IF_ERROR(ParseHostPort(a.store, &host, &port));
+    KC_ASSIGN_OR_RETURN(
+        checkpoint_store,
+        comm::TcpStoreClient::Connect(host, port, Clock::Real()->Now() + std::chrono::seconds(30)));
+  }
+  fault::RunnerOptions ro{.steps = a.steps,
+                          .checkpoint = {.dir = a.checkpoint_dir,
+                                         .keep = a.checkpoint_keep,
+                                         .compress = a.checkpoint_compress},
+                          .checkpoint_every = a.checkpoint_every,
+                          .resume_from = a.resume == "auto" || a.resume == "never" ? "" : a.resume,
+                          .plan = {{"t", p.tensor_parallel},
+                                   {"p", p.pipeline_stages},
+                                   {"d", a.ranks / (p.tensor_parallel * p.pipeline_stages)},
+                                   {"micro_batch_size", p.spec.batch_per_rank},
+                                   {"micro_batches", p.micro_batches},
+                                   {"schedule", std::string(parallel::ScheduleName(p.schedule))},
+                                   {"v", p.virtual_stages},
+                                   {"recompute", p.recompute},
+                                   {"zero_stage", p.zero_stage}},
+                          .model = fault::ModelFingerprint(p.spec),
+                          .rank = rank,
+                          .ranks = a.ranks,
+                          .store = checkpoint_store.get()};
+  KC_ASSIGN_OR_RETURN(auto runner, fault::ResilientRunner::Create(trainer.get(), ro));
+  if (!ro.resume_from.empty()) {
+    KC_ASSIGN_OR_RETURN(int64_t step, runner->Restore());
+    metrics.Write({{"type", "resume"}, {"step", step}, {"checkpoint", ro.resume_from}});
+  }
+  inject_fault(trainer->steps_done() + 1);
+  fault::RunnerCallbacks callbacks;
+  callbacks.on_step = [&](const parallel::StepStats& s) {
     metrics.Write({{"type", "step"},
                    {"step", s.step + 1},
                    {"loss", s.loss},
@@ -466,11 +519,26 @@ Status RunWorkerRank(const TrainArgs& a, const Plan& p) {
                    {"stage_bubble", s.stage_bubble},
                    {"tokens", s.tokens},
                    {"tokens_per_s", s.tokens / s.step_s}});
-    const int64_t done = i + 1;
+    return OkStatus();
+  };
+  callbacks.after_step = [&](int64_t done) -> Status {
     if ((p.eval_every > 0 && done % p.eval_every == 0) || done == a.steps) {
       KC_RETURN_IF_ERROR(evaluate(done));
     }
-  }
+    inject_fault(done + 1);
+    return OkStatus();
+  };
+  callbacks.on_checkpoint = [&](const fault::SaveStats& c) {
+    metrics.Write({{"type", "checkpoint"},
+                   {"step", c.step},
+                   {"stall_ms", c.stall_s * 1e3},
+                   {"persist_ms", c.persist_s * 1e3},
+                   {"raw_bytes", c.raw_bytes},
+                   {"bytes_written", c.bytes_written},
+                   {"chunks_written", c.chunks_written},
+                   {"chunks_reused", c.chunks_reused}});
+  };
+  KC_RETURN_IF_ERROR(runner->Run(callbacks));
   if (timeline != nullptr) {
     const std::string events = timeline->ChromeTraceEvents(rank);
     KC_RETURN_IF_ERROR(WriteFile(TracePart(a.trace, rank), events.data(), events.size()));
@@ -542,6 +610,16 @@ std::vector<std::string> WorkerArgv(const TrainArgs& a, const Plan& p, int rank,
     v.push_back("--inject-fault");
     v.push_back(a.inject_fault);
   }
+  if (!a.checkpoint_dir.empty()) {
+    for (std::string x : {std::string("--checkpoint-dir"), a.checkpoint_dir,
+                          std::string("--checkpoint-every"), std::to_string(a.checkpoint_every),
+                          std::string("--checkpoint-keep"), std::to_string(a.checkpoint_keep)}) {
+      v.push_back(std::move(x));
+    }
+    if (a.checkpoint_compress) v.push_back("--checkpoint-compress");
+  }
+  v.push_back("--resume");  // the launcher's choice: never, or a checkpoint
+  v.push_back(a.resume);
   return v;
 }
 
@@ -637,6 +715,10 @@ class Monitor {
       Show(r.step == a_.steps || r.step % every_ == 0);
     } else if (type == "start" && j.contains("stage_activation_bytes")) {
       stage_activation_bytes_ = j["stage_activation_bytes"].get<std::vector<int64_t>>();
+    } else if (type == "checkpoint") {
+      checkpoints_.push_back(j);
+    } else if (type == "resume") {
+      resumed_from_ = j.value("step", int64_t{0});
     } else if (type == "val") {
       val_.push_back({j.value("step", int64_t{0}), j.value("loss", 0.0)});
       if (mode_ == "lines") {
@@ -659,6 +741,8 @@ class Monitor {
   const std::vector<StepRecord>& steps() const { return steps_; }
   const std::vector<ValRecord>& val() const { return val_; }
   const std::vector<int64_t>& stage_activation_bytes() const { return stage_activation_bytes_; }
+  const std::vector<Json>& checkpoints() const { return checkpoints_; }
+  int64_t resumed_from() const { return resumed_from_; }
 
  private:
   void Show(bool line_due) {
@@ -697,7 +781,9 @@ class Monitor {
   bool bar_shown_ = false;
   std::vector<StepRecord> steps_;
   std::vector<ValRecord> val_;
-  std::vector<int64_t> stage_activation_bytes_;  // from the start record
+  std::vector<int64_t> stage_activation_bytes_;
+  std::vector<Json> checkpoints_;  // rank 0's "checkpoint" records
+  int64_t resumed_from_ = -1;      // the checkpoint's step, when resumed
 };
 
 // Splits what arrived on a pipe into lines; returns false at end of file.
@@ -819,6 +905,34 @@ void PrintSummary(const TrainArgs& a, const Plan& p, const Monitor& m, double pe
         "now)\n",
         100 * mfu, achieved / 1e9, cores, cores == 1 ? "" : "s", peak_per_core / 1e9);
   }
+  // Checkpoints: the step's stall (the copy to memory) against the step, and what the
+  // background persist wrote.
+  std::vector<double> stalls;
+  double written = 0, persist_ms = 0;
+  int64_t reused = 0, chunks = 0;
+  std::string at;
+  for (const Json& c : m.checkpoints()) {
+    stalls.push_back(c.value("stall_ms", 0.0));
+    written += c.value("bytes_written", 0.0);
+    persist_ms = std::max(persist_ms, c.value("persist_ms", 0.0));
+    reused += c.value("chunks_reused", int64_t{0});
+    chunks += c.value("chunks_written", int64_t{0}) + c.value("chunks_reused", int64_t{0});
+    at += (at.empty() ? "" : ", ") + std::to_string(c.value("step", int64_t{0}));
+  }
+  std::sort(stalls.begin(), stalls.end());
+  const double stall_ms = stalls.empty() ? 0 : stalls[stalls.size() / 2];
+  if (m.resumed_from() >= 0) {
+    std::cout << fmt::format("  resumed         from step {} ({})\n", m.resumed_from(), a.resume);
+  }
+  if (!stalls.empty()) {
+    std::cout << fmt::format(
+        "  checkpoints     {} (steps {}) in {}: step stall {:.1f} ms median ({:.1f}% of a step), "
+        "persist up to {:.0f} ms in the background, {:.1f} MiB written, {} of {} chunks "
+        "unchanged\n",
+        stalls.size(), at, a.checkpoint_dir, stall_ms,
+        s.step_ms_median > 0 ? 100 * stall_ms / s.step_ms_median : 0.0, persist_ms,
+        written / (1 << 20), reused, chunks);
+  }
   std::cout << fmt::format("  wall time       {}\n", FormatDuration(s.total_s));
   std::cout << fmt::format("  metrics         {}\n  plot            {}\n", metrics_path.string(),
                            plot_path.string());
@@ -848,6 +962,9 @@ void PrintSummary(const TrainArgs& a, const Plan& p, const Monitor& m, double pe
       {"sgemm_flops_per_core", peak_per_core},
       {"mfu", mfu},
       {"measured_steps", s.measured_steps},
+      {"checkpoints", static_cast<int64_t>(stalls.size())},
+      {"checkpoint_stall_ms", stalls.empty() ? Json() : Json(stall_ms)},
+      {"resumed_from", m.resumed_from() >= 0 ? Json(m.resumed_from()) : Json()},
       {"wall_s", s.total_s}};
 }
 
@@ -875,6 +992,37 @@ Result<double> ResolveAutoPlan(TrainArgs* args) {
   return best.estimate.step_time_s;
 }
 
+// Picks the checkpoint to start from: with --resume auto the newest in --checkpoint-dir that
+// verifies (saying which newer ones are corrupt), with a path that one (verified). Leaves
+// a.resume "never" or a checkpoint directory, for the workers.
+Status ResolveResume(TrainArgs* a) {
+  if (a->resume == "never") return OkStatus();
+  if (a->resume != "auto") {
+    Result<fault::VerifyReport> r = fault::VerifyCheckpoint(a->resume);
+    if (!r.ok()) return r.status().WithContext("--resume " + a->resume);
+    std::cerr << "kc train: resuming from " << a->resume << "\n";
+    return OkStatus();
+  }
+  a->resume = "never";
+  if (a->checkpoint_dir.empty()) return OkStatus();
+  std::vector<std::string> skipped;
+  Result<fault::CheckpointEntry> good = fault::LatestGoodCheckpoint(a->checkpoint_dir, &skipped);
+  for (const std::string& s : skipped) {
+    std::cerr << "kc train: warning: skipping corrupt checkpoint " << s << "\n";
+  }
+  if (!good.ok()) {
+    if (good.status().code() != ErrorCode::kNotFound) return good.status();
+    if (skipped.empty()) return OkStatus();  // none yet: a fresh start
+    return FailedPreconditionError("--checkpoint-dir " + a->checkpoint_dir +
+                                   ": no checkpoint there verifies; --resume never starts "
+                                   "afresh (and overwrites them)");
+  }
+  std::cerr << "kc train: resuming from " << good->path << " (step " << good->step << ")"
+            << (skipped.empty() ? "" : ", the newest good one") << "\n";
+  a->resume = good->path;
+  return OkStatus();
+}
+
 int RunLauncher(TrainArgs a) {
   std::optional<double> predicted_step_s;
   if (a.plan == "auto") {
@@ -892,6 +1040,10 @@ int RunLauncher(TrainArgs a) {
   }
   plan->predicted_step_s = predicted_step_s;
   const Plan& p = *plan;
+  if (Status s = ResolveResume(&a); !s.ok()) {
+    std::cerr << "kc train: " << s.message() << "\n";
+    return kExitBadInput;
+  }
   const fs::path out = a.out.empty() ? fs::path("runs") / p.spec.name : fs::path(a.out);
   const fs::path metrics_path = a.metrics.empty() ? out / "metrics.jsonl" : fs::path(a.metrics);
   const fs::path plot_path = a.plot.empty() ? out / "loss.svg" : fs::path(a.plot);
@@ -1053,8 +1205,10 @@ int RunLauncher(TrainArgs a) {
     std::cerr << "kc train: " << *failure << "; the other ranks were stopped\n";
     return kExitFailure;
   }
-  if (static_cast<int64_t>(monitor.steps().size()) != a.steps) {
-    std::cerr << "kc train: rank 0 reported " << monitor.steps().size() << " of " << a.steps
+  // A resumed run takes the steps after its checkpoint's.
+  const int64_t expected = a.steps - std::max<int64_t>(0, monitor.resumed_from());
+  if (static_cast<int64_t>(monitor.steps().size()) != expected) {
+    std::cerr << "kc train: rank 0 reported " << monitor.steps().size() << " of " << expected
               << " steps\n";
     return kExitFailure;
   }
@@ -1146,6 +1300,19 @@ void AddTrainCommand(CLI::App& app, Action* action) {
   c->add_option("--inject-fault", a->inject_fault,
                 "RANK:STEP: that worker dies before that step (checks that a failure stops the "
                 "job)");
+  c->add_option("--checkpoint-dir", a->checkpoint_dir,
+                "Save checkpoints here (each rank its shards, rank 0 the manifest) and resume "
+                "from the newest good one (docs/user-guide/checkpoints.md)");
+  c->add_option("--checkpoint-every", a->checkpoint_every,
+                "Steps between checkpoints (0: after the last step only)")
+      ->capture_default_str();
+  c->add_option("--checkpoint-keep", a->checkpoint_keep, "Checkpoints kept (the newest)")
+      ->capture_default_str();
+  c->add_flag("--checkpoint-compress", a->checkpoint_compress, "Compress chunks with zstd");
+  c->add_option("--resume", a->resume,
+                "auto (the newest checkpoint in --checkpoint-dir that verifies, if any), never, "
+                "or a checkpoint directory (DIR/step-N)")
+      ->capture_default_str();
   c->add_option("--worker-rank", a->worker_rank)->group("");        // internal: run as this rank
   c->add_option("--store", a->store)->group("");                    // internal
   c->add_option("--group", a->group)->group("");                    // internal

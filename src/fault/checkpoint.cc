@@ -153,7 +153,9 @@ struct CheckpointWriter::Piece {
 
 CheckpointWriter::CheckpointWriter(CheckpointOptions options, int rank, int ranks,
                                    comm::Store* store)
-    : options_(std::move(options)), rank_(rank), ranks_(ranks), store_(store) {}
+    : options_(std::move(options)), rank_(rank), ranks_(ranks), store_(store) {
+  last_.step = -1;  // none persisted yet
+}
 
 Result<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Create(const CheckpointOptions& options,
                                                                    int rank, int ranks,

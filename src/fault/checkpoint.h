@@ -83,7 +83,8 @@ class CheckpointWriter {
               const CheckpointInfo& info);
   // Waits for the persist in flight; its status.
   Status Wait();
-  // The last persisted checkpoint's figures (after Wait, or the next Save).
+  // The last persisted checkpoint's figures (after Wait, or the next Save); step -1 before
+  // the first.
   SaveStats last_stats() const;
 
  private:

@@ -441,5 +441,153 @@ TEST(KcTrainTest, AWorkerThatDiesStopsTheOthers) {
   EXPECT_LE(run.losses.size(), 2u);
 }
 
+// ----- Checkpoints (L5).
+
+std::vector<double> LossesFrom(const TrainRun& run, int64_t first_step) {
+  std::vector<double> out;
+  for (const auto& r : run.records) {
+    if (r["type"] == "step" && r["step"].get<int64_t>() > first_step) {
+      out.push_back(r["loss"].get<double>());
+    }
+  }
+  return out;
+}
+
+int64_t ResumedFrom(const TrainRun& run) {
+  for (const auto& r : run.records) {
+    if (r["type"] == "resume") return r["step"].get<int64_t>();
+  }
+  return -1;
+}
+
+// Every rank killed (one dies, the launcher stops the others) and started again: the run
+// resumes from its last checkpoint and continues with exactly the losses of a run that was
+// never interrupted.
+TEST(KcCheckpointTest, AKilledRunResumesWithTheUninterruptedLosses) {
+  const std::string common = "--steps 20 --eval-every 0 --threads-per-rank 1 --ranks 2 ";
+  TrainRun full = Train(TheCorpus().model(), common, "ck_full");
+  ASSERT_EQ(full.result.exit_code, 0) << full.result.err;
+  const std::string dir = TheCorpus().dir().Path("ck_kill");
+  const std::string flags = common + "--checkpoint-dir " + dir + " --checkpoint-every 5";
+  TrainRun killed = Train(TheCorpus().model(), flags + " --inject-fault 1:14", "ck_killed");
+  EXPECT_EQ(killed.result.exit_code, 1);
+  TrainRun resumed = Train(TheCorpus().model(), flags, "ck_resumed");
+  ASSERT_EQ(resumed.result.exit_code, 0) << resumed.result.err;
+  EXPECT_THAT(resumed.result.err, HasSubstr("resuming from"));
+  // Checkpoints are persisted in the background: the one after step 10 normally, else 5's.
+  const int64_t from = ResumedFrom(resumed);
+  EXPECT_TRUE(from == 10 || from == 5) << from;
+  ASSERT_EQ(resumed.losses.size(), static_cast<size_t>(20 - from));
+  EXPECT_LT(MaxRelativeDifference(LossesFrom(full, from), resumed.losses), 1e-6);
+  EXPECT_THAT(resumed.result.out, HasSubstr("resumed         from step"));
+  // The summary reports the checkpoints this run saved (after steps 15 and 20).
+  for (const auto& r : resumed.records) {
+    if (r["type"] == "summary") EXPECT_EQ(r["checkpoints"], from == 10 ? 2 : 3);
+  }
+}
+
+// A corrupt newest checkpoint is skipped with its reason and the previous one is used; kc ckpt
+// verify finds the same.
+TEST(KcCheckpointTest, ACorruptNewestCheckpointFallsBackToThePreviousOne) {
+  const std::string common = "--steps 20 --eval-every 0 --threads-per-rank 1 --ranks 2 ";
+  TrainRun full = Train(TheCorpus().model(), common, "ck_corrupt_full");
+  ASSERT_EQ(full.result.exit_code, 0) << full.result.err;
+  const std::string dir = TheCorpus().dir().Path("ck_corrupt");
+  const std::string flags = common + "--checkpoint-every 5 --checkpoint-dir " + dir;
+  TrainRun first = Train(TheCorpus().model(), flags + " --inject-fault 0:17", "ck_corrupt1");
+  EXPECT_EQ(first.result.exit_code, 1);
+  int64_t newest = 0;  // 15 normally (persisted in the background: maybe 10)
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (fs::exists(e.path() / "MANIFEST.json")) {
+      newest = std::max<int64_t>(newest, std::stoll(e.path().filename().string().substr(5)));
+    }
+  }
+  ASSERT_GE(newest, 10);
+  char name[32];
+  std::snprintf(name, sizeof(name), "step-%08lld", static_cast<long long>(newest));
+  const std::string newest_dir = dir + "/" + name;
+  std::snprintf(name, sizeof(name), "step-%08lld", static_cast<long long>(newest - 5));
+  const std::string previous_dir = dir + "/" + name;
+  // One byte of one chunk of the newest checkpoint.
+  const fs::path chunk = fs::directory_iterator(fs::path(newest_dir) / "chunks")->path();
+  {
+    std::fstream f(chunk, std::ios::in | std::ios::out | std::ios::binary);
+    char b = 0;
+    f.read(&b, 1);
+    f.seekp(0);
+    b = static_cast<char>(b ^ 1);
+    f.write(&b, 1);
+  }
+  KcRun verify = Kc("ckpt verify " + dir);
+  EXPECT_EQ(verify.exit_code, 1);
+  EXPECT_THAT(verify.out, HasSubstr("CORRUPT  " + newest_dir));
+  EXPECT_THAT(verify.out, HasSubstr("checksum mismatch"));
+  EXPECT_THAT(verify.out, HasSubstr("would resume from " + previous_dir));
+  TrainRun second = Train(TheCorpus().model(), flags, "ck_corrupt2");
+  ASSERT_EQ(second.result.exit_code, 0) << second.result.err;
+  EXPECT_THAT(second.result.err, HasSubstr("skipping corrupt checkpoint " + newest_dir));
+  EXPECT_THAT(second.result.err, HasSubstr("resuming from " + previous_dir));
+  EXPECT_EQ(ResumedFrom(second), newest - 5);
+  EXPECT_LT(MaxRelativeDifference(LossesFrom(full, newest - 5), second.losses), 1e-6);
+  // The people's view: listed, inspected.
+  KcRun ls = Kc("ckpt ls " + dir);
+  EXPECT_EQ(ls.exit_code, 0);
+  EXPECT_THAT(ls.out, HasSubstr("test-gpt"));
+  KcRun inspect = Kc("ckpt inspect " + dir + "/step-00000020");
+  EXPECT_EQ(inspect.exit_code, 0) << inspect.err;
+  EXPECT_THAT(inspect.out, HasSubstr("training resumes with step 21"));
+  EXPECT_THAT(inspect.out, HasSubstr("h.1.mlp.fc.weight"));
+}
+
+// A checkpoint saved with one plan loads into another: d=4 (ZeRO-1) into d=2, t=2 into t=1,
+// p=2 into p=1, and one rank's into t=2 x p=2; the resumed losses are those of one rank
+// trained throughout.
+TEST(KcCheckpointTest, ACheckpointLoadsIntoAnotherPlan) {
+  const std::string common = "--steps 20 --eval-every 0 --threads-per-rank 1 --plan ";
+  TrainRun one = Train(TheCorpus().model(), common + "micro_batch_size=8", "ck_plan_one");
+  ASSERT_EQ(one.result.exit_code, 0) << one.result.err;
+  const std::pair<const char*, const char*> cases[] = {
+      {"d=4,micro_batch_size=2,zero_stage=1", "d=2,micro_batch_size=4"},
+      {"t=2,micro_batch_size=8", "micro_batch_size=8"},
+      {"p=2,micro_batch_size=2,micro_batches=4", "micro_batch_size=8"},
+      {"micro_batch_size=8", "t=2,p=2,micro_batch_size=2,micro_batches=4"}};
+  int n = 0;
+  for (const auto& [saved, loaded] : cases) {
+    const std::string dir = TheCorpus().dir().Path("ck_plan" + std::to_string(n++));
+    TrainRun a =
+        Train(TheCorpus().model(),
+              "--checkpoint-every 10 --checkpoint-dir " + dir + " " + common + saved, "ck_plan_a");
+    ASSERT_EQ(a.result.exit_code, 0) << saved << "\n" << a.result.err;
+    TrainRun b = Train(TheCorpus().model(), "--resume " + dir + "/step-00000010 " + common + loaded,
+                       "ck_plan_b");
+    ASSERT_EQ(b.result.exit_code, 0) << saved << " -> " << loaded << "\n" << b.result.err;
+    EXPECT_EQ(ResumedFrom(b), 10) << saved << " -> " << loaded;
+    ASSERT_EQ(b.losses.size(), 10u) << saved << " -> " << loaded;
+    EXPECT_LT(MaxRelativeDifference(LossesFrom(one, 10), b.losses), 1e-5)
+        << saved << " -> " << loaded;
+  }
+}
+
+TEST(KcCheckpointTest, ACheckpointOfAnotherModelIsRefused) {
+  const std::string dir = TheCorpus().dir().Path("ck_model");
+  TrainRun a =
+      Train(TheCorpus().model(),
+            "--steps 2 --eval-every 0 --threads-per-rank 1 --checkpoint-dir " + dir, "ck_model_a");
+  ASSERT_EQ(a.result.exit_code, 0) << a.result.err;
+  std::string wider = kModel;
+  wider.replace(wider.find("hidden: 64"), 10, "hidden: 32");
+  const std::string model = TheCorpus().dir().Write("test-gpt-32.yaml", wider);
+  TrainRun b = Train(model, "--steps 4 --eval-every 0 --threads-per-rank 1 --checkpoint-dir " + dir,
+                     "ck_model_b");
+  EXPECT_EQ(b.result.exit_code, 1);
+  EXPECT_THAT(b.result.err, HasSubstr("saved from a model with hidden 64, this one has 32"));
+  EXPECT_THAT(b.result.err, HasSubstr("a checkpoint loads into the same model only"));
+  TrainRun c =
+      Train(TheCorpus().model(),
+            "--steps 2 --eval-every 0 --threads-per-rank 1 --checkpoint-dir " + dir, "ck_model_c");
+  EXPECT_NE(c.result.exit_code, 0);
+  EXPECT_THAT(c.result.err, HasSubstr("already reaches the 2 steps asked for"));
+}
+
 }  // namespace
 }  // namespace kc::parallel

@@ -1,0 +1,110 @@
+#include "fault/runner.h"
+
+#include "base/layer_guard.h"
+
+namespace kc::fault {
+
+nlohmann::json ModelFingerprint(const parallel::ModelSpec& spec) {
+  return {{"name", spec.name},
+          {"layers", spec.layers},
+          {"hidden", spec.hidden},
+          {"heads", spec.heads},
+          {"ffn_hidden", spec.ffn_hidden},
+          {"vocab", spec.vocab},
+          {"seq_len", spec.seq_len},
+          {"tied_embeddings", spec.tied_embeddings}};
+}
+
+Result<std::unique_ptr<ResilientRunner>> ResilientRunner::Create(parallel::Trainer* trainer,
+                                                                 const RunnerOptions& options) {
+  if (options.steps < 1) {
+    return InvalidArgumentError("runner: steps " + std::to_string(options.steps) +
+                                " must be at least 1");
+  }
+  if (options.checkpoint_every < 0) {
+    return InvalidArgumentError("checkpoint every " + std::to_string(options.checkpoint_every) +
+                                " steps: must be 0 (at the end only) or more");
+  }
+  std::unique_ptr<ResilientRunner> r(new ResilientRunner(trainer, options));
+  if (!options.checkpoint.dir.empty()) {
+    KC_ASSIGN_OR_RETURN(r->writer_, CheckpointWriter::Create(options.checkpoint, options.rank,
+                                                             options.ranks, options.store));
+  }
+  return r;
+}
+
+Result<int64_t> ResilientRunner::Restore() {
+  KC_LAYER_ENTRY(Layer::kFault, "runner");
+  const std::string& path = options_.resume_from;
+  KC_ASSIGN_OR_RETURN(nlohmann::json manifest, ReadManifest(path));
+  const nlohmann::json& saved = manifest["model"];
+  // In the order a person reads a model file; the name may differ (a renamed file loads).
+  for (const char* key :
+       {"layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len", "tied_embeddings"}) {
+    if (!options_.model.contains(key)) continue;
+    const nlohmann::json& value = options_.model[key];
+    if (!saved.contains(key) || saved[key] != value) {
+      return InvalidArgumentError(path + ": saved from a model with " + key + " " +
+                                  (saved.contains(key) ? saved[key].dump() : std::string("unset")) +
+                                  ", this one has " + value.dump() +
+                                  " (a checkpoint loads into the same model only)");
+    }
+  }
+  const int64_t step = manifest["step"].get<int64_t>();
+  if (step >= options_.steps) {
+    return InvalidArgumentError(path + " is at step " + std::to_string(step) +
+                                ", which already reaches the " + std::to_string(options_.steps) +
+                                " steps asked for; ask for more steps to train on");
+  }
+  std::vector<parallel::StateTensor> tensors = trainer_->StateTensors();
+  KC_RETURN_IF_ERROR(RestoreTensors(path, tensors));
+  KC_ASSIGN_OR_RETURN(parallel::LoaderState loader,
+                      parallel::LoaderState::Parse(manifest["loader_state"].get<std::string>()));
+  KC_RETURN_IF_ERROR(trainer_->RestoreProgress(step, loader).WithContext(path));
+  return step;
+}
+
+Status ResilientRunner::Checkpoint(const RunnerCallbacks& callbacks) {
+  const int64_t done = trainer_->steps_done();
+  CheckpointInfo info{.step = done,
+                      .loader_state = trainer_->loader().state().Serialize(),
+                      .plan = options_.plan,
+                      .model = options_.model};
+  const std::vector<parallel::StateTensor> tensors = trainer_->StateTensors();
+  Status previous = writer_->Save(tensors,
+                                  {.dp_rank = trainer_->dp_rank(),
+                                   .tp_rank = trainer_->tp_rank(),
+                                   .zero = trainer_->zero_stage() == 1},
+                                  info);
+  KC_RETURN_IF_ERROR(previous.WithContext("checkpoint"));
+  // The previous checkpoint is persisted now: report it.
+  const SaveStats last = writer_->last_stats();
+  if (last.step >= 0 && last.step > reported_ && last.step != done && callbacks.on_checkpoint) {
+    callbacks.on_checkpoint(last);
+    reported_ = last.step;
+  }
+  return OkStatus();
+}
+
+Status ResilientRunner::Run(const RunnerCallbacks& callbacks) {
+  KC_LAYER_ENTRY(Layer::kFault, "runner");
+  while (trainer_->steps_done() < options_.steps) {
+    KC_ASSIGN_OR_RETURN(parallel::StepStats stats, trainer_->Step());
+    if (callbacks.on_step) KC_RETURN_IF_ERROR(callbacks.on_step(stats));
+    const int64_t done = trainer_->steps_done();
+    const bool due = done == options_.steps ||
+                     (options_.checkpoint_every > 0 && done % options_.checkpoint_every == 0);
+    if (writer_ != nullptr && due) KC_RETURN_IF_ERROR(Checkpoint(callbacks));
+    if (callbacks.after_step) KC_RETURN_IF_ERROR(callbacks.after_step(done));
+  }
+  if (writer_ != nullptr) {
+    KC_RETURN_IF_ERROR(writer_->Wait().WithContext("checkpoint"));
+    const SaveStats last = writer_->last_stats();
+    if (last.step >= 0 && last.step > reported_ && callbacks.on_checkpoint) {
+      callbacks.on_checkpoint(last);
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace kc::fault

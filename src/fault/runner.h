@@ -1,0 +1,74 @@
+// The resilient runner: the training loop of a rank. It steps the L3 engine, saves
+// checkpoints on a cadence (asynchronously: the step only waits for the copy to memory) and
+// restores from one, so the engine below knows nothing of checkpoints or faults. Failure
+// detection and elastic recovery (the fault-tolerance issue) grow here.
+//
+//   KC_ASSIGN_OR_RETURN(auto runner, ResilientRunner::Create(trainer.get(), options));
+//   KC_RETURN_IF_ERROR(runner->Restore());  // when options.resume_from is set
+//   KC_RETURN_IF_ERROR(runner->Run(callbacks));
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "base/status.h"
+#include "comm/store.h"
+#include "fault/checkpoint.h"
+#include "parallel/trainer.h"
+
+namespace kc::fault {
+
+struct RunnerOptions {
+  int64_t steps = 0;  // the run ends when this many steps are done (a resumed run counts on)
+  // Checkpoints: none when checkpoint.dir is empty.
+  CheckpointOptions checkpoint;
+  int64_t checkpoint_every = 0;  // steps between checkpoints; 0: only after the last step
+  std::string resume_from;       // a checkpoint directory (DIR/step-N) to start from, or empty
+  nlohmann::json plan;           // recorded in the manifest
+  nlohmann::json model;          // recorded in the manifest; checked when resuming
+  int rank = 0;
+  int ranks = 1;
+  comm::Store* store = nullptr;  // not owned; for several ranks' checkpoints
+};
+
+struct RunnerCallbacks {
+  // After every step, with its statistics; an error stops the run.
+  std::function<Status(const parallel::StepStats&)> on_step;
+  // After every step's statistics and any checkpoint started for it (evaluation, fault
+  // injection); `done` counts steps from the start of training.
+  std::function<Status(int64_t done)> after_step;
+  // When a checkpoint has been persisted (on this rank; committed too on rank 0).
+  std::function<void(const SaveStats&)> on_checkpoint;
+};
+
+class ResilientRunner {
+ public:
+  static Result<std::unique_ptr<ResilientRunner>> Create(parallel::Trainer* trainer,
+                                                         const RunnerOptions& options);
+
+  // Loads options.resume_from into the trainer (any plan's checkpoint of the same model) and
+  // returns the step it holds; kInvalidArgument when its model differs from this one (naming
+  // the field) or it is already at options.steps.
+  Result<int64_t> Restore();
+
+  // Steps until options.steps are done, checkpointing on the cadence and after the last step,
+  // and waits for the last checkpoint to be persisted.
+  Status Run(const RunnerCallbacks& callbacks);
+
+ private:
+  ResilientRunner(parallel::Trainer* trainer, RunnerOptions options)
+      : trainer_(trainer), options_(std::move(options)) {}
+  Status Checkpoint(const RunnerCallbacks& callbacks);
+
+  parallel::Trainer* const trainer_;
+  const RunnerOptions options_;
+  std::unique_ptr<CheckpointWriter> writer_;
+  int64_t reported_ = -1;  // the last checkpoint step handed to on_checkpoint
+};
+
+// The fields of a model spec that fix its parameters' shapes, as the manifest records them.
+nlohmann::json ModelFingerprint(const parallel::ModelSpec& spec);
+
+}  // namespace kc::fault
