@@ -3,9 +3,11 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <vector>
 
 namespace kc {
 namespace {
@@ -16,7 +18,10 @@ Status Errno(const std::string& what, const std::string& path) {
 
 }  // namespace
 
-Status WriteFileDurably(const std::string& path, std::span<const std::byte> data) {
+namespace {
+
+// Writes data to tmp (created), optionally fsyncs it, renames it to path.
+Status WriteAndRename(const std::string& path, std::span<const std::byte> data, bool sync) {
   const std::filesystem::path p(path);
   const std::filesystem::path dir = p.has_parent_path() ? p.parent_path() : ".";
   std::error_code ec;
@@ -37,7 +42,7 @@ Status WriteFileDurably(const std::string& path, std::span<const std::byte> data
     }
     done += static_cast<size_t>(n);
   }
-  if (fsync(fd) != 0) {
+  if (sync && fsync(fd) != 0) {
     Status s = Errno("cannot sync", tmp);
     close(fd);
     unlink(tmp.c_str());
@@ -49,11 +54,42 @@ Status WriteFileDurably(const std::string& path, std::span<const std::byte> data
     unlink(tmp.c_str());
     return s;
   }
-  const int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) return Errno("cannot open directory", dir.string());
-  const int r = fsync(dfd);
-  close(dfd);
-  if (r != 0) return Errno("cannot sync directory", dir.string());
+  return OkStatus();
+}
+
+Status SyncPath(const std::string& path, bool directory) {
+  const int fd = open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
+  if (fd < 0) return Errno("cannot open", path);
+  const int r = fsync(fd);
+  close(fd);
+  if (r != 0) return Errno("cannot sync", path);
+  return OkStatus();
+}
+
+std::string DirOf(const std::string& path) {
+  const std::filesystem::path p(path);
+  return p.has_parent_path() ? p.parent_path().string() : ".";
+}
+
+}  // namespace
+
+Status WriteFileDurably(const std::string& path, std::span<const std::byte> data) {
+  KC_RETURN_IF_ERROR(WriteAndRename(path, data, /*sync=*/true));
+  return SyncPath(DirOf(path), /*directory=*/true);
+}
+
+Status WriteFileAtomically(const std::string& path, std::span<const std::byte> data) {
+  return WriteAndRename(path, data, /*sync=*/false);
+}
+
+Status SyncFiles(std::span<const std::string> paths) {
+  std::vector<std::string> dirs;
+  for (const std::string& p : paths) {
+    KC_RETURN_IF_ERROR(SyncPath(p, /*directory=*/false));
+    std::string d = DirOf(p);
+    if (std::find(dirs.begin(), dirs.end(), d) == dirs.end()) dirs.push_back(std::move(d));
+  }
+  for (const std::string& d : dirs) KC_RETURN_IF_ERROR(SyncPath(d, /*directory=*/true));
   return OkStatus();
 }
 

@@ -19,6 +19,16 @@ inline Status WriteFileDurably(const std::string& path, std::string_view text) {
   return WriteFileDurably(path, std::as_bytes(std::span<const char>(text.data(), text.size())));
 }
 
+// Writes `data` to "<path>.tmp" and renames it over `path`, without waiting for the disk:
+// readers never see a partial file, but after a crash it may be missing or empty. Follow with
+// SyncFiles before anything that must not outlive the data (a manifest that names it).
+Status WriteFileAtomically(const std::string& path, std::span<const std::byte> data);
+
+// fsync of every file in `paths`, then of each directory holding them: after it, files written
+// with WriteFileAtomically survive a crash. Many files written first and synced together let
+// the kernel write them back at once instead of one after another.
+Status SyncFiles(std::span<const std::string> paths);
+
 // The whole file. kNotFound when it does not exist, kUnavailable for other errors; both name
 // the file.
 Result<std::string> ReadWholeFile(const std::string& path);

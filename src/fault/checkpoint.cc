@@ -192,11 +192,7 @@ Status CheckpointWriter::Wait() {
 
 SaveStats CheckpointWriter::last_stats() const { return last_; }
 
-Status CheckpointWriter::Save(std::span<const StateTensor> tensors, const Ownership& owner,
-                              const CheckpointInfo& info) {
-  KC_LAYER_ENTRY(Layer::kFault, "checkpoint");
-  const auto t0 = std::chrono::steady_clock::now();
-  Status previous = Wait();
+size_t CheckpointWriter::ListPieces(std::span<const StateTensor> tensors, const Ownership& owner) {
   pieces_.clear();
   size_t total = 0;
   auto add = [&](const StateTensor& t, const char* kind, int64_t offset, int64_t count) {
@@ -214,6 +210,20 @@ Status CheckpointWriter::Save(std::span<const StateTensor> tensors, const Owners
       add(t, "exp_avg_sq", m.offset, n);
     }
   }
+  return total;
+}
+
+void CheckpointWriter::Prepare(std::span<const StateTensor> tensors, const Ownership& owner) {
+  (void)Wait();
+  snapshot_.assign(ListPieces(tensors, owner), 0.0f);
+}
+
+Status CheckpointWriter::Save(std::span<const StateTensor> tensors, const Ownership& owner,
+                              const CheckpointInfo& info) {
+  KC_LAYER_ENTRY(Layer::kFault, "checkpoint");
+  const auto t0 = std::chrono::steady_clock::now();
+  Status previous = Wait();
+  const size_t total = ListPieces(tensors, owner);
   snapshot_.resize(total);
   size_t i = 0;
   for (const StateTensor& t : tensors) {
@@ -244,6 +254,7 @@ Status CheckpointWriter::Persist() {
   std::unordered_map<std::string, std::string> written;  // hash -> file, this checkpoint
   std::unordered_map<std::string, std::string> previous(previous_.begin(), previous_.end());
   std::vector<char> compressed;
+  std::vector<std::string> fresh;  // chunk files written now
   Json pieces = Json::array();
   for (const Piece& p : pieces_) {
     Json chunks = Json::array();
@@ -272,7 +283,9 @@ Status CheckpointWriter::Persist() {
           }
           out = std::as_bytes(std::span<const char>(compressed.data(), n));
         }
-        KC_RETURN_IF_ERROR(WriteFileDurably((root / file).string(), out));
+        // Synced all together below, before the rank file that names them.
+        fresh.push_back((root / file).string());
+        KC_RETURN_IF_ERROR(WriteFileAtomically(fresh.back(), out));
         ++stats_.chunks_written;
         stats_.bytes_written += static_cast<int64_t>(out.size());
       }
@@ -289,6 +302,7 @@ Status CheckpointWriter::Persist() {
                       {"count", p.count},
                       {"chunks", std::move(chunks)}});
   }
+  KC_RETURN_IF_ERROR(SyncFiles(fresh));
   const std::string rank_text =
       Json{{"format", kRankFormat}, {"rank", rank_}, {"pieces", std::move(pieces)}}.dump(1);
   const std::string rank_file = RankFileName(rank_);

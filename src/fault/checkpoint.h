@@ -76,6 +76,10 @@ class CheckpointWriter {
                                                           int rank, int ranks, comm::Store* store);
   ~CheckpointWriter();  // waits for the persist in flight
 
+  // Allocates (and touches) the memory Save will copy `tensors` into, so that the first
+  // checkpoint's step does not pay for faulting it in. Optional.
+  void Prepare(std::span<const parallel::StateTensor> tensors, const Ownership& owner);
+
   // Copies this rank's pieces of `tensors` to memory, first waiting for the previous persist,
   // then starts persisting them in the background. The previous persist's failure is returned
   // here (that checkpoint is not committed). The stall is in last_stats() once persisted.
@@ -90,6 +94,8 @@ class CheckpointWriter {
  private:
   CheckpointWriter(CheckpointOptions options, int rank, int ranks, comm::Store* store);
   struct Piece;
+  // Lists this rank's pieces of `tensors` into pieces_; returns their values.
+  size_t ListPieces(std::span<const parallel::StateTensor> tensors, const Ownership& owner);
   Status Persist();
 
   const CheckpointOptions options_;

@@ -71,11 +71,7 @@ Status ResilientRunner::Checkpoint(const RunnerCallbacks& callbacks) {
                       .plan = options_.plan,
                       .model = options_.model};
   const std::vector<parallel::StateTensor> tensors = trainer_->StateTensors();
-  Status previous = writer_->Save(tensors,
-                                  {.dp_rank = trainer_->dp_rank(),
-                                   .tp_rank = trainer_->tp_rank(),
-                                   .zero = trainer_->zero_stage() == 1},
-                                  info);
+  Status previous = writer_->Save(tensors, Owner(), info);
   KC_RETURN_IF_ERROR(previous.WithContext("checkpoint"));
   // The previous checkpoint is persisted now: report it.
   const SaveStats last = writer_->last_stats();
@@ -86,8 +82,15 @@ Status ResilientRunner::Checkpoint(const RunnerCallbacks& callbacks) {
   return OkStatus();
 }
 
+Ownership ResilientRunner::Owner() const {
+  return {.dp_rank = trainer_->dp_rank(),
+          .tp_rank = trainer_->tp_rank(),
+          .zero = trainer_->zero_stage() == 1};
+}
+
 Status ResilientRunner::Run(const RunnerCallbacks& callbacks) {
   KC_LAYER_ENTRY(Layer::kFault, "runner");
+  if (writer_ != nullptr) writer_->Prepare(trainer_->StateTensors(), Owner());
   while (trainer_->steps_done() < options_.steps) {
     KC_ASSIGN_OR_RETURN(parallel::StepStats stats, trainer_->Step());
     if (callbacks.on_step) KC_RETURN_IF_ERROR(callbacks.on_step(stats));

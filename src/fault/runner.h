@@ -61,6 +61,7 @@ class ResilientRunner {
   ResilientRunner(parallel::Trainer* trainer, RunnerOptions options)
       : trainer_(trainer), options_(std::move(options)) {}
   Status Checkpoint(const RunnerCallbacks& callbacks);
+  Ownership Owner() const;  // which pieces of the state this rank saves
 
   parallel::Trainer* const trainer_;
   const RunnerOptions options_;
