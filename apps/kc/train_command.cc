@@ -82,7 +82,8 @@ struct TrainArgs {
   std::string inject_fault;
   // Checkpoints (docs/user-guide/checkpoints.md).
   std::string checkpoint_dir;
-  int64_t checkpoint_every = 0;  // steps; 0: after the last step only
+  std::string checkpoint_every = "0";  // steps (0: after the last step only), or auto
+  double mtbf_hours = 0;               // for auto: mean time between failures or preemptions
   int checkpoint_keep = 3;
   bool checkpoint_compress = false;
   std::string resume = "auto";  // auto, never, or a checkpoint's directory
@@ -115,6 +116,8 @@ struct Plan {
   bool pin = false;       // ranks * threads fit the cores: each rank gets its own
   bool validation = false;
   int64_t eval_every = 0;
+  int64_t checkpoint_every = 0;  // steps; 0 with mtbf_s: Young/Daly
+  double mtbf_s = 0;
   int fault_rank = -1;  // --inject-fault
   int64_t fault_step = 0;
   parallel::GradSync grad_sync = parallel::GradSync::kBucketed;
@@ -178,10 +181,24 @@ Result<Plan> Check(TrainArgs* args) {
                                 ": must be at least 1");
   }
   if (!(a.bucket_mb > 0)) return InvalidArgumentError("--bucket-mb: must be positive");
-  if (a.checkpoint_every < 0) {
-    return InvalidArgumentError("--checkpoint-every " + std::to_string(a.checkpoint_every) +
-                                ": must be 0 (after the last step only) or more");
+  if (a.checkpoint_every == "auto") {
+    if (!(a.mtbf_hours > 0) || a.checkpoint_dir.empty()) {
+      return InvalidArgumentError(
+          "--checkpoint-every auto: needs --mtbf HOURS (the mean time between failures or "
+          "preemptions, above 0) and --checkpoint-dir");
+    }
+    p.mtbf_s = a.mtbf_hours * 3600;
+  } else {
+    char* end = nullptr;
+    const long long every = std::strtoll(a.checkpoint_every.c_str(), &end, 10);
+    if (a.checkpoint_every.empty() || *end != '\0' || every < 0) {
+      return InvalidArgumentError("--checkpoint-every " + a.checkpoint_every +
+                                  ": expected a number of steps (0: after the last step only) "
+                                  "or auto");
+    }
+    p.checkpoint_every = every;
   }
+  if (a.mtbf_hours < 0) return InvalidArgumentError("--mtbf: must be positive (hours)");
   if (a.checkpoint_keep < 1) {
     return InvalidArgumentError("--checkpoint-keep " + std::to_string(a.checkpoint_keep) +
                                 ": must be at least 1");
@@ -484,7 +501,8 @@ Status RunWorkerRank(const TrainArgs& a, const Plan& p) {
                           .checkpoint = {.dir = a.checkpoint_dir,
                                          .keep = a.checkpoint_keep,
                                          .compress = a.checkpoint_compress},
-                          .checkpoint_every = a.checkpoint_every,
+                          .checkpoint_every = p.checkpoint_every,
+                          .mtbf_s = p.mtbf_s,
                           .resume_from = a.resume == "auto" || a.resume == "never" ? "" : a.resume,
                           .plan = {{"t", p.tensor_parallel},
                                    {"p", p.pipeline_stages},
@@ -537,6 +555,14 @@ Status RunWorkerRank(const TrainArgs& a, const Plan& p) {
                    {"bytes_written", c.bytes_written},
                    {"chunks_written", c.chunks_written},
                    {"chunks_reused", c.chunks_reused}});
+  };
+  callbacks.on_interval = [&](int64_t steps, double cost_s, double interval_s) {
+    metrics.Write({{"type", "checkpoint_interval"},
+                   {"step", trainer->steps_done()},
+                   {"every_steps", steps},
+                   {"cost_s", cost_s},
+                   {"interval_s", interval_s},
+                   {"mtbf_s", p.mtbf_s}});
   };
   KC_RETURN_IF_ERROR(runner->Run(callbacks));
   if (timeline != nullptr) {
@@ -611,9 +637,10 @@ std::vector<std::string> WorkerArgv(const TrainArgs& a, const Plan& p, int rank,
     v.push_back(a.inject_fault);
   }
   if (!a.checkpoint_dir.empty()) {
-    for (std::string x : {std::string("--checkpoint-dir"), a.checkpoint_dir,
-                          std::string("--checkpoint-every"), std::to_string(a.checkpoint_every),
-                          std::string("--checkpoint-keep"), std::to_string(a.checkpoint_keep)}) {
+    for (std::string x :
+         {std::string("--checkpoint-dir"), a.checkpoint_dir, std::string("--checkpoint-every"),
+          a.checkpoint_every, std::string("--mtbf"), fmt::format("{}", a.mtbf_hours),
+          std::string("--checkpoint-keep"), std::to_string(a.checkpoint_keep)}) {
       v.push_back(std::move(x));
     }
     if (a.checkpoint_compress) v.push_back("--checkpoint-compress");
@@ -1304,8 +1331,12 @@ void AddTrainCommand(CLI::App& app, Action* action) {
                 "Save checkpoints here (each rank its shards, rank 0 the manifest) and resume "
                 "from the newest good one (docs/user-guide/checkpoints.md)");
   c->add_option("--checkpoint-every", a->checkpoint_every,
-                "Steps between checkpoints (0: after the last step only)")
+                "Steps between checkpoints (0: after the last step only), or auto: the "
+                "Young/Daly interval sqrt(2 x measured checkpoint cost x --mtbf)")
       ->capture_default_str();
+  c->add_option("--mtbf", a->mtbf_hours,
+                "Mean time between failures or preemptions, in hours, for --checkpoint-every "
+                "auto");
   c->add_option("--checkpoint-keep", a->checkpoint_keep, "Checkpoints kept (the newest)")
       ->capture_default_str();
   c->add_flag("--checkpoint-compress", a->checkpoint_compress, "Compress chunks with zstd");

@@ -243,7 +243,11 @@ Status CheckpointWriter::Save(std::span<const StateTensor> tensors, const Owners
   info_ = info;
   stats_ = {.step = info.step, .raw_bytes = static_cast<int64_t>(total * sizeof(float))};
   stats_.stall_s = Since(t0);
-  persist_ = std::thread([this] { persist_status_ = Persist(); });
+  persisting_.store(true, std::memory_order_release);
+  persist_ = std::thread([this] {
+    persist_status_ = Persist();
+    persisting_.store(false, std::memory_order_release);
+  });
   return previous;
 }
 

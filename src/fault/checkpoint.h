@@ -15,6 +15,7 @@
 // removes a directory's chunks once no kept checkpoint references them.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -87,6 +88,8 @@ class CheckpointWriter {
               const CheckpointInfo& info);
   // Waits for the persist in flight; its status.
   Status Wait();
+  // A persist is running in the background.
+  bool persisting() const { return persisting_.load(std::memory_order_acquire); }
   // The last persisted checkpoint's figures (after Wait, or the next Save); step -1 before
   // the first.
   SaveStats last_stats() const;
@@ -107,6 +110,7 @@ class CheckpointWriter {
   CheckpointInfo info_;
   std::vector<std::pair<std::string, std::string>> previous_;  // hash -> file, last checkpoint
   std::thread persist_;
+  std::atomic<bool> persisting_{false};
   Status persist_status_;
   SaveStats stats_;
   SaveStats last_;

@@ -1,5 +1,9 @@
 #include "fault/runner.h"
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
 #include "base/layer_guard.h"
 
 namespace kc::fault {
@@ -20,6 +24,11 @@ Result<std::unique_ptr<ResilientRunner>> ResilientRunner::Create(parallel::Train
   if (options.steps < 1) {
     return InvalidArgumentError("runner: steps " + std::to_string(options.steps) +
                                 " must be at least 1");
+  }
+  if (options.mtbf_s < 0 || (options.mtbf_s > 0 && options.checkpoint.dir.empty())) {
+    return InvalidArgumentError(
+        "runner: a checkpoint interval from the MTBF needs an MTBF above "
+        "0 and a checkpoint directory");
   }
   if (options.checkpoint_every < 0) {
     return InvalidArgumentError("checkpoint every " + std::to_string(options.checkpoint_every) +
@@ -82,6 +91,36 @@ Status ResilientRunner::Checkpoint(const RunnerCallbacks& callbacks) {
   return OkStatus();
 }
 
+Result<int64_t> ResilientRunner::NextInterval(const RunnerCallbacks& callbacks) {
+  const int64_t done = trainer_->steps_done();
+  const std::string key = "kc/checkpoint/interval/" + std::to_string(done);
+  if (options_.rank != 0) {  // rank 0's choice, so that every rank saves at the same steps
+    KC_ASSIGN_OR_RETURN(std::string value, options_.store->Get(key, options_.store->clock()->Now() +
+                                                                        std::chrono::minutes(10)));
+    return std::stoll(value);
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  const SaveStats last = writer_->last_stats();
+  int64_t steps = 1;  // until a persisted checkpoint has been measured: the next step
+  if (last.step >= 0 && !clean_steps_.empty()) {
+    const double step_s = median(clean_steps_);
+    double cost_s = last.stall_s + last.persist_s;  // no overlapped step measured yet
+    if (!busy_steps_.empty()) {
+      // The stall, plus the overlapped steps' slowdown over the persist's length.
+      const double slowdown = std::max(0.0, median(busy_steps_) / step_s - 1.0);
+      cost_s = last.stall_s + slowdown * last.persist_s;
+    }
+    const double interval_s = YoungDalyInterval(cost_s, options_.mtbf_s);
+    steps = std::clamp<int64_t>(std::llround(interval_s / step_s), 1, options_.steps);
+    if (callbacks.on_interval) callbacks.on_interval(steps, cost_s, interval_s);
+  }
+  if (options_.ranks > 1) KC_RETURN_IF_ERROR(options_.store->Set(key, std::to_string(steps)));
+  return steps;
+}
+
 Ownership ResilientRunner::Owner() const {
   return {.dp_rank = trainer_->dp_rank(),
           .tp_rank = trainer_->tp_rank(),
@@ -91,13 +130,26 @@ Ownership ResilientRunner::Owner() const {
 Status ResilientRunner::Run(const RunnerCallbacks& callbacks) {
   KC_LAYER_ENTRY(Layer::kFault, "runner");
   if (writer_ != nullptr) writer_->Prepare(trainer_->StateTensors(), Owner());
+  next_checkpoint_ = trainer_->steps_done() + 1;
   while (trainer_->steps_done() < options_.steps) {
+    const bool busy = writer_ != nullptr && writer_->persisting();
     KC_ASSIGN_OR_RETURN(parallel::StepStats stats, trainer_->Step());
+    std::vector<double>& times = busy ? busy_steps_ : clean_steps_;
+    times.push_back(stats.step_s);
+    if (times.size() > 32) times.erase(times.begin());
     if (callbacks.on_step) KC_RETURN_IF_ERROR(callbacks.on_step(stats));
     const int64_t done = trainer_->steps_done();
     const bool due = done == options_.steps ||
-                     (options_.checkpoint_every > 0 && done % options_.checkpoint_every == 0);
-    if (writer_ != nullptr && due) KC_RETURN_IF_ERROR(Checkpoint(callbacks));
+                     (options_.mtbf_s > 0
+                          ? done >= next_checkpoint_
+                          : options_.checkpoint_every > 0 && done % options_.checkpoint_every == 0);
+    if (writer_ != nullptr && due) {
+      KC_RETURN_IF_ERROR(Checkpoint(callbacks));
+      if (options_.mtbf_s > 0) {
+        KC_ASSIGN_OR_RETURN(int64_t steps, NextInterval(callbacks));
+        next_checkpoint_ = done + steps;
+      }
+    }
     if (callbacks.after_step) KC_RETURN_IF_ERROR(callbacks.after_step(done));
   }
   if (writer_ != nullptr) {

@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 #include "comm/store.h"
@@ -25,9 +26,14 @@ struct RunnerOptions {
   // Checkpoints: none when checkpoint.dir is empty.
   CheckpointOptions checkpoint;
   int64_t checkpoint_every = 0;  // steps between checkpoints; 0: only after the last step
-  std::string resume_from;       // a checkpoint directory (DIR/step-N) to start from, or empty
-  nlohmann::json plan;           // recorded in the manifest
-  nlohmann::json model;          // recorded in the manifest; checked when resuming
+  // Instead, the Young/Daly interval sqrt(2 C MTBF) for this mean time between failures or
+  // preemptions (seconds), C being the checkpoint's measured cost to the training: the step's
+  // stall plus what the background persist slows the steps it overlaps. Re-estimated at every
+  // checkpoint; rank 0's choice is every rank's (through the store).
+  double mtbf_s = 0;
+  std::string resume_from;  // a checkpoint directory (DIR/step-N) to start from, or empty
+  nlohmann::json plan;      // recorded in the manifest
+  nlohmann::json model;     // recorded in the manifest; checked when resuming
   int rank = 0;
   int ranks = 1;
   comm::Store* store = nullptr;  // not owned; for several ranks' checkpoints
@@ -41,6 +47,8 @@ struct RunnerCallbacks {
   std::function<Status(int64_t done)> after_step;
   // When a checkpoint has been persisted (on this rank; committed too on rank 0).
   std::function<void(const SaveStats&)> on_checkpoint;
+  // With mtbf_s: each new interval, its steps, and the cost and interval in seconds behind it.
+  std::function<void(int64_t steps, double cost_s, double interval_s)> on_interval;
 };
 
 class ResilientRunner {
@@ -62,11 +70,17 @@ class ResilientRunner {
       : trainer_(trainer), options_(std::move(options)) {}
   Status Checkpoint(const RunnerCallbacks& callbacks);
   Ownership Owner() const;  // which pieces of the state this rank saves
+  // With mtbf_s: the steps until the next checkpoint, from the last persisted one's cost.
+  Result<int64_t> NextInterval(const RunnerCallbacks& callbacks);
 
   parallel::Trainer* const trainer_;
   const RunnerOptions options_;
   std::unique_ptr<CheckpointWriter> writer_;
-  int64_t reported_ = -1;  // the last checkpoint step handed to on_checkpoint
+  int64_t reported_ = -1;        // the last checkpoint step handed to on_checkpoint
+  int64_t next_checkpoint_ = 1;  // with mtbf_s: the step after which the next one is taken
+  // Recent step times, with and without a persist in the background (seconds).
+  std::vector<double> clean_steps_;
+  std::vector<double> busy_steps_;
 };
 
 // The fields of a model spec that fix its parameters' shapes, as the manifest records them.

@@ -568,6 +568,44 @@ TEST(KcCheckpointTest, ACheckpointLoadsIntoAnotherPlan) {
   }
 }
 
+// --checkpoint-every auto: each interval is sqrt(2 C MTBF) from the measured cost C, every
+// rank checkpoints at rank 0's steps (the manifests commit), and the next checkpoint comes
+// that many steps later.
+TEST(KcCheckpointTest, AutoIntervalIsYoungDalyFromTheMeasuredCost) {
+  const std::string dir = TheCorpus().dir().Path("ck_auto");
+  TrainRun run =
+      Train(TheCorpus().model(),
+            "--steps 16 --eval-every 0 --threads-per-rank 1 --ranks 2 --checkpoint-dir " + dir +
+                " --checkpoint-keep 20 --checkpoint-every auto --mtbf 0.0005",  // 1.8 s
+            "ck_auto");
+  ASSERT_EQ(run.result.exit_code, 0) << run.result.err;
+  std::vector<int64_t> saved;
+  std::map<int64_t, int64_t> every;  // checkpoint step -> steps to the next
+  for (const auto& r : run.records) {
+    if (r["type"] == "checkpoint") saved.push_back(r["step"].get<int64_t>());
+    if (r["type"] == "checkpoint_interval") {
+      const double cost = r["cost_s"].get<double>(), interval = r["interval_s"].get<double>();
+      EXPECT_GE(cost, 0);
+      EXPECT_NEAR(interval, std::sqrt(2 * cost * 1.8), 1e-9 * (1 + interval));
+      every[r["step"].get<int64_t>()] = r["every_steps"].get<int64_t>();
+    }
+  }
+  ASSERT_GE(saved.size(), 2u);
+  EXPECT_EQ(saved.front(), 1);  // measured early
+  EXPECT_EQ(saved.back(), 16);
+  for (size_t i = 0; i + 1 < saved.size(); ++i) {
+    const auto it = every.find(saved[i]);
+    const int64_t next = it == every.end() ? saved[i] + 1 : saved[i] + it->second;
+    EXPECT_EQ(saved[i + 1], std::min<int64_t>(next, 16)) << "after step " << saved[i];
+  }
+  KcRun verify = Kc("ckpt verify " + dir);
+  EXPECT_EQ(verify.exit_code, 0) << verify.out;
+  KcRun bad = Kc("train " + TheCorpus().model() + " --data " + TheCorpus().manifest() +
+                 " --steps 2 --checkpoint-every auto --checkpoint-dir " + dir);
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.err, HasSubstr("--checkpoint-every auto: needs --mtbf HOURS"));
+}
+
 TEST(KcCheckpointTest, ACheckpointOfAnotherModelIsRefused) {
   const std::string dir = TheCorpus().dir().Path("ck_model");
   TrainRun a =
