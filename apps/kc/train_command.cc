@@ -39,6 +39,7 @@
 #include "comm/communicator.h"
 #include "comm/tcp_store.h"
 #include "fault/checkpoint.h"
+#include "fault/heartbeat.h"
 #include "fault/runner.h"
 #include "hal/compute.h"
 #include "hal/host_probe.h"
@@ -87,6 +88,9 @@ struct TrainArgs {
   int checkpoint_keep = 3;
   bool checkpoint_compress = false;
   std::string resume = "auto";  // auto, never, or a checkpoint's directory
+  // Failure detection: a rank silent this long (no heartbeat) is declared failed.
+  double heartbeat_period_s = 1;
+  double heartbeat_timeout_s = 30;
   // Internal: set by the launcher for its workers.
   int worker_rank = -1;
   std::string store;
@@ -120,6 +124,7 @@ struct Plan {
   double mtbf_s = 0;
   int fault_rank = -1;  // --inject-fault
   int64_t fault_step = 0;
+  std::string fault_how = "exit";  // exit (status 86), kill (SIGKILL), stop (SIGSTOP: silent)
   parallel::GradSync grad_sync = parallel::GradSync::kBucketed;
   comm::TransportKind transport = comm::TransportKind::kAuto;
 };
@@ -215,15 +220,25 @@ Result<Plan> Check(TrainArgs* args) {
   p.transport = *transport;
   if (!a.inject_fault.empty()) {
     long long rank = -1, step = 0;
-    char extra = 0;
-    if (std::sscanf(a.inject_fault.c_str(), "%lld:%lld%c", &rank, &step, &extra) != 2 || rank < 0 ||
-        rank >= a.ranks || step < 1 || step > a.steps) {
+    char how[16] = {0};
+    const int n = std::sscanf(a.inject_fault.c_str(), "%lld:%lld:%15s", &rank, &step, how);
+    const std::string h = n == 3 ? how : "exit";
+    const bool shape_ok =
+        n == 2 ? a.inject_fault.find_first_not_of("0123456789:") == std::string::npos : n == 3;
+    if (!shape_ok || rank < 0 || rank >= a.ranks || step < 1 || step > a.steps ||
+        (h != "exit" && h != "kill" && h != "stop")) {
       return InvalidArgumentError("--inject-fault " + a.inject_fault +
-                                  ": expected RANK:STEP with a rank below --ranks and a step in "
-                                  "1..--steps");
+                                  ": expected RANK:STEP[:exit|kill|stop] with a rank below "
+                                  "--ranks and a step in 1..--steps");
     }
     p.fault_rank = static_cast<int>(rank);
     p.fault_step = step;
+    p.fault_how = h;
+  }
+  if (Status s = fault::ValidateHeartbeat({.period = fault::Seconds(a.heartbeat_period_s),
+                                           .timeout = fault::Seconds(a.heartbeat_timeout_s)});
+      !s.ok()) {
+    return InvalidArgumentError("--heartbeat-period/--heartbeat-timeout: " + s.message());
   }
   KC_ASSIGN_OR_RETURN(p.spec, parallel::LoadModelSpec(a.config));
   if (!a.plan.empty()) {
@@ -426,6 +441,8 @@ Status RunWorkerRank(const TrainArgs& a, const Plan& p) {
   const Duration timeout =
       std::chrono::duration_cast<Duration>(std::chrono::duration<double>(a.timeout_s));
   std::unique_ptr<comm::TcpStoreClient> store;
+  std::unique_ptr<comm::TcpStoreClient> heartbeat_store;
+  std::unique_ptr<fault::Heartbeat> heartbeat;
   std::unique_ptr<comm::Communicator> comm;
   if (a.ranks > 1) {
     std::string host;
@@ -433,6 +450,12 @@ Status RunWorkerRank(const TrainArgs& a, const Plan& p) {
     KC_RETURN_IF_ERROR(ParseHostPort(a.store, &host, &port));
     KC_ASSIGN_OR_RETURN(store,
                         comm::TcpStoreClient::Connect(host, port, Clock::Real()->Now() + timeout));
+    // Heartbeats first, on a connection of their own: the launcher hears from this rank
+    // while it rendezvouses and builds its model.
+    KC_ASSIGN_OR_RETURN(heartbeat_store,
+                        comm::TcpStoreClient::Connect(host, port, Clock::Real()->Now() + timeout));
+    KC_ASSIGN_OR_RETURN(heartbeat, fault::Heartbeat::Start(heartbeat_store.get(), rank,
+                                                           fault::Seconds(a.heartbeat_period_s)));
     KC_ASSIGN_OR_RETURN(comm, comm::Communicator::Create({.store = store.get(),
                                                           .group = a.group,
                                                           .rank = rank,
@@ -484,7 +507,9 @@ Status RunWorkerRank(const TrainArgs& a, const Plan& p) {
   auto inject_fault = [&](int64_t next_step) {
     if (rank != p.fault_rank || next_step != p.fault_step) return;
     std::cerr << "kc train: rank " << rank << ": injected fault before step " << next_step
-              << " (--inject-fault)" << std::endl;
+              << " (--inject-fault, " << p.fault_how << ")" << std::endl;
+    if (p.fault_how == "kill") raise(SIGKILL);
+    if (p.fault_how == "stop") raise(SIGSTOP);  // silent until killed
     _exit(86);
   };
   // The loop is L5's resilient runner: checkpoints on the cadence, resuming from one.
@@ -636,6 +661,10 @@ std::vector<std::string> WorkerArgv(const TrainArgs& a, const Plan& p, int rank,
     v.push_back("--inject-fault");
     v.push_back(a.inject_fault);
   }
+  v.push_back("--heartbeat-period");
+  v.push_back(fmt::format("{}", a.heartbeat_period_s));
+  v.push_back("--heartbeat-timeout");
+  v.push_back(fmt::format("{}", a.heartbeat_timeout_s));
   if (!a.checkpoint_dir.empty()) {
     for (std::string x :
          {std::string("--checkpoint-dir"), a.checkpoint_dir, std::string("--checkpoint-every"),
@@ -1138,6 +1167,28 @@ int RunLauncher(TrainArgs a) {
   }
   close(mpipe[1]);
 
+  // Heartbeats: a rank silent for --heartbeat-timeout is declared failed (checked every half
+  // period, so within the timeout and one period of its last beat).
+  std::unique_ptr<comm::TcpStoreClient> beat_client;
+  std::optional<fault::HeartbeatMonitor> beats;
+  const auto check_every = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      fault::Seconds(a.heartbeat_period_s / 2));
+  auto next_check = std::chrono::steady_clock::now() + check_every;
+  if (server != nullptr) {
+    Result<std::unique_ptr<comm::TcpStoreClient>> c = comm::TcpStoreClient::Connect(
+        "127.0.0.1", server->port(), Clock::Real()->Now() + std::chrono::seconds(10));
+    if (c.ok()) {
+      beat_client = *std::move(c);
+      beats.emplace(beat_client.get(), a.ranks,
+                    fault::HeartbeatOptions{.period = fault::Seconds(a.heartbeat_period_s),
+                                            .timeout = fault::Seconds(a.heartbeat_timeout_s),
+                                            .first_beat = fault::Seconds(a.timeout_s)},
+                    std::chrono::steady_clock::now());
+    } else {
+      std::cerr << "kc train: warning: no heartbeat monitor: " << c.status().message() << "\n";
+    }
+  }
+
   Monitor monitor(a, &metrics);
   std::string metrics_partial;
   int metrics_fd = mpipe[0];
@@ -1167,6 +1218,7 @@ int RunLauncher(TrainArgs a) {
     close(c.pid_fd);
     c.pid_fd = -1;
     c.exited = true;
+    if (beats) beats->Forget(c.rank);
     --running;
     const bool ok = WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0;
     if (!ok && !failure) {
@@ -1194,8 +1246,9 @@ int RunLauncher(TrainArgs a) {
         owner.emplace_back(static_cast<int>(i), true);
       }
     }
-    // The timeout only matters for escalating to SIGKILL.
-    poll(fds.data(), fds.size(), 500);
+    // The timeout matters for heartbeats and for escalating to SIGKILL.
+    poll(fds.data(), fds.size(),
+         static_cast<int>(std::clamp<double>(a.heartbeat_period_s * 500, 1, 500)));
     for (size_t k = 0; k < fds.size(); ++k) {
       if ((fds[k].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
       const auto [index, is_pid] = owner[k];
@@ -1210,6 +1263,22 @@ int RunLauncher(TrainArgs a) {
       } else if (children[index].err_fd >= 0) {
         read_stderr(children[index]);
       }
+    }
+    if (beats && std::chrono::steady_clock::now() >= next_check) {
+      const auto now = std::chrono::steady_clock::now();
+      for (int r : beats->Check(now)) {
+        Child& c = children[static_cast<size_t>(r)];
+        if (c.exited) continue;
+        if (!failure) {
+          failure = fmt::format(
+              "rank {} sent no heartbeat for {:.1f} s (--heartbeat-timeout {} s): declared failed "
+              "and killed",
+              r, beats->silent_for(r).count(), a.heartbeat_timeout_s);
+        }
+        kill(c.pid, SIGKILL);  // a stopped or wedged process does not act on SIGTERM
+        stop_others();
+      }
+      next_check = now + check_every;
     }
     if (kill_at && std::chrono::steady_clock::now() > *kill_at) {
       for (Child& c : children) {
@@ -1343,6 +1412,13 @@ void AddTrainCommand(CLI::App& app, Action* action) {
   c->add_option("--resume", a->resume,
                 "auto (the newest checkpoint in --checkpoint-dir that verifies, if any), never, "
                 "or a checkpoint directory (DIR/step-N)")
+      ->capture_default_str();
+  c->add_option("--heartbeat-period", a->heartbeat_period_s,
+                "Seconds between a rank's heartbeats (several ranks)")
+      ->capture_default_str();
+  c->add_option("--heartbeat-timeout", a->heartbeat_timeout_s,
+                "Seconds without a heartbeat after which a rank is declared failed (at least two "
+                "periods)")
       ->capture_default_str();
   c->add_option("--worker-rank", a->worker_rank)->group("");        // internal: run as this rank
   c->add_option("--store", a->store)->group("");                    // internal

@@ -421,6 +421,13 @@ TEST_F(KcTrainBadInputTest, PlansThatCannotRunSayWhy) {
   EXPECT_THAT(r.err, HasSubstr("mcro_batches"));
 }
 
+TEST_F(KcTrainBadInputTest, HeartbeatTimeoutUnderTwoPeriods) {
+  KcRun r = Expect2(TheCorpus().model(),
+                    data() + " --ranks 2 --heartbeat-period 1 --heartbeat-timeout 1.5");
+  EXPECT_THAT(r.err, HasSubstr("--heartbeat-period/--heartbeat-timeout"));
+  EXPECT_THAT(r.err, HasSubstr("at least two periods"));
+}
+
 TEST_F(KcTrainBadInputTest, VocabSmallerThanTheData) {
   std::string text = kModel;
   text.replace(text.find("vocab: 257"), 10, "vocab: 256");
@@ -438,6 +445,22 @@ TEST(KcTrainTest, AWorkerThatDiesStopsTheOthers) {
   EXPECT_THAT(run.result.err, HasSubstr("the other ranks were stopped"));
   // Step 3 needs rank 1's gradients, so no rank gets past step 2 (rank 0 may be stopped before
   // it reports step 2).
+  EXPECT_LE(run.losses.size(), 2u);
+}
+
+// A rank that is alive but silent (stopped, as a wedged or swapped-out process) is found by its
+// missing heartbeats, named, and killed with the rest; nothing else would end the job before
+// --timeout.
+TEST(KcTrainTest, ASilentRankIsDeclaredFailedByItsHeartbeats) {
+  TrainRun run = Train(TheCorpus().model(),
+                       "--steps 20 --ranks 2 --eval-every 0 --threads-per-rank 1 --timeout 600 "
+                       "--inject-fault 1:3:stop --heartbeat-period 0.1 --heartbeat-timeout 1",
+                       "silent");
+  EXPECT_EQ(run.result.exit_code, 1);
+  EXPECT_THAT(run.result.err, HasSubstr("injected fault before step 3 (--inject-fault, stop)"));
+  EXPECT_THAT(run.result.err, HasSubstr("rank 1 sent no heartbeat for"));
+  EXPECT_THAT(run.result.err, HasSubstr("(--heartbeat-timeout 1 s): declared failed and killed"));
+  EXPECT_THAT(run.result.err, Not(HasSubstr("rank 0 sent no heartbeat")));
   EXPECT_LE(run.losses.size(), 2u);
 }
 

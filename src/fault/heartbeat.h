@@ -1,0 +1,90 @@
+// Heartbeats: each worker says it is alive through the job's rendezvous store, and the
+// supervisor (the launcher, later kcd's) declares a rank that has gone silent failed. A rank is
+// silent when its process is alive but not running: stopped, swapped out, wedged in the
+// kernel. A dead process is seen at once by its supervisor without heartbeats, and a broken
+// link by the communicator.
+//
+//   Worker:      KC_ASSIGN_OR_RETURN(auto beat, Heartbeat::Start(store, rank, period));
+//   Supervisor:  HeartbeatMonitor monitor(store, ranks, {period, timeout});
+//                every period / 2: for (int r : monitor.Check(now)) ... rank r failed
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/mutex.h"
+#include "base/status.h"
+#include "comm/store.h"
+
+namespace kc::fault {
+
+using Seconds = std::chrono::duration<double>;
+
+// The store key rank `rank` beats on.
+std::string HeartbeatKey(int rank);
+
+// A thread that sets HeartbeatKey(rank) to a counter every `period` until destroyed. The store
+// (not owned) must outlive it and be for it alone (its calls block the thread).
+class Heartbeat {
+ public:
+  static Result<std::unique_ptr<Heartbeat>> Start(comm::Store* store, int rank, Seconds period);
+  ~Heartbeat();
+  int64_t beats() const;
+
+ private:
+  Heartbeat(comm::Store* store, int rank, Seconds period)
+      : store_(store), rank_(rank), period_(period) {}
+  void Loop();
+
+  comm::Store* const store_;
+  const int rank_;
+  const Seconds period_;
+  mutable Mutex mu_;
+  CondVar cv_;
+  bool stop_ KC_GUARDED_BY(mu_) = false;
+  int64_t beats_ KC_GUARDED_BY(mu_) = 0;
+  std::thread thread_;
+};
+
+struct HeartbeatOptions {
+  Seconds period{1.0};
+  Seconds timeout{30.0};  // silent this long after a beat: failed
+  // A rank not heard from at all gets this long from the start (process start-up and model
+  // building come before its first beat).
+  Seconds first_beat{300.0};
+};
+
+// Validates a period and timeout: both positive, the timeout at least two periods.
+Status ValidateHeartbeat(const HeartbeatOptions& options);
+
+// The supervisor's side. Not thread-safe.
+class HeartbeatMonitor {
+ public:
+  using Clock = std::chrono::steady_clock;
+  // Ranks [0, ranks); a rank not heard from yet counts from `start`, against first_beat.
+  HeartbeatMonitor(comm::Store* store, int ranks, HeartbeatOptions options,
+                   Clock::time_point start);
+
+  // Reads every watched rank's counter; returns the ranks silent for longer than the timeout
+  // (each once; they are no longer watched). Called every period / 2 or more often, a rank
+  // that stops is reported within timeout + period of its last beat.
+  std::vector<int> Check(Clock::time_point now);
+  // How long rank r had been silent when Check reported it.
+  Seconds silent_for(int rank) const { return silent_for_.at(static_cast<size_t>(rank)); }
+  void Forget(int rank);  // stop watching (the rank exited)
+
+ private:
+  comm::Store* const store_;
+  const HeartbeatOptions options_;
+  std::vector<std::string> last_value_;
+  std::vector<Clock::time_point> last_change_;
+  std::vector<bool> watched_;
+  std::vector<bool> heard_;
+  std::vector<Seconds> silent_for_;
+};
+
+}  // namespace kc::fault

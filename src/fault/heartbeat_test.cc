@@ -1,0 +1,114 @@
+#include "fault/heartbeat.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "comm/hash_store.h"
+#include "comm/tcp_store.h"
+
+namespace kc::fault {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using Clock = HeartbeatMonitor::Clock;
+
+Clock::time_point At(Clock::time_point t0, double s) {
+  return t0 + std::chrono::duration_cast<Clock::duration>(Seconds(s));
+}
+
+TEST(HeartbeatTest, BeatsUntilDestroyed) {
+  comm::HashStore store;
+  auto beat = Heartbeat::Start(&store, 3, Seconds(0.001));
+  ASSERT_TRUE(beat.ok()) << beat.status();
+  // The first beat is there when Start returns.
+  const std::string keys[1] = {HeartbeatKey(3)};
+  EXPECT_TRUE(*store.Check(keys));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while ((*beat)->beats() < 3 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+  }
+  EXPECT_GE((*beat)->beats(), 3);
+  beat->reset();  // joins
+  auto v = store.Get(HeartbeatKey(3), store.clock()->Now());
+  ASSERT_TRUE(v.ok());
+  EXPECT_GE(std::stoll(*v), 3);
+}
+
+// A rank that stops beating is reported once, within timeout + period of its last beat when
+// checked every period / 2; a rank never heard from counts from the start.
+TEST(HeartbeatTest, MonitorReportsSilentRanksWithinTimeoutPlusAPeriod) {
+  comm::HashStore store;
+  const Clock::time_point t0 = Clock::now();
+  HeartbeatMonitor monitor(
+      &store, 3, {.period = Seconds(0.2), .timeout = Seconds(1.0), .first_beat = Seconds(2.0)}, t0);
+  // Ranks 0 and 1 beat every 0.2 s until rank 1 stops after its beat at 1.0 s; rank 2 never.
+  double last_beat_1 = 0;
+  std::vector<std::pair<double, int>> reports;
+  int64_t beats = 0;
+  for (double t = 0; t <= 4.0; t += 0.1) {  // checks every period / 2
+    if (static_cast<int>(std::lround(t * 10)) % 2 == 0) {
+      ++beats;
+      ASSERT_TRUE(store.Set(HeartbeatKey(0), std::to_string(beats)).ok());
+      if (t <= 1.0 + 1e-9) {
+        ASSERT_TRUE(store.Set(HeartbeatKey(1), std::to_string(beats)).ok());
+        last_beat_1 = t;
+      }
+    }
+    for (int r : monitor.Check(At(t0, t))) reports.emplace_back(t, r);
+  }
+  ASSERT_EQ(reports.size(), 2u);
+  // Rank 1 stopped after its beat at 1.0 s; rank 2, never heard from, had 2 s to start.
+  EXPECT_EQ(reports[0].second, 1);
+  EXPECT_GT(reports[0].first - last_beat_1, 1.0);
+  EXPECT_LE(reports[0].first - last_beat_1, 1.0 + 0.2 + 1e-9);
+  EXPECT_EQ(reports[1].second, 2);
+  EXPECT_GT(reports[1].first, 2.0);
+  EXPECT_LE(reports[1].first, 2.0 + 0.2 + 1e-9);
+  EXPECT_GT(monitor.silent_for(1).count(), 1.0);
+  EXPECT_THAT(monitor.Check(At(t0, 4.1)), IsEmpty());  // each once; rank 0 still beats
+}
+
+TEST(HeartbeatTest, ForgottenRanksAreNotReported) {
+  comm::HashStore store;
+  const Clock::time_point t0 = Clock::now();
+  HeartbeatMonitor monitor(
+      &store, 2, {.period = Seconds(1), .timeout = Seconds(2), .first_beat = Seconds(2)}, t0);
+  monitor.Forget(0);
+  EXPECT_THAT(monitor.Check(At(t0, 5)), ElementsAre(1));
+}
+
+// Over TCP, as kc train runs it: the monitor hears a rank beating on its own connection (a
+// Get whose deadline is now would fail before it is sent, and every rank would look silent).
+TEST(HeartbeatTest, MonitorHearsBeatsOverTcp) {
+  auto server = comm::TcpStoreServer::Start({.bind_address = "127.0.0.1", .port = 0});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const TimePoint deadline = kc::Clock::Real()->Now() + std::chrono::seconds(30);
+  auto worker = comm::TcpStoreClient::Connect("127.0.0.1", (*server)->port(), deadline);
+  auto supervisor = comm::TcpStoreClient::Connect("127.0.0.1", (*server)->port(), deadline);
+  ASSERT_TRUE(worker.ok() && supervisor.ok());
+  const HeartbeatMonitor::Clock::time_point t0 = HeartbeatMonitor::Clock::now();
+  HeartbeatMonitor monitor(supervisor->get(), 2,
+                           {.period = Seconds(1), .timeout = Seconds(2), .first_beat = Seconds(2)},
+                           t0);
+  auto beat = Heartbeat::Start(worker->get(), 0, Seconds(1));
+  ASSERT_TRUE(beat.ok()) << beat.status();
+  // Rank 0's first beat is in the store: heard, whatever the time; rank 1 never beat.
+  EXPECT_THAT(monitor.Check(At(t0, 10)), ElementsAre(1));
+  EXPECT_THAT(monitor.Check(At(t0, 11)), IsEmpty());
+}
+
+TEST(HeartbeatTest, OptionsAreChecked) {
+  EXPECT_TRUE(ValidateHeartbeat({.period = Seconds(1), .timeout = Seconds(2)}).ok());
+  EXPECT_THAT(ValidateHeartbeat({.period = Seconds(1), .timeout = Seconds(1.5)}).message(),
+              HasSubstr("at least two periods"));
+  EXPECT_THAT(ValidateHeartbeat({.period = Seconds(0), .timeout = Seconds(1)}).message(),
+              HasSubstr("must be positive"));
+  EXPECT_FALSE(Heartbeat::Start(nullptr, 0, Seconds(1)).ok());
+}
+
+}  // namespace
+}  // namespace kc::fault
