@@ -26,6 +26,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -37,8 +38,10 @@
 #include "apps/kc/train_report.h"
 #include "base/clock.h"
 #include "comm/communicator.h"
+#include "comm/rendezvous.h"
 #include "comm/tcp_store.h"
 #include "fault/checkpoint.h"
+#include "fault/elastic.h"
 #include "fault/heartbeat.h"
 #include "fault/runner.h"
 #include "hal/compute.h"
@@ -91,7 +94,13 @@ struct TrainArgs {
   // Failure detection: a rank silent this long (no heartbeat) is declared failed.
   double heartbeat_period_s = 1;
   double heartbeat_timeout_s = 30;
+  // Elasticity (docs/user-guide/elastic.md): below --ranks down to min_ranks the survivors of
+  // a failure go on; max_restarts replacement workers may be started to grow back.
+  int min_ranks = 0;  // 0: --ranks (not elastic)
+  int max_restarts = 0;
+  std::string fault_log;  // fault events, JSONL; default <out>/faults.jsonl
   // Internal: set by the launcher for its workers.
+  bool elastic_join = false;  // a replacement: joins a later generation
   int worker_rank = -1;
   std::string store;
   std::string group;
@@ -124,7 +133,10 @@ struct Plan {
   double mtbf_s = 0;
   int fault_rank = -1;  // --inject-fault
   int64_t fault_step = 0;
-  std::string fault_how = "exit";  // exit (status 86), kill (SIGKILL), stop (SIGSTOP: silent)
+  // exit (status 86), kill (SIGKILL), stop (SIGSTOP: silent), or kill-in-forward,
+  // kill-in-allreduce, kill-in-persist (SIGKILL at that point of the step)
+  std::string fault_how = "exit";
+  bool elastic = false;  // --min-ranks below --ranks
   parallel::GradSync grad_sync = parallel::GradSync::kBucketed;
   comm::TransportKind transport = comm::TransportKind::kAuto;
 };
@@ -220,16 +232,22 @@ Result<Plan> Check(TrainArgs* args) {
   p.transport = *transport;
   if (!a.inject_fault.empty()) {
     long long rank = -1, step = 0;
-    char how[16] = {0};
-    const int n = std::sscanf(a.inject_fault.c_str(), "%lld:%lld:%15s", &rank, &step, how);
+    char how[32] = {0};
+    const int n = std::sscanf(a.inject_fault.c_str(), "%lld:%lld:%31s", &rank, &step, how);
     const std::string h = n == 3 ? how : "exit";
     const bool shape_ok =
         n == 2 ? a.inject_fault.find_first_not_of("0123456789:") == std::string::npos : n == 3;
-    if (!shape_ok || rank < 0 || rank >= a.ranks || step < 1 || step > a.steps ||
-        (h != "exit" && h != "kill" && h != "stop")) {
+    const bool how_ok = h == "exit" || h == "kill" || h == "stop" || h == "kill-in-forward" ||
+                        h == "kill-in-allreduce" || h == "kill-in-persist";
+    if (!shape_ok || rank < 0 || rank >= a.ranks || step < 1 || step > a.steps || !how_ok) {
+      return InvalidArgumentError(
+          "--inject-fault " + a.inject_fault +
+          ": expected RANK:STEP[:HOW] with a rank below --ranks, a step in 1..--steps and HOW "
+          "one of exit, kill, stop, kill-in-forward, kill-in-allreduce, kill-in-persist");
+    }
+    if (h == "kill-in-persist" && a.checkpoint_dir.empty()) {
       return InvalidArgumentError("--inject-fault " + a.inject_fault +
-                                  ": expected RANK:STEP[:exit|kill|stop] with a rank below "
-                                  "--ranks and a step in 1..--steps");
+                                  ": kill-in-persist needs --checkpoint-dir");
     }
     p.fault_rank = static_cast<int>(rank);
     p.fault_step = step;
@@ -280,6 +298,28 @@ Result<Plan> Check(TrainArgs* args) {
   }
   p.global_batch =
       p.spec.batch_per_rank * p.micro_batches * (a.ranks / (p.pipeline_stages * p.tensor_parallel));
+  if (a.min_ranks < 0 || a.min_ranks > a.ranks) {
+    return InvalidArgumentError(
+        fmt::format("--min-ranks {}: must be between 1 and --ranks ({})", a.min_ranks, a.ranks));
+  }
+  p.elastic = a.min_ranks > 0 && a.min_ranks < a.ranks;
+  if (a.max_restarts < 0) {
+    return InvalidArgumentError(
+        fmt::format("--max-restarts {}: must be 0 or more", a.max_restarts));
+  }
+  if (a.max_restarts > 0 && !p.elastic) {
+    return InvalidArgumentError(fmt::format(
+        "--max-restarts {}: replacements join an elastic job; set --min-ranks below --ranks ({})",
+        a.max_restarts, a.ranks));
+  }
+  if (p.elastic && !a.trace.empty()) {
+    return UnimplementedError("--trace with --min-ranks is not built yet (a trace per generation)");
+  }
+  if (p.elastic && p.zero_stage == 1 && a.checkpoint_dir.empty()) {
+    return InvalidArgumentError(
+        "--min-ranks with zero_stage 1: the optimizer state is sharded over the replicas, so a "
+        "lost rank's part can only come back from a checkpoint; give --checkpoint-dir");
+  }
   p.cpus = AllowedCpus();
   const int ncpu = static_cast<int>(p.cpus.size());
   p.threads = a.threads_per_rank > 0 ? a.threads_per_rank : std::max(1, ncpu / a.ranks);
@@ -403,15 +443,17 @@ std::string TracePart(const std::string& trace, int rank) {
 
 class MetricsPipe {
  public:
-  // Rank 0 writes to the launcher's pipe; other ranks, or a worker run by hand, write nowhere.
-  explicit MetricsPipe(bool enabled) {
-    if (enabled && fcntl(kMetricsFd, F_GETFD) != -1) file_ = fdopen(kMetricsFd, "w");
+  // The launcher's pipe, when it gave this worker one (a worker run by hand has none).
+  MetricsPipe() {
+    if (fcntl(kMetricsFd, F_GETFD) != -1) file_ = fdopen(kMetricsFd, "w");
   }
   ~MetricsPipe() {
     if (file_ != nullptr) fclose(file_);
   }
+  // Only rank 0 of a generation writes.
+  void set_enabled(bool enabled) { enabled_ = enabled; }
   void Write(const Json& j) {
-    if (file_ == nullptr) return;
+    if (file_ == nullptr || !enabled_) return;
     const std::string line = j.dump() + "\n";
     fwrite(line.data(), 1, line.size(), file_);
     fflush(file_);
@@ -419,20 +461,37 @@ class MetricsPipe {
 
  private:
   FILE* file_ = nullptr;
+  bool enabled_ = false;
 };
 
+// The elastic shape of this run: what stays when generations change.
+fault::ElasticShape ShapeOf(const TrainArgs& a, const Plan& p) {
+  return {.t = p.tensor_parallel,
+          .p = p.pipeline_stages,
+          .global_batch = p.global_batch,
+          .micro_batch_size = p.spec.batch_per_rank,
+          .micro_batches = p.micro_batches,
+          .min_ranks = a.min_ranks > 0 ? a.min_ranks : a.ranks,
+          .max_ranks = a.ranks};
+}
+
+// A worker: one process, a rank of every generation it is a member of. Without elasticity
+// there is one generation, ranks 0..N-1. With it (--min-ranks below --ranks), a generation
+// that fails is followed by the one the launcher announces: the worker keeps its own state
+// (copied out of the failed generation's engine), rebuilds its communicator and engine as
+// its rank there, and continues from the newest state a replica holds.
 Status RunWorkerRank(const TrainArgs& a, const Plan& p) {
-  const int rank = a.worker_rank;
+  const int worker = a.worker_rank;
   // Large blocks that libraries (OpenBLAS's packing buffers among them) allocate and free
   // every step stay in the heap instead of going back to the kernel and faulting in again:
   // fresh pages are slow to fault in on virtual machines.
   mallopt(M_MMAP_THRESHOLD, 256 << 20);
   mallopt(M_TRIM_THRESHOLD, 512 << 20);
   hal::DeviceDescriptor d;
-  d.id = fmt::format("local/rank{}", rank);
+  d.id = fmt::format("local/rank{}", worker);
   d.kind = hal::DeviceKind::kCpu;
   d.host = "local";
-  d.index_on_host = rank;
+  d.index_on_host = worker;
   d.cpus = AllowedCpus();
   // Pinning is done: the launcher bound this process to its cores before exec, so every
   // thread (BLAS, communicator, the model's workers) is born on them.
@@ -440,161 +499,327 @@ Status RunWorkerRank(const TrainArgs& a, const Plan& p) {
 
   const Duration timeout =
       std::chrono::duration_cast<Duration>(std::chrono::duration<double>(a.timeout_s));
-  std::unique_ptr<comm::TcpStoreClient> store;
-  std::unique_ptr<comm::TcpStoreClient> heartbeat_store;
+  const bool elastic = p.elastic;
+  // Store connections, each for one user (a call blocks its connection): the communicators,
+  // the heartbeats, checkpoints, and the watch for the next generation.
+  std::unique_ptr<comm::TcpStoreClient> store, heartbeat_store, checkpoint_store, watch_store;
   std::unique_ptr<fault::Heartbeat> heartbeat;
-  std::unique_ptr<comm::Communicator> comm;
   if (a.ranks > 1) {
     std::string host;
     int port = 0;
     KC_RETURN_IF_ERROR(ParseHostPort(a.store, &host, &port));
-    KC_ASSIGN_OR_RETURN(store,
-                        comm::TcpStoreClient::Connect(host, port, Clock::Real()->Now() + timeout));
-    // Heartbeats first, on a connection of their own: the launcher hears from this rank
-    // while it rendezvouses and builds its model.
-    KC_ASSIGN_OR_RETURN(heartbeat_store,
-                        comm::TcpStoreClient::Connect(host, port, Clock::Real()->Now() + timeout));
-    KC_ASSIGN_OR_RETURN(heartbeat, fault::Heartbeat::Start(heartbeat_store.get(), rank,
+    auto connect = [&]() {
+      return comm::TcpStoreClient::Connect(host, port, Clock::Real()->Now() + timeout);
+    };
+    KC_ASSIGN_OR_RETURN(store, connect());
+    // Heartbeats first: the launcher hears from this worker while it rendezvouses and builds
+    // its model.
+    KC_ASSIGN_OR_RETURN(heartbeat_store, connect());
+    KC_ASSIGN_OR_RETURN(heartbeat, fault::Heartbeat::Start(heartbeat_store.get(), worker,
                                                            fault::Seconds(a.heartbeat_period_s)));
-    KC_ASSIGN_OR_RETURN(comm, comm::Communicator::Create({.store = store.get(),
-                                                          .group = a.group,
-                                                          .rank = rank,
-                                                          .size = a.ranks,
-                                                          .transport = p.transport,
-                                                          .connect_timeout = timeout,
-                                                          .timeout = timeout}));
+    if (!a.checkpoint_dir.empty()) {
+      KC_ASSIGN_OR_RETURN(checkpoint_store, connect());
+    }
+    if (elastic) {
+      KC_ASSIGN_OR_RETURN(watch_store, connect());
+    }
   }
-  parallel::TrainerOptions o;
-  o.spec = p.spec;
-  o.data = DataOptions(a, "train");
-  if (p.validation) o.validation = DataOptions(a, "val");
-  o.total_steps = a.steps;
-  o.device = device.get();
-  o.comm = comm.get();
-  o.compute_threads = p.compute_threads;
-  o.micro_batches = p.micro_batches;
-  o.zero_stage = p.zero_stage;
-  o.tensor_parallel = p.tensor_parallel;
-  o.pipeline_stages = p.pipeline_stages;
-  o.schedule = p.schedule;
-  o.virtual_stages = p.virtual_stages;
-  o.recompute = p.recompute;
-  o.grad_sync = p.grad_sync;
-  o.bucket_bytes = static_cast<int64_t>(a.bucket_mb * (1 << 20));
-  // About 60 spans a step (most are the backward's bucket hand-offs), reserved up front.
-  std::unique_ptr<parallel::Timeline> timeline;
-  if (!a.trace.empty()) {
-    timeline = std::make_unique<parallel::Timeline>(static_cast<size_t>(a.steps) *
-                                                    static_cast<size_t>(64 + 8 * p.micro_batches));
-    o.timeline = timeline.get();
+  const fault::ElasticShape shape = ShapeOf(a, p);
+  fault::Generation gen = fault::FirstGeneration(shape, a.ranks);
+  if (a.elastic_join) {
+    // A newcomer: it says it is ready and waits (as a spare) for a generation that takes it in.
+    KC_ASSIGN_OR_RETURN(std::string current,
+                        store->Get(fault::kCurrentGenerationKey, Clock::Real()->Now() + timeout));
+    KC_ASSIGN_OR_RETURN(
+        gen, fault::AwaitGeneration(*store, std::stoll(current), Clock::Real()->Now() + timeout));
+    KC_RETURN_IF_ERROR(store->Set(fault::ReadyKey(worker), "1"));
   }
-  KC_ASSIGN_OR_RETURN(auto trainer, parallel::Trainer::Create(o));
-  if (!a.export_dir.empty() && rank == 0) KC_RETURN_IF_ERROR(Export(a, p, *trainer));
 
-  MetricsPipe metrics(rank == 0);
-  metrics.Write({{"type", "start"},
-                 {"parameters", parallel::ParameterCount(p.spec)},
-                 {"flops_per_token", parallel::TrainingFlopsPerToken(p.spec)},
-                 {"grad_buckets", trainer->grad_buckets()},
-                 {"arena_bytes", trainer->arena_bytes()},
-                 {"stage_activation_bytes", trainer->stage_activation_bytes()}});
-  auto evaluate = [&](int64_t step) -> Status {
-    if (!p.validation) return OkStatus();
-    KC_ASSIGN_OR_RETURN(double val, trainer->Evaluate(a.eval_batches));
-    metrics.Write({{"type", "val"}, {"step", step}, {"loss", val}});
-    return OkStatus();
+  MetricsPipe metrics;  // the leader of each generation (its rank 0) writes
+  // When --inject-fault names a point inside a step, a timeline tells when it is reached.
+  const bool in_step = p.fault_how == "kill-in-forward" || p.fault_how == "kill-in-allreduce";
+  auto injected = [&](int64_t next_step) {
+    std::cerr << "kc train: rank " << worker << ": injected fault before step " << next_step
+              << " (--inject-fault, " << p.fault_how << ")" << std::endl;
   };
   auto inject_fault = [&](int64_t next_step) {
-    if (rank != p.fault_rank || next_step != p.fault_step) return;
-    std::cerr << "kc train: rank " << rank << ": injected fault before step " << next_step
-              << " (--inject-fault, " << p.fault_how << ")" << std::endl;
+    if (worker != p.fault_rank || next_step != p.fault_step || p.fault_how.starts_with("kill-in"))
+      return;
+    injected(next_step);
     if (p.fault_how == "kill") raise(SIGKILL);
     if (p.fault_how == "stop") raise(SIGSTOP);  // silent until killed
     _exit(86);
   };
-  // The loop is L5's resilient runner: checkpoints on the cadence, resuming from one.
-  std::unique_ptr<comm::Store> checkpoint_store;  // a connection of its own: it blocks
-  if (!a.checkpoint_dir.empty() && a.ranks > 1) {
-    std::string host;
-    int port = 0;
-    KC_RETURN_IF_ERROR(ParseHostPort(a.store, &host, &port));
-    KC_ASSIGN_OR_RETURN(
-        checkpoint_store,
-        comm::TcpStoreClient::Connect(host, port, Clock::Real()->Now() + std::chrono::seconds(30)));
-  }
-  fault::RunnerOptions ro{.steps = a.steps,
-                          .checkpoint = {.dir = a.checkpoint_dir,
-                                         .keep = a.checkpoint_keep,
-                                         .compress = a.checkpoint_compress},
-                          .checkpoint_every = p.checkpoint_every,
-                          .mtbf_s = p.mtbf_s,
-                          .resume_from = a.resume == "auto" || a.resume == "never" ? "" : a.resume,
-                          .plan = {{"t", p.tensor_parallel},
-                                   {"p", p.pipeline_stages},
-                                   {"d", a.ranks / (p.tensor_parallel * p.pipeline_stages)},
-                                   {"micro_batch_size", p.spec.batch_per_rank},
-                                   {"micro_batches", p.micro_batches},
-                                   {"schedule", std::string(parallel::ScheduleName(p.schedule))},
-                                   {"v", p.virtual_stages},
-                                   {"recompute", p.recompute},
-                                   {"zero_stage", p.zero_stage}},
-                          .model = fault::ModelFingerprint(p.spec),
-                          .rank = rank,
-                          .ranks = a.ranks,
-                          .store = checkpoint_store.get()};
-  KC_ASSIGN_OR_RETURN(auto runner, fault::ResilientRunner::Create(trainer.get(), ro));
-  if (!ro.resume_from.empty()) {
-    KC_ASSIGN_OR_RETURN(int64_t step, runner->Restore());
-    metrics.Write({{"type", "resume"}, {"step", step}, {"checkpoint", ro.resume_from}});
-  }
-  inject_fault(trainer->steps_done() + 1);
-  fault::RunnerCallbacks callbacks;
-  callbacks.on_step = [&](const parallel::StepStats& s) {
-    metrics.Write({{"type", "step"},
-                   {"step", s.step + 1},
-                   {"loss", s.loss},
-                   {"lr", s.lr},
-                   {"grad_norm", s.grad_norm},
-                   {"step_ms", s.step_s * 1e3},
-                   {"compute_ms", s.compute_s * 1e3},
-                   {"comm_exposed_ms", s.comm_exposed_s * 1e3},
-                   {"tp_comm_ms", s.tp_comm_s * 1e3},
-                   {"stage_bubble", s.stage_bubble},
-                   {"tokens", s.tokens},
-                   {"tokens_per_s", s.tokens / s.step_s}});
-    return OkStatus();
-  };
-  callbacks.after_step = [&](int64_t done) -> Status {
-    if ((p.eval_every > 0 && done % p.eval_every == 0) || done == a.steps) {
-      KC_RETURN_IF_ERROR(evaluate(done));
+
+  fault::StateSnapshot snapshot;       // this worker's state when its last generation ended
+  parallel::LoaderState loader_after;  // the loader after the current trainer's last step
+  std::unique_ptr<parallel::Timeline> timeline;
+  for (;;) {
+    const int rank = gen.rank_of(worker);
+    if (gen.done || (rank < 0 && gen.stop)) return OkStatus();
+    if (rank < 0) {  // a spare: wait for a generation that takes it in
+      KC_ASSIGN_OR_RETURN(
+          gen, fault::AwaitGeneration(*watch_store, gen.number + 1,
+                                      Clock::Real()->Now() + std::chrono::hours(24 * 365)));
+      continue;
     }
-    inject_fault(done + 1);
-    return OkStatus();
-  };
-  callbacks.on_checkpoint = [&](const fault::SaveStats& c) {
-    metrics.Write({{"type", "checkpoint"},
-                   {"step", c.step},
-                   {"stall_ms", c.stall_s * 1e3},
-                   {"persist_ms", c.persist_s * 1e3},
-                   {"raw_bytes", c.raw_bytes},
-                   {"bytes_written", c.bytes_written},
-                   {"chunks_written", c.chunks_written},
-                   {"chunks_reused", c.chunks_reused}});
-  };
-  callbacks.on_interval = [&](int64_t steps, double cost_s, double interval_s) {
-    metrics.Write({{"type", "checkpoint_interval"},
-                   {"step", trainer->steps_done()},
-                   {"every_steps", steps},
-                   {"cost_s", cost_s},
-                   {"interval_s", interval_s},
-                   {"mtbf_s", p.mtbf_s}});
-  };
-  KC_RETURN_IF_ERROR(runner->Run(callbacks));
-  if (timeline != nullptr) {
-    const std::string events = timeline->ChromeTraceEvents(rank);
-    KC_RETURN_IF_ERROR(WriteFile(TracePart(a.trace, rank), events.data(), events.size()));
+    const int world = static_cast<int>(gen.members.size());
+    const auto rebuild_start = std::chrono::steady_clock::now();
+    // Everything of this generation, destroyed (communicators last) before the next begins.
+    std::atomic<comm::Communicator*> live_comm{nullptr};
+    std::atomic<fault::ResilientRunner*> live_runner{nullptr};
+    std::unique_ptr<comm::Communicator> comm;
+    std::unique_ptr<parallel::Trainer> trainer;
+    std::unique_ptr<fault::ResilientRunner> runner;
+    std::unique_ptr<comm::Store> checkpoint_view;
+    std::unique_ptr<fault::GenerationWatch> watch;
+    bool state_ready = false;  // the trainer holds a whole state (initialised or restored)
+    auto abort_generation = [&] {
+      if (comm::Communicator* c = live_comm.load()) {
+        c->Abort(AbortedError(fmt::format("generation {} ended", gen.number)));
+      }
+      if (fault::ResilientRunner* r = live_runner.load()) r->Abandon();
+    };
+    if (elastic) {
+      KC_ASSIGN_OR_RETURN(
+          watch, fault::GenerationWatch::Start(watch_store.get(), gen.number, abort_generation));
+    }
+    metrics.set_enabled(rank == 0);
+    auto run_generation = [&]() -> Status {
+      if (world > 1) {
+        KC_ASSIGN_OR_RETURN(
+            comm, comm::Communicator::Create({.store = store.get(),
+                                              .group = fmt::format("{}/g{}", a.group, gen.number),
+                                              .rank = rank,
+                                              .size = world,
+                                              .transport = p.transport,
+                                              .connect_timeout = timeout,
+                                              .timeout = timeout}));
+        live_comm.store(comm.get());
+        if (watch != nullptr && watch->fired()) abort_generation();
+      }
+      parallel::TrainerOptions o;
+      o.spec = p.spec;
+      o.spec.batch_per_rank = gen.micro_batch_size;
+      o.data = DataOptions(a, "train");
+      if (p.validation) o.validation = DataOptions(a, "val");
+      o.total_steps = a.steps;
+      o.device = device.get();
+      o.comm = comm.get();
+      o.compute_threads =
+          static_cast<int>(std::min<int64_t>(p.compute_threads, gen.micro_batch_size));
+      o.micro_batches = gen.micro_batches;
+      o.zero_stage = p.zero_stage;
+      o.tensor_parallel = p.tensor_parallel;
+      o.pipeline_stages = p.pipeline_stages;
+      o.schedule = p.schedule;
+      o.virtual_stages = p.virtual_stages;
+      o.recompute = p.recompute;
+      o.grad_sync = p.grad_sync;
+      o.bucket_bytes = static_cast<int64_t>(a.bucket_mb * (1 << 20));
+      // About 60 spans a step (most are the backward's bucket hand-offs), reserved up front.
+      if (!a.trace.empty() || in_step) {
+        timeline = std::make_unique<parallel::Timeline>(
+            a.trace.empty()
+                ? 4096
+                : static_cast<size_t>(a.steps) * static_cast<size_t>(64 + 8 * p.micro_batches));
+        o.timeline = timeline.get();
+        if (in_step && worker == p.fault_rank) {
+          const char* at = p.fault_how == "kill-in-forward" ? "data" : "backward";
+          timeline->set_observer([&, at](const char* name, int64_t step) {
+            if (step + 1 == p.fault_step && std::strcmp(name, at) == 0) {
+              injected(p.fault_step);
+              raise(SIGKILL);
+            }
+          });
+        }
+      }
+      KC_ASSIGN_OR_RETURN(trainer, parallel::Trainer::Create(o));
+      if (!a.export_dir.empty() && rank == 0) KC_RETURN_IF_ERROR(Export(a, p, *trainer));
+
+      fault::RunnerOptions ro{
+          .steps = a.steps,
+          .checkpoint = {.dir = a.checkpoint_dir,
+                         .keep = a.checkpoint_keep,
+                         .compress = a.checkpoint_compress},
+          .checkpoint_every = p.checkpoint_every,
+          .mtbf_s = p.mtbf_s,
+          .resume_from =
+              gen.number == 0 && a.resume != "auto" && a.resume != "never" ? a.resume : "",
+          .plan = {{"t", p.tensor_parallel},
+                   {"p", p.pipeline_stages},
+                   {"d", gen.d},
+                   {"micro_batch_size", gen.micro_batch_size},
+                   {"micro_batches", gen.micro_batches},
+                   {"schedule", std::string(parallel::ScheduleName(p.schedule))},
+                   {"v", p.virtual_stages},
+                   {"recompute", p.recompute},
+                   {"zero_stage", p.zero_stage}},
+          .model = fault::ModelFingerprint(p.spec),
+          .rank = rank,
+          .ranks = world};
+      if (worker == p.fault_rank && p.fault_how == "kill-in-persist") {
+        ro.checkpoint.on_persist = [&](int64_t step) {
+          if (step + 1 == p.fault_step) {
+            injected(p.fault_step);
+            raise(SIGKILL);
+          }
+        };
+      }
+      if (checkpoint_store != nullptr) {
+        // Each generation's commits in a key space of its own.
+        checkpoint_view =
+            comm::WithPrefix(checkpoint_store.get(), comm::GenerationPrefix(gen.number));
+        ro.store = checkpoint_view.get();
+      }
+      // The state: from the checkpoint asked for (the first generation), else from this
+      // worker's own copy and the replicas (later ones), else the newest good checkpoint.
+      std::string source;
+      int64_t state_bytes = 0;
+      bool need_checkpoint = gen.number > 0 && gen.from_checkpoint;
+      if (gen.number > 0 && !gen.from_checkpoint) {
+        const fault::Member& me = gen.members[static_cast<size_t>(rank)];
+        const bool has_state =
+            me.has_state && snapshot.valid && fault::ApplySnapshot(snapshot, trainer.get()).ok();
+        Result<fault::ReplicaRestore> r =
+            world > 1 ? fault::RestoreFromReplicas(trainer.get(), comm.get(), has_state)
+                      : (has_state ? Result<fault::ReplicaRestore>(
+                                         fault::ReplicaRestore{.step = snapshot.steps})
+                                   : Result<fault::ReplicaRestore>(
+                                         FailedPreconditionError("no state survived")));
+        if (r.ok()) {
+          source = "replica";
+          state_bytes = r->bytes;
+        } else if (r.status().code() == ErrorCode::kFailedPrecondition) {
+          need_checkpoint = true;
+        } else {
+          return r.status();
+        }
+      }
+      if (need_checkpoint) {
+        if (a.checkpoint_dir.empty()) {
+          return FailedPreconditionError(
+              "no data-parallel replica of the lost ranks survived whole and there is no "
+              "--checkpoint-dir to restore from");
+        }
+        KC_ASSIGN_OR_RETURN(fault::CheckpointEntry e,
+                            fault::LatestGoodCheckpoint(a.checkpoint_dir, nullptr));
+        ro.resume_from = e.path;
+        source = "checkpoint";
+      }
+      KC_ASSIGN_OR_RETURN(runner, fault::ResilientRunner::Create(trainer.get(), ro));
+      live_runner.store(runner.get());
+      if (watch != nullptr && watch->fired()) abort_generation();
+      if (!ro.resume_from.empty()) {
+        KC_ASSIGN_OR_RETURN(int64_t step, runner->Restore());
+        if (gen.number == 0) {
+          metrics.Write({{"type", "resume"}, {"step", step}, {"checkpoint", ro.resume_from}});
+        }
+      }
+      loader_after = trainer->loader().state();
+      state_ready = true;
+      if (gen.number == 0) {
+        metrics.Write({{"type", "start"},
+                       {"parameters", parallel::ParameterCount(p.spec)},
+                       {"flops_per_token", parallel::TrainingFlopsPerToken(p.spec)},
+                       {"grad_buckets", trainer->grad_buckets()},
+                       {"arena_bytes", trainer->arena_bytes()},
+                       {"stage_activation_bytes", trainer->stage_activation_bytes()}});
+      } else {
+        metrics.Write({{"type", "recovery"},
+                       {"generation", gen.number},
+                       {"ranks", world},
+                       {"d", gen.d},
+                       {"micro_batch_size", gen.micro_batch_size},
+                       {"micro_batches", gen.micro_batches},
+                       {"step", trainer->steps_done()},
+                       {"source", source},
+                       {"state_bytes_received", state_bytes},
+                       {"rebuild_s", std::chrono::duration<double>(
+                                         std::chrono::steady_clock::now() - rebuild_start)
+                                         .count()},
+                       {"reason", gen.reason},
+                       {"stop", gen.stop}});
+      }
+      fault::RunnerCallbacks callbacks;
+      callbacks.on_step = [&](const parallel::StepStats& s) {
+        loader_after = trainer->loader().state();
+        metrics.Write({{"type", "step"},
+                       {"step", s.step + 1},
+                       {"loss", s.loss},
+                       {"lr", s.lr},
+                       {"grad_norm", s.grad_norm},
+                       {"step_ms", s.step_s * 1e3},
+                       {"compute_ms", s.compute_s * 1e3},
+                       {"comm_exposed_ms", s.comm_exposed_s * 1e3},
+                       {"tp_comm_ms", s.tp_comm_s * 1e3},
+                       {"stage_bubble", s.stage_bubble},
+                       {"tokens", s.tokens},
+                       {"tokens_per_s", s.tokens / s.step_s}});
+        return OkStatus();
+      };
+      callbacks.after_step = [&](int64_t done) -> Status {
+        if (timeline != nullptr && a.trace.empty()) timeline->Clear();
+        if (p.validation && ((p.eval_every > 0 && done % p.eval_every == 0) || done == a.steps)) {
+          KC_ASSIGN_OR_RETURN(double val, trainer->Evaluate(a.eval_batches));
+          metrics.Write({{"type", "val"}, {"step", done}, {"loss", val}});
+        }
+        inject_fault(done + 1);
+        return OkStatus();
+      };
+      callbacks.on_checkpoint = [&](const fault::SaveStats& c) {
+        metrics.Write({{"type", "checkpoint"},
+                       {"step", c.step},
+                       {"stall_ms", c.stall_s * 1e3},
+                       {"persist_ms", c.persist_s * 1e3},
+                       {"raw_bytes", c.raw_bytes},
+                       {"bytes_written", c.bytes_written},
+                       {"chunks_written", c.chunks_written},
+                       {"chunks_reused", c.chunks_reused}});
+      };
+      callbacks.on_interval = [&](int64_t steps, double cost_s, double interval_s) {
+        metrics.Write({{"type", "checkpoint_interval"},
+                       {"step", trainer->steps_done()},
+                       {"every_steps", steps},
+                       {"cost_s", cost_s},
+                       {"interval_s", interval_s},
+                       {"mtbf_s", p.mtbf_s}});
+      };
+      if (gen.stop) {
+        // Below the minimum: what survived goes to a checkpoint, and the job ends.
+        if (!a.checkpoint_dir.empty()) return runner->SaveNow(callbacks);
+        return OkStatus();
+      }
+      if (gen.number == 0) inject_fault(trainer->steps_done() + 1);
+      return runner->Run(callbacks);
+    };
+    Status s = run_generation();
+    if (s.ok() || !elastic) {
+      if (s.ok() && timeline != nullptr && !a.trace.empty()) {
+        const std::string events = timeline->ChromeTraceEvents(rank);
+        KC_RETURN_IF_ERROR(WriteFile(TracePart(a.trace, rank), events.data(), events.size()));
+      }
+      return s;
+    }
+    // The generation failed. Keep this worker's state, then learn the next generation: the
+    // launcher announces one when a member dies or goes silent.
+    if (trainer != nullptr && state_ready) snapshot = fault::TakeSnapshot(*trainer, loader_after);
+    live_runner.store(nullptr);
+    runner.reset();
+    trainer.reset();
+    live_comm.store(nullptr);
+    watch.reset();
+    comm.reset();
+    Result<fault::Generation> next = fault::AwaitGeneration(
+        *watch_store, gen.number + 1,
+        Clock::Real()->Now() + std::chrono::duration_cast<Duration>(fault::Seconds(
+                                   a.heartbeat_timeout_s + 2 * a.heartbeat_period_s + 10)));
+    if (!next.ok()) return s;
+    std::cerr << "kc train: rank " << rank << " (worker " << worker << "): generation "
+              << gen.number << " ended (" << s.message() << "); generation " << next->number
+              << " begins: " << next->reason << std::endl;
+    gen = *std::move(next);
   }
-  return OkStatus();
 }
 
 int RunWorker(const TrainArgs& a, const Plan& p) {
@@ -661,6 +886,10 @@ std::vector<std::string> WorkerArgv(const TrainArgs& a, const Plan& p, int rank,
     v.push_back("--inject-fault");
     v.push_back(a.inject_fault);
   }
+  if (a.min_ranks > 0) {
+    v.push_back("--min-ranks");
+    v.push_back(std::to_string(a.min_ranks));
+  }
   v.push_back("--heartbeat-period");
   v.push_back(fmt::format("{}", a.heartbeat_period_s));
   v.push_back("--heartbeat-timeout");
@@ -686,18 +915,21 @@ struct Child {
   int err_fd = -1;      // its stderr
   std::string partial;  // an unfinished stderr line
   std::string last_error;
+  std::string kill_reason;  // why the launcher killed it (a missing heartbeat)
   bool exited = false;
   int status = 0;
 };
 
-// Starts rank `rank`: stderr to a pipe, rank 0's fd 3 to `metrics_write`, pinned to its
+// Starts rank `rank` (with `join`, a replacement worker of that id): stderr to a pipe, rank 0's
+// (elastic: every worker's) fd 3 to `metrics_write`, pinned to its
 // cores when they fit, OpenBLAS limited to its threads.
 Result<Child> Spawn(const TrainArgs& a, const Plan& p, int rank, const std::string& store,
-                    const std::string& group, int metrics_write) {
+                    const std::string& group, int metrics_write, bool join = false) {
   int err[2];
   if (pipe2(err, O_CLOEXEC) != 0)
     return InternalError(std::string("pipe: ") + std::strerror(errno));
   std::vector<std::string> args = WorkerArgv(a, p, rank, store, group);
+  if (join) args.push_back("--elastic-join");
   std::vector<char*> argv;
   for (std::string& s : args) argv.push_back(s.data());
   argv.push_back(nullptr);
@@ -712,7 +944,7 @@ Result<Child> Spawn(const TrainArgs& a, const Plan& p, int rank, const std::stri
   if (pid == 0) {
     // The child: only async-signal-safe calls until exec.
     dup2(err[1], STDERR_FILENO);
-    if (rank == 0) {
+    if (rank == 0 || p.elastic) {  // elastic: whichever worker leads a generation reports
       dup2(metrics_write, kMetricsFd);
     } else {
       close(kMetricsFd);
@@ -767,6 +999,8 @@ class Monitor {
       if (j.contains("stage_bubble") && j["stage_bubble"].is_array()) {
         r.stage_bubble = j["stage_bubble"].get<std::vector<double>>();
       }
+      // After a recovery the steps since the restored state come again: the new ones count.
+      while (!steps_.empty() && steps_.back().step >= r.step) steps_.pop_back();
       steps_.push_back(r);
       Show(r.step == a_.steps || r.step % every_ == 0);
     } else if (type == "start" && j.contains("stage_activation_bytes")) {
@@ -775,6 +1009,8 @@ class Monitor {
       checkpoints_.push_back(j);
     } else if (type == "resume") {
       resumed_from_ = j.value("step", int64_t{0});
+    } else if (type == "recovery" && on_recovery) {
+      on_recovery(j);
     } else if (type == "val") {
       val_.push_back({j.value("step", int64_t{0}), j.value("loss", 0.0)});
       if (mode_ == "lines") {
@@ -793,6 +1029,12 @@ class Monitor {
   }
 
   void Finish() { ClearBar(); }
+  // Called with each "recovery" record (the leader of a new generation restored its state).
+  std::function<void(const Json&)> on_recovery;
+  int64_t last_step() const { return steps_.empty() ? 0 : steps_.back().step; }
+  // Set by the launcher: failures seen, and the events of recoveries (faults.jsonl's).
+  int faults = 0;
+  std::vector<Json> recoveries;
 
   const std::vector<StepRecord>& steps() const { return steps_; }
   const std::vector<ValRecord>& val() const { return val_; }
@@ -989,12 +1231,24 @@ void PrintSummary(const TrainArgs& a, const Plan& p, const Monitor& m, double pe
         s.step_ms_median > 0 ? 100 * stall_ms / s.step_ms_median : 0.0, persist_ms,
         written / (1 << 20), reused, chunks);
   }
+  if (m.faults > 0) {
+    std::string what;
+    for (const Json& r : m.recoveries) {
+      what += fmt::format("; generation {} with {} rank{} from {} in {:.2f} s, {} step{} lost",
+                          r.value("generation", 0), r.value("ranks", 0),
+                          r.value("ranks", 0) == 1 ? "" : "s", r.value("source", ""),
+                          r.value("duration_s", 0.0), r.value("steps_lost", 0),
+                          r.value("steps_lost", 0) == 1 ? "" : "s");
+    }
+    std::cout << fmt::format("  faults          {}{}\n", m.faults, what);
+  }
   std::cout << fmt::format("  wall time       {}\n", FormatDuration(s.total_s));
   std::cout << fmt::format("  metrics         {}\n  plot            {}\n", metrics_path.string(),
                            plot_path.string());
   if (!a.trace.empty()) std::cout << fmt::format("  trace           {}\n", a.trace);
   *summary_json = {
       {"type", "summary"},
+      {"faults", m.faults},
       {"model", p.spec.name},
       {"ranks", a.ranks},
       {"threads_per_rank", p.threads},
@@ -1165,7 +1419,12 @@ int RunLauncher(TrainArgs a) {
     }
     children.push_back(*std::move(c));
   }
-  close(mpipe[1]);
+  // Replacement workers need the write end later; otherwise the pipe ends with the workers.
+  int metrics_write = mpipe[1];
+  if (a.max_restarts == 0) {
+    close(metrics_write);
+    metrics_write = -1;
+  }
 
   // Heartbeats: a rank silent for --heartbeat-timeout is declared failed (checked every half
   // period, so within the timeout and one period of its last beat).
@@ -1190,9 +1449,76 @@ int RunLauncher(TrainArgs a) {
   }
 
   Monitor monitor(a, &metrics);
+
+  std::optional<std::string> failure;
+  bool stopped_cleanly = false;  // below --min-ranks: the members saved and exited
+  // Elasticity (fault/elastic.h): the launcher decides each generation and announces it.
+  const fault::ElasticShape shape = ShapeOf(a, p);
+  fault::Generation current = fault::FirstGeneration(shape, a.ranks);
+  bool elastic_open = p.elastic && beat_client != nullptr;  // off once the job is ending
+  if (elastic_open) {
+    if (Status st = fault::AnnounceGeneration(*beat_client, current); !st.ok()) {
+      std::cerr << "kc train: warning: not elastic: " << st.message() << "\n";
+      elastic_open = false;
+    }
+  }
+  int restarts_left = a.max_restarts;
+  int pending_spawns = 0;
+  std::vector<int> awaiting_ready;  // replacements not yet taken into a generation
+  int faults = 0;
+  struct Recovery {
+    std::chrono::steady_clock::time_point detected;
+    int64_t last_step = 0;  // the last step reported before the failure
+  };
+  std::optional<Recovery> recovering;
+  const fs::path fault_log_path =
+      a.fault_log.empty() ? out / "faults.jsonl" : fs::path(a.fault_log);
+  std::ofstream fault_log;
+  auto fault_event = [&](Json event) {
+    if (!fault_log.is_open()) fault_log.open(fault_log_path, std::ios::app);
+    event["time_unix"] =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    event["job"] = group;
+    fault_log << event.dump() << "\n";
+    fault_log.flush();
+  };
+  auto alive_workers = [&] {
+    std::vector<int> alive;
+    for (const Child& c : children) {
+      if (!c.exited) alive.push_back(c.rank);
+    }
+    return alive;
+  };
+  auto announce = [&](const fault::Generation& next) -> bool {
+    if (Status st = fault::AnnounceGeneration(*beat_client, next); !st.ok()) {
+      failure = "cannot announce generation " + std::to_string(next.number) + ": " + st.message();
+      return false;
+    }
+    current = next;
+    return true;
+  };
+  monitor.on_recovery = [&](const Json& r) {
+    const int64_t step = r.value("step", int64_t{0});
+    Json event = {{"event", r.value("stop", false) ? "stopped" : "recovered"},
+                  {"generation", r.value("generation", int64_t{0})},
+                  {"ranks", r.value("ranks", 0)},
+                  {"d", r.value("d", 0)},
+                  {"source", r.value("source", "")},
+                  {"step", step},
+                  {"rebuild_s", r.value("rebuild_s", 0.0)}};
+    if (recovering) {
+      const double took =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - recovering->detected)
+              .count();
+      event["steps_lost"] = std::max<int64_t>(0, recovering->last_step - step);
+      event["duration_s"] = took;
+      recovering.reset();
+    }
+    fault_event(event);
+    monitor.recoveries.push_back(event);
+  };
   std::string metrics_partial;
   int metrics_fd = mpipe[0];
-  std::optional<std::string> failure;
   std::optional<std::chrono::steady_clock::time_point> kill_at;
   size_t running = children.size();
   auto stop_others = [&] {
@@ -1221,6 +1547,70 @@ int RunLauncher(TrainArgs a) {
     if (beats) beats->Forget(c.rank);
     --running;
     const bool ok = WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0;
+    if (ok && elastic_open && current.rank_of(c.rank) >= 0) {
+      // A member finished: the job is ending; tell spares once every member has.
+      bool all = true;
+      for (const fault::Member& m : current.members) {
+        all = all && children[static_cast<size_t>(m.worker)].exited;
+      }
+      if (all) {
+        fault::Generation done;
+        done.number = current.number + 1;
+        done.done = true;
+        done.reason = "the job finished";
+        (void)announce(done);
+        elastic_open = false;
+      }
+    }
+    if (!ok && !failure) {
+      std::string why = !c.kill_reason.empty() ? c.kill_reason
+                        : c.last_error.empty() ? DescribeExit(c.status)
+                                               : c.last_error;
+      if (c.kill_reason.empty() && !c.last_error.empty() && WIFSIGNALED(c.status))
+        why += " (" + DescribeExit(c.status) + ")";
+      monitor.faults = ++faults;
+      Json event = {{"event", "detected"}, {"worker", c.rank}, {"reason", why}};
+      if (elastic_open) {
+        Result<fault::Generation> next =
+            fault::NextGeneration(current, shape, alive_workers(), p.zero_stage == 1,
+                                  fmt::format("worker {} failed: {}", c.rank, why));
+        if (next.ok() && announce(*next)) {
+          event["generation"] = next->number;
+          event["ranks"] = next->members.size();
+          fault_event(event);
+          recovering = Recovery{std::chrono::steady_clock::now(), monitor.last_step()};
+          if (next->stop) {
+            const int left = static_cast<int>(alive_workers().size());
+            const int usable = fault::UsableReplicas(shape, left) * shape.t * shape.p;
+            failure = fmt::format(
+                "worker {} failed: {}; {} worker{} left{}, below --min-ranks {}: the job "
+                "stopped{}",
+                c.rank, why, left, left == 1 ? "" : "s",
+                usable == left ? std::string()
+                               : fmt::format(" (global batch {} splits over {} of them)",
+                                             shape.global_batch, usable),
+                shape.min_ranks,
+                a.checkpoint_dir.empty() || next->members.empty()
+                    ? " (no --checkpoint-dir: the steps since the start are lost)"
+                    : " with a checkpoint of the state that survived (run the command again "
+                      "to resume from it)");
+            stopped_cleanly = true;
+            elastic_open = false;
+            return;  // the members save and exit; spares see the stop and exit
+          }
+          std::cerr << fmt::format(
+              "kc train: worker {} failed: {}; generation {} goes on with {} rank{} (d={})\n",
+              c.rank, why, next->number, next->members.size(), next->members.size() == 1 ? "" : "s",
+              next->d);
+          if (restarts_left > 0) {
+            --restarts_left;
+            ++pending_spawns;  // started after this poll round (children may grow)
+          }
+          return;
+        }
+      }
+      fault_event(event);
+    }
     if (!ok && !failure) {
       std::string why = c.last_error.empty() ? DescribeExit(c.status) : c.last_error;
       if (!c.last_error.empty() && WIFSIGNALED(c.status))
@@ -1269,6 +1659,14 @@ int RunLauncher(TrainArgs a) {
       for (int r : beats->Check(now)) {
         Child& c = children[static_cast<size_t>(r)];
         if (c.exited) continue;
+        if (elastic_open) {  // its exit starts the next generation
+          c.kill_reason = fmt::format(
+              "sent no heartbeat for {:.1f} s (--heartbeat-timeout {} s): "
+              "declared failed and killed",
+              beats->silent_for(r).count(), a.heartbeat_timeout_s);
+          kill(c.pid, SIGKILL);
+          continue;
+        }
         if (!failure) {
           failure = fmt::format(
               "rank {} sent no heartbeat for {:.1f} s (--heartbeat-timeout {} s): declared failed "
@@ -1280,6 +1678,46 @@ int RunLauncher(TrainArgs a) {
       }
       next_check = now + check_every;
     }
+    // Replacements: started after a failure; taken in once they are up.
+    for (; pending_spawns > 0 && !failure; --pending_spawns) {
+      const int id = static_cast<int>(children.size());
+      Result<Child> c = Spawn(a, p, id, store, group, metrics_write, /*join=*/true);
+      if (!c.ok()) {
+        std::cerr << "kc train: warning: cannot start replacement worker " << id << ": "
+                  << c.status().message() << "\n";
+        continue;
+      }
+      children.push_back(*std::move(c));
+      ++running;
+      if (beats) beats->Watch(id, std::chrono::steady_clock::now());
+      awaiting_ready.push_back(id);
+      std::cerr << "kc train: started replacement worker " << id << "\n";
+    }
+    for (size_t i = 0; i < awaiting_ready.size() && elastic_open && !failure;) {
+      const int id = awaiting_ready[i];
+      const std::string keys[1] = {fault::ReadyKey(id)};
+      Result<bool> ready = beat_client->Check(keys);
+      if (children[static_cast<size_t>(id)].exited || (ready.ok() && *ready)) {
+        awaiting_ready.erase(awaiting_ready.begin() + static_cast<std::ptrdiff_t>(i));
+        if (children[static_cast<size_t>(id)].exited) continue;
+        Result<fault::Generation> next =
+            fault::NextGeneration(current, shape, alive_workers(), p.zero_stage == 1,
+                                  fmt::format("worker {} joined", id));
+        if (next.ok() && next->members.size() > current.members.size() && announce(*next)) {
+          fault_event({{"event", "joined"},
+                       {"worker", id},
+                       {"generation", next->number},
+                       {"ranks", next->members.size()}});
+          recovering = Recovery{std::chrono::steady_clock::now(), monitor.last_step()};
+          std::cerr << fmt::format(
+              "kc train: worker {} joined: generation {} goes on with {} "
+              "ranks (d={})\n",
+              id, next->number, next->members.size(), next->d);
+        }
+        continue;
+      }
+      ++i;
+    }
     if (kill_at && std::chrono::steady_clock::now() > *kill_at) {
       for (Child& c : children) {
         if (!c.exited) kill(c.pid, SIGKILL);
@@ -1287,6 +1725,7 @@ int RunLauncher(TrainArgs a) {
       kill_at.reset();
     }
   }
+  if (metrics_write >= 0) close(metrics_write);
   if (metrics_fd >= 0) {
     while (ReadLines(metrics_fd, &metrics_partial,
                      [&](const std::string& l) { monitor.OnMetricsLine(l); })) {
@@ -1298,7 +1737,8 @@ int RunLauncher(TrainArgs a) {
   if (failure) {
     for (int r = 0; r < a.ranks && !a.trace.empty(); ++r) fs::remove(TracePart(a.trace, r), ec);
     metrics.flush();
-    std::cerr << "kc train: " << *failure << "; the other ranks were stopped\n";
+    std::cerr << "kc train: " << *failure
+              << (stopped_cleanly ? "\n" : "; the other ranks were stopped\n");
     return kExitFailure;
   }
   // A resumed run takes the steps after its checkpoint's.
@@ -1420,6 +1860,15 @@ void AddTrainCommand(CLI::App& app, Action* action) {
                 "Seconds without a heartbeat after which a rank is declared failed (at least two "
                 "periods)")
       ->capture_default_str();
+  c->add_option("--min-ranks", a->min_ranks,
+                "Elastic: when ranks fail the survivors go on down to this many (default --ranks: "
+                "a failure stops the job)");
+  c->add_option("--max-restarts", a->max_restarts,
+                "Elastic: replacement workers started for failed ones, to grow back")
+      ->capture_default_str();
+  c->add_option("--fault-log", a->fault_log,
+                "Fault events, one JSON object a line (default: faults.jsonl in --out)");
+  c->add_flag("--elastic-join", a->elastic_join)->group("");        // internal: a replacement
   c->add_option("--worker-rank", a->worker_rank)->group("");        // internal: run as this rank
   c->add_option("--store", a->store)->group("");                    // internal
   c->add_option("--group", a->group)->group("");                    // internal

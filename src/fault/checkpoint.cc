@@ -252,6 +252,7 @@ Status CheckpointWriter::Save(std::span<const StateTensor> tensors, const Owners
 }
 
 Status CheckpointWriter::Persist() {
+  if (options_.on_persist) options_.on_persist(info_.step);
   const auto t0 = std::chrono::steady_clock::now();
   const fs::path root = options_.dir;
   const std::string step_dir = StepDirName(info_.step);
@@ -322,8 +323,25 @@ Status CheckpointWriter::Persist() {
     for (int r = 0; r < ranks_; ++r) {
       std::string hash = rank_hash;
       if (r != 0) {
-        KC_ASSIGN_OR_RETURN(hash, store_->Get(key_prefix + std::to_string(r),
-                                              store_->clock()->Now() + std::chrono::minutes(30)));
+        const TimePoint deadline = store_->clock()->Now() + std::chrono::minutes(30);
+        for (;;) {
+          if (abandoned_.load(std::memory_order_acquire)) {
+            return AbortedError("checkpoint " + step_dir + ": abandoned before rank " +
+                                std::to_string(r) + "'s file was committed");
+          }
+          // In short waits, so that Abandon is noticed.
+          Result<std::string> h = store_->Get(
+              key_prefix + std::to_string(r),
+              std::min(deadline, store_->clock()->Now() + std::chrono::milliseconds(200)));
+          if (h.ok()) {
+            hash = *h;
+            break;
+          }
+          if (h.status().code() != ErrorCode::kDeadlineExceeded ||
+              store_->clock()->Now() >= deadline) {
+            return h.status();
+          }
+        }
       }
       rank_files.push_back({{"file", RankFileName(r)}, {"hash", hash}});
     }

@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <span>
@@ -39,6 +40,9 @@ struct CheckpointOptions {
   int keep = 3;                   // committed checkpoints kept (the newest); at least 1
   bool compress = false;          // zstd (level 1) the chunks
   int64_t chunk_bytes = 4 << 20;  // content is cut into chunks of this size
+  // Drills (kc train --inject-fault ...:kill-in-persist): called on the persist thread as it
+  // starts persisting the checkpoint of `step`.
+  std::function<void(int64_t step)> on_persist;
 };
 
 // What the manifest records besides the shards.
@@ -88,6 +92,9 @@ class CheckpointWriter {
               const CheckpointInfo& info);
   // Waits for the persist in flight; its status.
   Status Wait();
+  // From any thread: the group that would commit the persist in flight is gone; rank 0 stops
+  // waiting for the other ranks' files (kAborted: that checkpoint is not committed).
+  void Abandon() { abandoned_.store(true, std::memory_order_release); }
   // A persist is running in the background.
   bool persisting() const { return persisting_.load(std::memory_order_acquire); }
   // The last persisted checkpoint's figures (after Wait, or the next Save); step -1 before
@@ -110,6 +117,7 @@ class CheckpointWriter {
   CheckpointInfo info_;
   std::vector<std::pair<std::string, std::string>> previous_;  // hash -> file, last checkpoint
   std::thread persist_;
+  std::atomic<bool> abandoned_{false};
   std::atomic<bool> persisting_{false};
   Status persist_status_;
   SaveStats stats_;

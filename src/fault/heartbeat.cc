@@ -69,6 +69,21 @@ HeartbeatMonitor::HeartbeatMonitor(comm::Store* store, int ranks, HeartbeatOptio
 
 void HeartbeatMonitor::Forget(int rank) { watched_.at(static_cast<size_t>(rank)) = false; }
 
+void HeartbeatMonitor::Watch(int rank, Clock::time_point start) {
+  const size_t r = static_cast<size_t>(rank);
+  if (r >= watched_.size()) {
+    last_value_.resize(r + 1);
+    last_change_.resize(r + 1, start);
+    watched_.resize(r + 1, false);
+    heard_.resize(r + 1, false);
+    silent_for_.resize(r + 1, Seconds(0));
+  }
+  watched_[r] = true;
+  heard_[r] = false;
+  last_change_[r] = start;
+  last_value_[r].clear();
+}
+
 std::vector<int> HeartbeatMonitor::Check(Clock::time_point now) {
   std::vector<int> silent;
   for (size_t r = 0; r < watched_.size(); ++r) {

@@ -76,6 +76,8 @@ class HeartbeatMonitor {
   // How long rank r had been silent when Check reported it.
   Seconds silent_for(int rank) const { return silent_for_.at(static_cast<size_t>(rank)); }
   void Forget(int rank);  // stop watching (the rank exited)
+  // Watches `rank` (a new one, or one forgotten) as not heard from since `start`.
+  void Watch(int rank, Clock::time_point start);
 
  private:
   comm::Store* const store_;

@@ -95,9 +95,20 @@ Result<int64_t> ResilientRunner::NextInterval(const RunnerCallbacks& callbacks) 
   const int64_t done = trainer_->steps_done();
   const std::string key = "kc/checkpoint/interval/" + std::to_string(done);
   if (options_.rank != 0) {  // rank 0's choice, so that every rank saves at the same steps
-    KC_ASSIGN_OR_RETURN(std::string value, options_.store->Get(key, options_.store->clock()->Now() +
-                                                                        std::chrono::minutes(10)));
-    return std::stoll(value);
+    const TimePoint deadline = options_.store->clock()->Now() + std::chrono::minutes(10);
+    for (;;) {
+      if (abandoned_.load(std::memory_order_acquire)) {
+        return AbortedError("checkpoint interval: the group was abandoned");
+      }
+      // In short waits, so that Abandon is noticed.
+      Result<std::string> value = options_.store->Get(
+          key, std::min(deadline, options_.store->clock()->Now() + std::chrono::milliseconds(200)));
+      if (value.ok()) return std::stoll(*value);
+      if (value.status().code() != ErrorCode::kDeadlineExceeded ||
+          options_.store->clock()->Now() >= deadline) {
+        return value.status();
+      }
+    }
   }
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
@@ -125,6 +136,24 @@ Ownership ResilientRunner::Owner() const {
   return {.dp_rank = trainer_->dp_rank(),
           .tp_rank = trainer_->tp_rank(),
           .zero = trainer_->zero_stage() == 1};
+}
+
+void ResilientRunner::Abandon() {
+  abandoned_.store(true, std::memory_order_release);
+  if (writer_ != nullptr) writer_->Abandon();
+}
+
+Status ResilientRunner::SaveNow(const RunnerCallbacks& callbacks) {
+  KC_LAYER_ENTRY(Layer::kFault, "runner");
+  if (writer_ == nullptr) return FailedPreconditionError("no checkpoint directory");
+  KC_RETURN_IF_ERROR(Checkpoint(callbacks));
+  KC_RETURN_IF_ERROR(writer_->Wait().WithContext("checkpoint"));
+  const SaveStats last = writer_->last_stats();
+  if (last.step >= 0 && last.step > reported_ && callbacks.on_checkpoint) {
+    callbacks.on_checkpoint(last);
+    reported_ = last.step;
+  }
+  return OkStatus();
 }
 
 Status ResilientRunner::Run(const RunnerCallbacks& callbacks) {

@@ -8,6 +8,7 @@
 //   KC_RETURN_IF_ERROR(runner->Run(callbacks));
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -65,6 +66,15 @@ class ResilientRunner {
   // and waits for the last checkpoint to be persisted.
   Status Run(const RunnerCallbacks& callbacks);
 
+  // Saves a checkpoint of the state now and waits until it is committed (a job stopping below
+  // its minimum size).
+  Status SaveNow(const RunnerCallbacks& callbacks);
+
+  // From any thread: the run's group is gone (a new generation began). Waits on other ranks
+  // through the store (a checkpoint's commit, the shared checkpoint interval) give up with
+  // kAborted instead of waiting out their deadlines. The communicator is aborted separately.
+  void Abandon();
+
  private:
   ResilientRunner(parallel::Trainer* trainer, RunnerOptions options)
       : trainer_(trainer), options_(std::move(options)) {}
@@ -75,6 +85,7 @@ class ResilientRunner {
 
   parallel::Trainer* const trainer_;
   const RunnerOptions options_;
+  std::atomic<bool> abandoned_{false};
   std::unique_ptr<CheckpointWriter> writer_;
   int64_t reported_ = -1;        // the last checkpoint step handed to on_checkpoint
   int64_t next_checkpoint_ = 1;  // with mtbf_s: the step after which the next one is taken

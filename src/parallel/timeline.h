@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,13 @@ class Timeline {
   void Add(const char* name, SpanKind kind, int64_t step, Clock::time_point start,
            Clock::time_point end) {
     spans_.push_back({name, kind, step, start, end});
+    if (observer_) observer_(name, step);
+  }
+
+  // Called with each span's name and step as it is added (after the span ended); a drill hooks
+  // fault injection on it (kc train --inject-fault). Empty: none.
+  void set_observer(std::function<void(const char* name, int64_t step)> observer) {
+    observer_ = std::move(observer);
   }
 
   size_t size() const { return spans_.size(); }
@@ -51,6 +59,7 @@ class Timeline {
     Clock::time_point end;
   };
   std::vector<Span> spans_;
+  std::function<void(const char*, int64_t)> observer_;
 };
 
 }  // namespace kc::parallel
