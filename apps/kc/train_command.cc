@@ -585,6 +585,13 @@ Status RunWorkerRank(const TrainArgs& a, const Plan& p) {
           watch, fault::GenerationWatch::Start(watch_store.get(), gen.number, abort_generation));
     }
     metrics.set_enabled(rank == 0);
+    // Survivors come to a new generation's rendezvous within a second or so; one that does not
+    // come is dead or silent, which the launcher turns into a later generation within the
+    // heartbeat timeout: waiting longer than that is waiting for nothing.
+    const Duration connect_timeout =
+        gen.number == 0 ? timeout
+                        : std::min(timeout, std::chrono::duration_cast<Duration>(
+                                                fault::Seconds(2 * a.heartbeat_timeout_s + 10)));
     auto run_generation = [&]() -> Status {
       if (world > 1) {
         KC_ASSIGN_OR_RETURN(
@@ -593,7 +600,7 @@ Status RunWorkerRank(const TrainArgs& a, const Plan& p) {
                                               .rank = rank,
                                               .size = world,
                                               .transport = p.transport,
-                                              .connect_timeout = timeout,
+                                              .connect_timeout = connect_timeout,
                                               .timeout = timeout}));
         live_comm.store(comm.get());
         if (watch != nullptr && watch->fired()) abort_generation();
@@ -805,6 +812,7 @@ Status RunWorkerRank(const TrainArgs& a, const Plan& p) {
     // launcher announces one when a member dies or goes silent.
     if (trainer != nullptr && state_ready) snapshot = fault::TakeSnapshot(*trainer, loader_after);
     live_runner.store(nullptr);
+    if (runner != nullptr) runner->Abandon();  // a persist in flight cannot commit now
     runner.reset();
     trainer.reset();
     live_comm.store(nullptr);
@@ -1471,8 +1479,9 @@ int RunLauncher(TrainArgs a) {
     int64_t last_step = 0;  // the last step reported before the failure
   };
   std::optional<Recovery> recovering;
+  // Beside the metrics unless given.
   const fs::path fault_log_path =
-      a.fault_log.empty() ? out / "faults.jsonl" : fs::path(a.fault_log);
+      a.fault_log.empty() ? metrics_path.parent_path() / "faults.jsonl" : fs::path(a.fault_log);
   std::ofstream fault_log;
   auto fault_event = [&](Json event) {
     if (!fault_log.is_open()) fault_log.open(fault_log_path, std::ios::app);
@@ -1867,7 +1876,7 @@ void AddTrainCommand(CLI::App& app, Action* action) {
                 "Elastic: replacement workers started for failed ones, to grow back")
       ->capture_default_str();
   c->add_option("--fault-log", a->fault_log,
-                "Fault events, one JSON object a line (default: faults.jsonl in --out)");
+                "Fault events, one JSON object a line (default: faults.jsonl beside the metrics)");
   c->add_flag("--elastic-join", a->elastic_join)->group("");        // internal: a replacement
   c->add_option("--worker-rank", a->worker_rank)->group("");        // internal: run as this rank
   c->add_option("--store", a->store)->group("");                    // internal

@@ -94,9 +94,17 @@ TrainRun Train(const std::string& model, const std::string& flags, const std::st
   run.result = Kc("train " + model + " --data " + c.manifest() + " --progress none --metrics " +
                   metrics + " --plot " + c.dir().Path(name + ".svg") + " " + flags);
   std::ifstream in(metrics);
+  std::vector<int64_t> steps;
   for (std::string line; std::getline(in, line);) {
     run.records.push_back(nlohmann::json::parse(line));
     if (run.records.back()["type"] == "step") {
+      // After an elastic recovery the steps since the restored state come again.
+      const int64_t step = run.records.back()["step"].get<int64_t>();
+      while (!steps.empty() && steps.back() >= step) {
+        steps.pop_back();
+        run.losses.pop_back();
+      }
+      steps.push_back(step);
       run.losses.push_back(run.records.back()["loss"].get<double>());
     }
   }
@@ -651,4 +659,148 @@ TEST(KcCheckpointTest, ACheckpointOfAnotherModelIsRefused) {
 }
 
 }  // namespace
+// ----- Elastic recovery (L5).
+
+std::vector<nlohmann::json> ReadJsonLines(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+// 4 ranks, a global batch of 12: 3 survivors take 4 sequences each.
+constexpr char kElasticFlags[] =
+    "--steps 10 --ranks 4 --global-batch 12 --threads-per-rank 1 --eval-every 0 ";
+
+const std::vector<double>& UninterruptedElasticLosses() {
+  static const std::vector<double> losses = [] {
+    TrainRun run = Train(TheCorpus().model(), kElasticFlags, "elastic_baseline");
+    EXPECT_EQ(run.result.exit_code, 0) << run.result.err;
+    return run.losses;
+  }();
+  return losses;
+}
+
+// A worker of a 4-rank run dies by kill -9 as its forward starts, inside the gradient
+// all-reduce, or while a checkpoint is being persisted, or stops (found by its heartbeats).
+// The 3 survivors go on as generation 1 with the state of the last completed step, and the
+// run completes with the losses of an uninterrupted run.
+class KcElasticTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(KcElasticTest, TheSurvivorsGoOnWithTheUninterruptedLosses) {
+  const std::string how = GetParam();
+  const std::string name = "elastic_" + how;
+  const std::string faults = TheCorpus().dir().Path(name + "_faults.jsonl");
+  const std::string ckpt = TheCorpus().dir().Path(name + "_ckpt");
+  fs::remove(faults);
+  fs::remove_all(ckpt);
+  std::string flags = std::string(kElasticFlags) + "--min-ranks 2 --inject-fault 2:5:" + how +
+                      " --fault-log " + faults;
+  if (how == "kill-in-persist") flags += " --checkpoint-dir " + ckpt + " --checkpoint-every 4";
+  if (how == "stop") flags += " --heartbeat-period 0.1 --heartbeat-timeout 1";
+  TrainRun run = Train(TheCorpus().model(), flags, name);
+  ASSERT_EQ(run.result.exit_code, 0) << run.result.err;
+  EXPECT_THAT(run.result.err, HasSubstr("injected fault before step 5 (--inject-fault, " + how));
+  EXPECT_THAT(run.result.err, HasSubstr("worker 2 failed"));
+  EXPECT_THAT(run.result.err, HasSubstr("generation 1 goes on with 3 ranks (d=3)"));
+  if (how == "stop") EXPECT_THAT(run.result.err, HasSubstr("sent no heartbeat"));
+
+  const std::vector<double>& base = UninterruptedElasticLosses();
+  ASSERT_EQ(run.losses.size(), base.size());
+  EXPECT_LE(MaxRelativeDifference(run.losses, base), 1e-5);
+
+  // The fault events: detected, then recovered from a replica at step 4 with nothing lost.
+  const std::vector<nlohmann::json> events = ReadJsonLines(faults);
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0]["event"], "detected");
+  EXPECT_EQ(events[0]["worker"], 2);
+  EXPECT_EQ(events[0]["generation"], 1);
+  EXPECT_EQ(events[1]["event"], "recovered");
+  EXPECT_EQ(events[1]["source"], "replica");
+  EXPECT_EQ(events[1]["ranks"], 3);
+  EXPECT_EQ(events[1]["step"], 4);
+  EXPECT_EQ(events[1]["steps_lost"], 0);
+  EXPECT_GT(events[1]["duration_s"].get<double>(), 0);
+  EXPECT_EQ(run.records.back()["type"], "summary");
+  EXPECT_EQ(run.records.back()["faults"], 1);
+  EXPECT_THAT(run.result.out, HasSubstr("faults          1; generation 1 with 3 ranks"));
+
+  if (how == "kill-in-persist") {
+    // The checkpoint being persisted when the worker died was never committed; the new
+    // generation's are, and verify.
+    EXPECT_FALSE(fs::exists(ckpt + "/step-00000004/MANIFEST.json"));
+    KcRun verify = Kc("ckpt verify " + ckpt);
+    EXPECT_EQ(verify.exit_code, 0) << verify.out << verify.err;
+    EXPECT_THAT(verify.out, HasSubstr("step-00000008  (3 ranks"));
+    EXPECT_THAT(verify.out, HasSubstr("step-00000010  (3 ranks"));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Faults, KcElasticTest,
+                         ::testing::Values("kill-in-forward", "kill-in-allreduce",
+                                           "kill-in-persist", "stop"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           std::erase(n, '-');
+                           return n;
+                         });
+
+// With --max-restarts a replacement worker starts, joins the next generation when it is up
+// and takes the state by broadcast: the job grows back to 4 ranks.
+TEST(KcElasticGrowTest, AReplacementJoinsAndTheJobGrowsBack) {
+  const std::string faults = TheCorpus().dir().Path("elastic_grow_faults.jsonl");
+  fs::remove(faults);
+  TrainRun run =
+      Train(TheCorpus().model(),
+            std::string(kElasticFlags) +
+                "--min-ranks 2 --max-restarts 1 --inject-fault 1:3:kill --fault-log " + faults,
+            "elastic_grow");
+  ASSERT_EQ(run.result.exit_code, 0) << run.result.err;
+  EXPECT_THAT(run.result.err, HasSubstr("started replacement worker 4"));
+  EXPECT_THAT(run.result.err, HasSubstr("worker 4 joined: generation"));
+  EXPECT_THAT(run.result.err, HasSubstr("goes on with 4 ranks (d=4)"));
+  EXPECT_LE(MaxRelativeDifference(run.losses, UninterruptedElasticLosses()), 1e-5);
+  ASSERT_EQ(run.losses.size(), UninterruptedElasticLosses().size());
+  bool joined = false, recovered_with_4 = false;
+  for (const nlohmann::json& e : ReadJsonLines(faults)) {
+    joined = joined || (e["event"] == "joined" && e["worker"] == 4);
+    recovered_with_4 = recovered_with_4 || (e["event"] == "recovered" && e["ranks"] == 4);
+  }
+  EXPECT_TRUE(joined);
+  EXPECT_TRUE(recovered_with_4);
+}
+
+// Below --min-ranks the job stops: the survivors save what they hold and exit; the same
+// command resumes from that checkpoint.
+TEST(KcElasticStopTest, BelowMinRanksTheJobStopsWithACheckpoint) {
+  const std::string ckpt = TheCorpus().dir().Path("elastic_stop_ckpt");
+  fs::remove_all(ckpt);
+  // 16 sequences over 3 survivors do not split: 2 replicas, below 3.
+  const std::string flags =
+      "--steps 8 --ranks 4 --threads-per-rank 1 --eval-every 0 --min-ranks 3 "
+      "--checkpoint-dir " +
+      ckpt;
+  TrainRun stopped = Train(TheCorpus().model(), flags + " --inject-fault 3:4:kill", "elastic_stop");
+  EXPECT_EQ(stopped.result.exit_code, 1);
+  EXPECT_THAT(stopped.result.err,
+              HasSubstr("3 workers left (global batch 16 splits over 2 of them), below "
+                        "--min-ranks 3: the job stopped with a checkpoint"));
+  EXPECT_TRUE(fs::exists(ckpt + "/step-00000003/MANIFEST.json"));
+  TrainRun resumed = Train(TheCorpus().model(), flags, "elastic_stop_resumed");
+  ASSERT_EQ(resumed.result.exit_code, 0) << resumed.result.err;
+  EXPECT_EQ(ResumedFrom(resumed), 3);
+  EXPECT_EQ(resumed.losses.size(), 5u);
+}
+
+TEST_F(KcTrainBadInputTest, ElasticOptions) {
+  KcRun r = Expect2(TheCorpus().model(), data() + " --ranks 2 --min-ranks 3");
+  EXPECT_THAT(r.err, HasSubstr("--min-ranks 3: must be between 1 and --ranks (2)"));
+  r = Expect2(TheCorpus().model(), data() + " --ranks 2 --max-restarts 1");
+  EXPECT_THAT(r.err, HasSubstr("--max-restarts 1: replacements join an elastic job"));
+  r = Expect2(TheCorpus().model(), data() + " --ranks 2 --inject-fault 1:2:kill-in-persist");
+  EXPECT_THAT(r.err, HasSubstr("kill-in-persist needs --checkpoint-dir"));
+  r = Expect2(TheCorpus().model(), data() + " --ranks 2 --inject-fault 1:2:explode");
+  EXPECT_THAT(r.err, HasSubstr("HOW one of exit, kill, stop"));
+}
+
 }  // namespace kc::parallel
