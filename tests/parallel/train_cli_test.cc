@@ -792,6 +792,33 @@ TEST(KcElasticStopTest, BelowMinRanksTheJobStopsWithACheckpoint) {
   EXPECT_EQ(resumed.losses.size(), 5u);
 }
 
+// With ZeRO-1 a lost rank's part of the optimizer state is gone: the survivors load the newest
+// checkpoint and go on from there, with the uninterrupted run's losses.
+TEST(KcElasticCheckpointTest, ShardedStateComesBackFromTheCheckpoint) {
+  const std::string ckpt = TheCorpus().dir().Path("elastic_zero_ckpt");
+  const std::string faults = TheCorpus().dir().Path("elastic_zero_faults.jsonl");
+  fs::remove_all(ckpt);
+  fs::remove(faults);
+  const std::string flags =
+      std::string(kElasticFlags) + "--plan d=4,zero_stage=1,micro_batch_size=3";
+  TrainRun base = Train(TheCorpus().model(), flags, "elastic_zero_base");
+  ASSERT_EQ(base.result.exit_code, 0) << base.result.err;
+  TrainRun run = Train(TheCorpus().model(),
+                       flags + " --min-ranks 2 --checkpoint-dir " + ckpt +
+                           " --checkpoint-every 4 --inject-fault 1:7:kill --fault-log " + faults,
+                       "elastic_zero");
+  ASSERT_EQ(run.result.exit_code, 0) << run.result.err;
+  EXPECT_THAT(run.result.err, HasSubstr("generation 1 goes on with 3 ranks (d=3)"));
+  ASSERT_EQ(run.losses.size(), base.losses.size());
+  EXPECT_LE(MaxRelativeDifference(run.losses, base.losses), 1e-5);
+  const std::vector<nlohmann::json> events = ReadJsonLines(faults);
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[1]["event"], "recovered");
+  EXPECT_EQ(events[1]["source"], "checkpoint");
+  EXPECT_EQ(events[1]["step"], 4);
+  EXPECT_EQ(events[1]["steps_lost"], 2);  // steps 5 and 6 were reported, then run again
+}
+
 TEST_F(KcTrainBadInputTest, ElasticOptions) {
   KcRun r = Expect2(TheCorpus().model(), data() + " --ranks 2 --min-ranks 3");
   EXPECT_THAT(r.err, HasSubstr("--min-ranks 3: must be between 1 and --ranks (2)"));
