@@ -569,10 +569,10 @@ Status RunWorkerRank(const TrainArgs& a, const Plan& p) {
     std::atomic<comm::Communicator*> live_comm{nullptr};
     std::atomic<fault::ResilientRunner*> live_runner{nullptr};
     std::unique_ptr<comm::Communicator> comm;
+    std::unique_ptr<comm::Store> checkpoint_view;  // outlives the runner's persist thread
     std::unique_ptr<parallel::Trainer> trainer;
     std::unique_ptr<fault::ResilientRunner> runner;
-    std::unique_ptr<comm::Store> checkpoint_view;
-    std::unique_ptr<fault::GenerationWatch> watch;
+    std::unique_ptr<fault::GenerationWatch> watch;  // destroyed first: it uses the others
     bool state_ready = false;  // the trainer holds a whole state (initialised or restored)
     auto abort_generation = [&] {
       if (comm::Communicator* c = live_comm.load()) {
@@ -689,11 +689,7 @@ Status RunWorkerRank(const TrainArgs& a, const Plan& p) {
         const bool has_state =
             me.has_state && snapshot.valid && fault::ApplySnapshot(snapshot, trainer.get()).ok();
         Result<fault::ReplicaRestore> r =
-            world > 1 ? fault::RestoreFromReplicas(trainer.get(), comm.get(), has_state)
-                      : (has_state ? Result<fault::ReplicaRestore>(
-                                         fault::ReplicaRestore{.step = snapshot.steps})
-                                   : Result<fault::ReplicaRestore>(
-                                         FailedPreconditionError("no state survived")));
+            fault::RestoreFromReplicas(trainer.get(), comm.get(), has_state);
         if (r.ok()) {
           source = "replica";
           state_bytes = r->bytes;
@@ -811,12 +807,10 @@ Status RunWorkerRank(const TrainArgs& a, const Plan& p) {
     // The generation failed. Keep this worker's state, then learn the next generation: the
     // launcher announces one when a member dies or goes silent.
     if (trainer != nullptr && state_ready) snapshot = fault::TakeSnapshot(*trainer, loader_after);
-    live_runner.store(nullptr);
-    if (runner != nullptr) runner->Abandon();  // a persist in flight cannot commit now
+    watch.reset();  // first: its thread may be using the runner and the communicator
+    if (runner != nullptr) runner->Abandon();  // a persist in flight waits for nobody now
     runner.reset();
     trainer.reset();
-    live_comm.store(nullptr);
-    watch.reset();
     comm.reset();
     Result<fault::Generation> next = fault::AwaitGeneration(
         *watch_store, gen.number + 1,

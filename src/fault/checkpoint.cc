@@ -326,8 +326,13 @@ Status CheckpointWriter::Persist() {
         const TimePoint deadline = store_->clock()->Now() + std::chrono::minutes(30);
         for (;;) {
           if (abandoned_.load(std::memory_order_acquire)) {
-            return AbortedError("checkpoint " + step_dir + ": abandoned before rank " +
-                                std::to_string(r) + "'s file was committed");
+            // The group is gone, but the rank may have committed its file before it went.
+            const std::string keys[1] = {key_prefix + std::to_string(r)};
+            Result<bool> there = store_->Check(keys);
+            if (!there.ok() || !*there) {
+              return AbortedError("checkpoint " + step_dir + ": abandoned before rank " +
+                                  std::to_string(r) + "'s file was committed");
+            }
           }
           // In short waits, so that Abandon is noticed.
           Result<std::string> h = store_->Get(

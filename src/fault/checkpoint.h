@@ -93,7 +93,8 @@ class CheckpointWriter {
   // Waits for the persist in flight; its status.
   Status Wait();
   // From any thread: the group that would commit the persist in flight is gone; rank 0 stops
-  // waiting for the other ranks' files (kAborted: that checkpoint is not committed).
+  // waiting for the other ranks' files: it commits if they are all there already, else the
+  // persist fails with kAborted and that checkpoint is not committed.
   void Abandon() { abandoned_.store(true, std::memory_order_release); }
   // A persist is running in the background.
   bool persisting() const { return persisting_.load(std::memory_order_acquire); }

@@ -293,6 +293,10 @@ Result<ReplicaRestore> RestoreFromReplicas(parallel::Trainer* trainer, comm::Com
         "elastic restore: ZeRO-1 shards the optimizer state over the replicas; load a "
         "checkpoint instead");
   }
+  if (world == nullptr) {  // one rank: its own state or none
+    if (!has_state) return FailedPreconditionError("elastic restore: no state survived");
+    return ReplicaRestore{.step = trainer->steps_done()};
+  }
   // The newest step anyone holds; each position's donor is its lowest replica holding it.
   const double mine = has_state ? static_cast<double>(trainer->steps_done()) : -1.0;
   KC_ASSIGN_OR_RETURN(const double target, AllreduceOne(world, mine, comm::ReduceOp::kMax));

@@ -153,7 +153,8 @@ struct ReplicaRestore {
 // some member with state holds; that member's parameters, optimizer moments, step count and
 // data position are broadcast to the other replicas of its position. kFailedPrecondition when
 // some position has no member with that step (the caller loads a checkpoint instead), or with
-// ZeRO-1 (the moments are sharded over the replicas).
+// ZeRO-1 (the moments are sharded over the replicas). `world` null: a generation of one rank,
+// which holds its own state or none.
 Result<ReplicaRestore> RestoreFromReplicas(parallel::Trainer* trainer, comm::Communicator* world,
                                            bool has_state);
 
