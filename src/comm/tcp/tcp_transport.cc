@@ -359,6 +359,9 @@ struct Incoming {
   std::optional<PostedRecv> recv;  // the matched Recv, if any
   bool unexpected = false;
   bool drop = false;  // a wrong-size Recv claimed it: discard when complete
+  // The progress thread has counted its last chunk. Until then it looks the message up
+  // again, so a Recv must leave it in place, even an empty one (received == size == 0).
+  bool complete = false;
 };
 
 // One connection to a peer, with the progress thread's read/write state.
@@ -514,7 +517,7 @@ class TcpTransport final : public Transport {
       Incoming& in = it->second;
       if (in.size != data.size()) {
         req->Complete(SizeMismatch(peer, tag, in.size, data.size()));
-        if (in.received == in.size) {
+        if (in.complete) {
           unexpected_bytes_ -= static_cast<int64_t>(in.size);
           incoming_[peer].erase(it);
         } else {
@@ -522,7 +525,7 @@ class TcpTransport final : public Transport {
         }
         return std::shared_ptr<Request>(std::move(req));
       }
-      if (in.received < in.size) {
+      if (!in.complete) {
         in.recv = PostedRecv{req, data};  // the progress thread copies it out when complete
         return std::shared_ptr<Request>(std::move(req));
       }
@@ -882,6 +885,7 @@ bool TcpTransport::PumpIn(Conn& p) {
       Incoming& in = it->second;
       in.received += p.in.chunk_bytes;
       if (in.received < in.size) continue;
+      in.complete = true;
       if (in.unexpected && in.recv) {
         copy_from = std::move(in.buffer);
         unexpected_bytes_ -= static_cast<int64_t>(in.size);
