@@ -9,6 +9,7 @@
 #include "apps/kc/command.h"
 #include "apps/kc/data_command.h"
 #include "apps/kc/plan_command.h"
+#include "apps/kc/sim_command.h"
 #include "apps/kc/topo_command.h"
 #include "apps/kc/train_command.h"
 #include "base/settings.h"
@@ -67,6 +68,7 @@ int main(int argc, char** argv) {
   AddTrainCommand(app, &action);
   AddPlanCommand(app, &action);
   AddCkptCommand(app, &action);
+  AddSimCommand(app, &action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {

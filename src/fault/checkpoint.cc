@@ -132,10 +132,6 @@ std::string ContentHash(std::span<const std::byte> data) {
   return hex;
 }
 
-double YoungDalyInterval(double cost_s, double mtbf_s) {
-  return std::sqrt(2.0 * std::max(cost_s, 0.0) * std::max(mtbf_s, 0.0));
-}
-
 // ---------------------------------------------------------------------------------------------
 // Writing.
 

@@ -163,9 +163,4 @@ Status RestoreTensors(const std::string& path, std::span<parallel::StateTensor> 
 // attempts included). Rank 0 calls it after a commit.
 Status PruneCheckpoints(const std::string& dir, int keep);
 
-// Young/Daly: the checkpoint interval sqrt(2 * C * MTBF) that minimises the expected lost
-// work plus checkpoint cost, for a checkpoint costing `cost_s` and a mean time between
-// failures (or preemptions) `mtbf_s`.
-double YoungDalyInterval(double cost_s, double mtbf_s);
-
 }  // namespace kc::fault

@@ -314,10 +314,5 @@ TEST(CheckpointTest, BadOptionsAreRefused) {
               HasSubstr("rendezvous store"));
 }
 
-TEST(CheckpointTest, YoungDalyInterval) {
-  EXPECT_DOUBLE_EQ(YoungDalyInterval(10, 3600 * 5), std::sqrt(2.0 * 10 * 18000));  // 600 s
-  EXPECT_EQ(YoungDalyInterval(0, 100), 0);
-}
-
 }  // namespace
 }  // namespace kc::fault

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "base/layer_guard.h"
+#include "sched/checkpoint_advice.h"
 
 namespace kc::fault {
 
@@ -124,7 +125,7 @@ Result<int64_t> ResilientRunner::NextInterval(const RunnerCallbacks& callbacks) 
       const double slowdown = std::max(0.0, median(busy_steps_) / step_s - 1.0);
       cost_s = last.stall_s + slowdown * last.persist_s;
     }
-    const double interval_s = YoungDalyInterval(cost_s, options_.mtbf_s);
+    const double interval_s = sched::YoungDalyInterval(cost_s, options_.mtbf_s);
     steps = std::clamp<int64_t>(std::llround(interval_s / step_s), 1, options_.steps);
     if (callbacks.on_interval) callbacks.on_interval(steps, cost_s, interval_s);
   }

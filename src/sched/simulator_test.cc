@@ -1,0 +1,191 @@
+#include "sched/simulator.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "hal/inventory.h"
+#include "sched/trace_gen.h"
+#include "tests/support/repo_root.h"
+
+namespace kc::sched {
+namespace {
+
+using ::testing::HasSubstr;
+
+// The hand-written traces in examples/traces/, one per feature, on a 32-device cluster.
+class SimulatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    Result<hal::TopologySpec> spec =
+        hal::LoadInventory(testing::RepoRoot() + "examples/clusters/dgx-a100x4.yaml");
+    ASSERT_TRUE(spec.ok()) << spec.status().message();
+    Result<hal::Topology> t = hal::Topology::Build(std::move(*spec));
+    ASSERT_TRUE(t.ok()) << t.status().message();
+    topo_ = std::make_unique<hal::Topology>(std::move(*t));
+    Result<PoolConfig> one = LoadPoolConfig(testing::RepoRoot() + "examples/traces/one-pool.yaml");
+    ASSERT_TRUE(one.ok()) << one.status().message();
+    one_pool_ = *one;
+  }
+
+  // Runs examples/traces/NAME.csv; decisions_ collects what the scheduler decided.
+  SimReport Run(const std::string& name, const PoolConfig& pools,
+                Policy policy = Policy::kKuangchao,
+                CheckpointPolicy ckpt = CheckpointPolicy::kAdvised) {
+    Result<std::vector<TraceJob>> trace =
+        LoadTrace(testing::RepoRoot() + "examples/traces/" + name + ".csv");
+    KC_CHECK(trace.ok()) << trace.status().message();
+    decisions_.clear();
+    Result<SimReport> r =
+        Simulate(*topo_, pools, *trace, {.scheduler = {.policy = policy, .checkpoint = ckpt}},
+                 [this](const Decision& d) { decisions_.push_back(d); });
+    KC_CHECK(r.ok()) << r.status().message();
+    return *r;
+  }
+  // The first decision of `kind` for `job`, or null.
+  const Decision* First(DecisionKind kind, const std::string& job) const {
+    for (const Decision& d : decisions_) {
+      if (d.kind == kind && d.job == job) return &d;
+    }
+    return nullptr;
+  }
+
+  std::unique_ptr<hal::Topology> topo_;
+  PoolConfig one_pool_;
+  std::vector<Decision> decisions_;
+};
+
+TEST_F(SimulatorTest, BackfillRunsShortJobsWithoutDelayingTheHead) {
+  SimReport fifo = Run("backfill", one_pool_, Policy::kFifo);
+  const double fifo_head = First(DecisionKind::kStart, "head")->time_s;
+  const double fifo_short = First(DecisionKind::kStart, "short")->time_s;
+  EXPECT_GT(fifo_short, fifo_head);  // FIFO: behind the head
+  // The seed rule's checkpoints, as FIFO's: "wide" then ends at the same time in both.
+  SimReport kc = Run("backfill", one_pool_, Policy::kKuangchao, CheckpointPolicy::kSeedRule);
+  EXPECT_EQ(First(DecisionKind::kStart, "short")->time_s, 20);
+  EXPECT_THAT(First(DecisionKind::kStart, "short")->reason, HasSubstr("backfilled"));
+  EXPECT_EQ(First(DecisionKind::kStart, "head")->time_s, fifo_head);  // not delayed
+  EXPECT_GT(First(DecisionKind::kStart, "long")->time_s, fifo_head);
+  EXPECT_GT(kc.utilisation_arrivals, fifo.utilisation_arrivals);
+  EXPECT_EQ(kc.finished, 4);
+  EXPECT_EQ(fifo.finished, 4);
+}
+
+TEST_F(SimulatorTest, HighPriorityJobsPreemptAndVictimsResume) {
+  SimReport r = Run("preemption", DefaultPoolConfig());
+  EXPECT_EQ(r.finished, 6);
+  EXPECT_EQ(r.preemptions, 2);
+  EXPECT_LE(r.delay.at("high").max_s, 60);
+  EXPECT_LE(r.delay.at("normal").max_s, 60);
+  ASSERT_NE(First(DecisionKind::kPreempt, "p3"), nullptr);
+  const Decision* resumed = nullptr;
+  for (const Decision& d : decisions_) {
+    if (d.kind == DecisionKind::kStart && d.job == "p3" && d.resume) resumed = &d;
+  }
+  ASSERT_NE(resumed, nullptr);
+  EXPECT_GT(r.lost_preemption_h, 0);
+  // FIFO has no preemption: the high job waits for a preemptible job to end.
+  SimReport fifo = Run("preemption", DefaultPoolConfig(), Policy::kFifo);
+  EXPECT_EQ(fifo.preemptions, 0);
+  EXPECT_GT(fifo.delay.at("high").max_s, 3600);
+}
+
+TEST_F(SimulatorTest, LentDevicesComeBackToTheirPool) {
+  SimReport r = Run("lending", DefaultPoolConfig());
+  const Decision* n2 = First(DecisionKind::kStart, "n2");
+  ASSERT_NE(n2, nullptr);
+  EXPECT_TRUE(n2->borrowed);
+  EXPECT_EQ(n2->pool, "high");
+  ASSERT_NE(First(DecisionKind::kPreempt, "n2"), nullptr);
+  EXPECT_EQ(First(DecisionKind::kStart, "h1")->after, std::vector<std::string>{"n2"});
+  EXPECT_LE(r.delay.at("high").max_s, 60);
+  EXPECT_EQ(r.finished, 4);
+}
+
+TEST_F(SimulatorTest, ElasticJobsShrinkForHighPriorityAndGrowBack) {
+  SimReport r = Run("elastic", one_pool_);
+  EXPECT_EQ(r.preemptions, 0);
+  EXPECT_EQ(r.shrinks, 1);
+  EXPECT_EQ(r.grows, 1);
+  EXPECT_EQ(First(DecisionKind::kShrink, "e1")->devices.size(), 24u);
+  EXPECT_EQ(First(DecisionKind::kGrow, "e1")->devices.size(), 32u);
+  EXPECT_LE(r.delay.at("high").max_s, 10);
+}
+
+TEST_F(SimulatorTest, FaultyJobsAreDemotedAndTheAdviceFollowsTheirFaults) {
+  SimReport advised = Run("demotion", one_pool_);
+  ASSERT_NE(First(DecisionKind::kDemote, "buggy"), nullptr);
+  EXPECT_GE(advised.demotions, 1);
+  EXPECT_EQ(advised.finished, 2);
+  // With the seed rule's fixed 30-minute interval, a job failing every two minutes never
+  // gets past its first checkpoint: the run stops at its time limit.
+  SimReport seed = Run("demotion", one_pool_, Policy::kKuangchao, CheckpointPolicy::kSeedRule);
+  EXPECT_TRUE(seed.hit_time_limit);
+  EXPECT_EQ(seed.finished, 1);
+  ASSERT_EQ(seed.unfinished.size(), 1u);
+  EXPECT_THAT(seed.unfinished[0], HasSubstr("buggy"));
+}
+
+TEST_F(SimulatorTest, FairShareRunsTheOtherTeamSecond) {
+  Run("fairshare", one_pool_);
+  EXPECT_LT(First(DecisionKind::kStart, "b1")->time_s, First(DecisionKind::kStart, "a2")->time_s);
+  Run("fairshare", one_pool_, Policy::kFifo);
+  EXPECT_GT(First(DecisionKind::kStart, "b1")->time_s, First(DecisionKind::kStart, "a4")->time_s);
+}
+
+TEST_F(SimulatorTest, WorkIsConservedAndRunsAreDeterministic) {
+  Result<std::vector<TraceJob>> trace = GenerateSyntheticTrace(
+      {.jobs = 300, .devices = 32, .devices_per_host = 8, .load = 1.5, .seed = 7});
+  ASSERT_TRUE(trace.ok()) << trace.status().message();
+  double work = 0;
+  for (const TraceJob& j : *trace) work += j.duration_s * j.max_devices;
+  for (Policy policy : {Policy::kKuangchao, Policy::kFifo}) {
+    Result<SimReport> a =
+        Simulate(*topo_, DefaultPoolConfig(), *trace, {.scheduler = {.policy = policy}});
+    Result<SimReport> b =
+        Simulate(*topo_, DefaultPoolConfig(), *trace, {.scheduler = {.policy = policy}});
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(a->finished + static_cast<int>(a->unfinished.size()), 300);
+    if (a->unfinished.empty()) {
+      // Every job's work was done once: useful device time is the trace's work.
+      EXPECT_NEAR(a->useful_utilisation * topo_->num_devices() * a->makespan_s, work, 1e-6 * work);
+    }
+    // Devices held never exceed the cluster, and cover at least the useful work.
+    for (auto [t, u] : a->curve) EXPECT_LE(u, 1 + 1e-9) << "at " << t;
+    EXPECT_GE(a->utilisation + 1e-9, a->useful_utilisation);
+    EXPECT_EQ(a->makespan_s, b->makespan_s);
+    EXPECT_EQ(a->preemptions, b->preemptions);
+    EXPECT_EQ(a->faults, b->faults);
+    EXPECT_EQ(a->lost_preemption_h, b->lost_preemption_h);
+  }
+}
+
+TEST_F(SimulatorTest, RefusedJobsAreReportedNotFatal) {
+  std::vector<TraceJob> trace = {{.submit_s = 0,
+                                  .job = "huge",
+                                  .team = "t",
+                                  .user = "u",
+                                  .job_class = "normal",
+                                  .min_devices = 64,
+                                  .max_devices = 64,
+                                  .duration_s = 10},
+                                 {.submit_s = 1,
+                                  .job = "ok",
+                                  .team = "t",
+                                  .user = "u",
+                                  .job_class = "normal",
+                                  .min_devices = 1,
+                                  .max_devices = 1,
+                                  .duration_s = 10}};
+  Result<SimReport> r = Simulate(*topo_, DefaultPoolConfig(), trace, {});
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->refused.size(), 1u);
+  EXPECT_THAT(r->refused[0], HasSubstr("job huge: refused: asks for at least 64 devices"));
+  EXPECT_EQ(r->finished, 1);
+  PoolConfig bad;
+  bad.pools.push_back({.name = "x", .classes = {JobClass::kNormal}, .devices = 99});
+  EXPECT_THAT(Simulate(*topo_, bad, trace, {}).status().message(),
+              HasSubstr("pool \"x\": asks for 99 devices"));
+}
+
+}  // namespace
+}  // namespace kc::sched
