@@ -67,6 +67,14 @@ Json ReportJson(const Run& run) {
   }
   Json curve = Json::array();
   for (auto [t, u] : r.curve) curve.push_back({t, u});
+  Json by_pending = Json::array();
+  for (const auto& b : r.latency_by_pending) {
+    by_pending.push_back({{"min_pending", b.min_pending},
+                          {"passes", b.passes},
+                          {"p50", b.p50_ms},
+                          {"p99", b.p99_ms},
+                          {"max", b.max_ms}});
+  }
   Json advice = Json::array();
   for (const sched::AdviceRow& a : r.advice) {
     advice.push_back({{"pool", a.pool},
@@ -105,6 +113,7 @@ Json ReportJson(const Run& run) {
           {"max_pending", r.max_pending},
           {"decision_ms",
            {{"p50", r.decision_p50_ms}, {"p99", r.decision_p99_ms}, {"max", r.decision_max_ms}}},
+          {"decision_ms_by_pending", by_pending},
           {"utilisation_curve", curve},
           {"checkpoint_advice", advice}};
 }
@@ -217,6 +226,7 @@ std::string TextReport(const SimArgs& a, const hal::Topology& topo,
   row("fairness (Jain over teams)", [](R r) { return fmt::format("{:.3f}", r.fairness); });
   row("decision p50 / p99 (ms)",
       [](R r) { return fmt::format("{:.2f} / {:.2f}", r.decision_p50_ms, r.decision_p99_ms); });
+  row("most jobs pending at once", [](R r) { return fmt::format("{}", r.max_pending); });
   row("refused / unfinished",
       [](R r) { return fmt::format("{} / {}", r.refused.size(), r.unfinished.size()); });
   double span = 0;

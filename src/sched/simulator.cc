@@ -235,6 +235,7 @@ Result<SimReport> Simulate(const hal::Topology& topology, const PoolConfig& pool
   };
 
   std::vector<double> pass_ms;
+  std::vector<int> pass_pending;
   double frag_integral = 0, frag_last_t = 0, frag_value = 0;
   double now = 0;
   auto fragmentation = [&] {
@@ -329,6 +330,7 @@ Result<SimReport> Simulate(const hal::Topology& topology, const PoolConfig& pool
     std::vector<Decision> decisions = sched->Schedule(now);
     pass_ms.push_back(
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    pass_pending.push_back(sched->num_pending());
     rep.max_pending = std::max(rep.max_pending, sched->num_pending());
     for (const Decision& d : decisions) apply(d, now);
     frag_value = fragmentation();
@@ -337,6 +339,19 @@ Result<SimReport> Simulate(const hal::Topology& topology, const PoolConfig& pool
   rep.decision_p50_ms = Percentile(pass_ms, 0.5);
   rep.decision_p99_ms = Percentile(pass_ms, 0.99);
   rep.decision_max_ms = pass_ms.empty() ? 0 : *std::max_element(pass_ms.begin(), pass_ms.end());
+  const int bounds[] = {0, 100, 1000, 5000, std::numeric_limits<int>::max()};
+  for (int b = 0; b + 1 < 5; ++b) {
+    std::vector<double> in;
+    for (size_t i = 0; i < pass_ms.size(); ++i) {
+      if (pass_pending[i] >= bounds[b] && pass_pending[i] < bounds[b + 1]) in.push_back(pass_ms[i]);
+    }
+    if (in.empty()) continue;
+    rep.latency_by_pending.push_back({.min_pending = bounds[b],
+                                      .passes = static_cast<int>(in.size()),
+                                      .p50_ms = Percentile(in, 0.5),
+                                      .p99_ms = Percentile(in, 0.99),
+                                      .max_ms = *std::max_element(in.begin(), in.end())});
+  }
 
   // Utilisation from the step function of devices held.
   std::sort(held.begin(), held.end());

@@ -86,6 +86,16 @@ struct SimReport {
   double decision_p50_ms = 0;
   double decision_p99_ms = 0;
   double decision_max_ms = 0;
+  // The same, by how many jobs were pending after the pass: [0, 100), [100, 1000),
+  // [1000, 5000), 5000 and more.
+  struct LatencyBucket {
+    int min_pending = 0;
+    int passes = 0;
+    double p50_ms = 0;
+    double p99_ms = 0;
+    double max_ms = 0;
+  };
+  std::vector<LatencyBucket> latency_by_pending;
   std::vector<std::pair<double, double>> curve;  // (time s, devices held / devices), binned
   std::vector<AdviceRow> advice;                 // every (pool, class, borrowed) that ran
 };
