@@ -4,6 +4,7 @@
 #include <iostream>
 #include <string>
 
+#include "apps/kc/audit_command.h"
 #include "apps/kc/bench_command.h"
 #include "apps/kc/ckpt_command.h"
 #include "apps/kc/command.h"
@@ -69,6 +70,7 @@ int main(int argc, char** argv) {
   AddPlanCommand(app, &action);
   AddCkptCommand(app, &action);
   AddSimCommand(app, &action);
+  AddAuditCommand(app, &action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {
