@@ -2,8 +2,8 @@
 
 #include <fmt/format.h>
 #include <openssl/evp.h>
-#include <sqlite3.h>
 
+#include "api/internal/sqlite.h"
 #include "base/mutex.h"
 
 namespace kc::api {
@@ -29,27 +29,16 @@ CREATE TRIGGER IF NOT EXISTS audit_no_delete BEFORE DELETE ON audit
   BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
 )";
 
-// Statement with RAII finalize.
-struct Stmt {
-  sqlite3_stmt* s = nullptr;
-  ~Stmt() { sqlite3_finalize(s); }
-};
-
-std::string Text(sqlite3_stmt* s, int col) {
-  const unsigned char* t = sqlite3_column_text(s, col);
-  return t == nullptr ? "" : reinterpret_cast<const char*>(t);
-}
-
-AuditRecord Row(sqlite3_stmt* s) {
-  return {.seq = sqlite3_column_int64(s, 0),
-          .time_s = sqlite3_column_double(s, 1),
-          .principal = Text(s, 2),
-          .action = Text(s, 3),
-          .resource = Text(s, 4),
-          .outcome = Text(s, 5),
-          .reason = Text(s, 6),
-          .prev_hash = Text(s, 7),
-          .hash = Text(s, 8)};
+AuditRecord Row(const internal::Statement& s) {
+  return {.seq = s.Int(0),
+          .time_s = s.Double(1),
+          .principal = s.Text(2),
+          .action = s.Text(3),
+          .resource = s.Text(4),
+          .outcome = s.Text(5),
+          .reason = s.Text(6),
+          .prev_hash = s.Text(7),
+          .hash = s.Text(8)};
 }
 
 constexpr char kColumns[] =
@@ -79,50 +68,25 @@ std::string AuditRecordHash(const AuditRecord& r) {
 }
 
 struct AuditLog::Impl {
-  std::string path;
   mutable Mutex mu;
-  sqlite3* db KC_GUARDED_BY(mu) = nullptr;
+  internal::Database db KC_GUARDED_BY(mu);
   int64_t last_seq KC_GUARDED_BY(mu) = 0;
   std::string last_hash KC_GUARDED_BY(mu) = kGenesis;
-
-  Status Error(std::string_view what) const KC_REQUIRES(mu) {
-    return UnavailableError(fmt::format("audit log {}: {}: {}", path, what, sqlite3_errmsg(db)));
-  }
 };
 
 AuditLog::AuditLog(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-AuditLog::~AuditLog() {
-  MutexLock lock(&impl_->mu);
-  sqlite3_close(impl_->db);
-}
+AuditLog::~AuditLog() = default;
 
 Result<std::unique_ptr<AuditLog>> AuditLog::Open(const std::string& path) {
   auto impl = std::make_unique<Impl>();
-  impl->path = path;
   MutexLock lock(&impl->mu);
-  if (sqlite3_open_v2(path.c_str(), &impl->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE,
-                      nullptr) != SQLITE_OK) {
-    Status s = impl->Error("cannot open");
-    sqlite3_close(impl->db);
-    impl->db = nullptr;
-    return s;
-  }
-  for (const char* sql : {"PRAGMA journal_mode=WAL;", "PRAGMA synchronous=FULL;", kSchema}) {
-    if (sqlite3_exec(impl->db, sql, nullptr, nullptr, nullptr) != SQLITE_OK) {
-      Status s = impl->Error("not an audit log, or cannot be set up");
-      sqlite3_close(impl->db);
-      impl->db = nullptr;
-      return s;
-    }
-  }
-  Stmt st;
-  const std::string last = fmt::format("SELECT {} FROM audit ORDER BY seq DESC LIMIT 1", kColumns);
-  if (sqlite3_prepare_v2(impl->db, last.c_str(), -1, &st.s, nullptr) != SQLITE_OK) {
-    return impl->Error("cannot read");
-  }
-  if (sqlite3_step(st.s) == SQLITE_ROW) {
-    AuditRecord r = Row(st.s);
+  KC_RETURN_IF_ERROR(impl->db.Open(path, "audit log", kSchema));
+  KC_ASSIGN_OR_RETURN(
+      internal::Statement st,
+      impl->db.Prepare(fmt::format("SELECT {} FROM audit ORDER BY seq DESC LIMIT 1", kColumns)));
+  if (st.Step() == SQLITE_ROW) {
+    AuditRecord r = Row(st);
     impl->last_seq = r.seq;
     impl->last_hash = r.hash;
   }
@@ -135,20 +99,17 @@ Result<AuditRecord> AuditLog::Append(AuditRecord r) {
   r.seq = m.last_seq + 1;
   r.prev_hash = m.last_hash;
   r.hash = AuditRecordHash(r);
-  Stmt st;
-  const std::string sql =
-      fmt::format("INSERT INTO audit ({}) VALUES (?,?,?,?,?,?,?,?,?)", kColumns);
-  if (sqlite3_prepare_v2(m.db, sql.c_str(), -1, &st.s, nullptr) != SQLITE_OK) {
-    return m.Error("cannot append");
-  }
-  sqlite3_bind_int64(st.s, 1, r.seq);
-  sqlite3_bind_double(st.s, 2, r.time_s);
+  KC_ASSIGN_OR_RETURN(
+      internal::Statement st,
+      m.db.Prepare(fmt::format("INSERT INTO audit ({}) VALUES (?,?,?,?,?,?,?,?,?)", kColumns)));
+  st.Bind(1, r.seq);
+  st.Bind(2, r.time_s);
   int col = 3;
   for (const std::string* f :
        {&r.principal, &r.action, &r.resource, &r.outcome, &r.reason, &r.prev_hash, &r.hash}) {
-    sqlite3_bind_text(st.s, col++, f->c_str(), static_cast<int>(f->size()), SQLITE_TRANSIENT);
+    st.Bind(col++, *f);
   }
-  if (sqlite3_step(st.s) != SQLITE_DONE) return m.Error("cannot append");
+  if (st.Step() != SQLITE_DONE) return m.db.Error("cannot append");
   m.last_seq = r.seq;
   m.last_hash = r.hash;
   return r;
@@ -157,36 +118,30 @@ Result<AuditRecord> AuditLog::Append(AuditRecord r) {
 Result<std::vector<AuditRecord>> AuditLog::Query(const AuditQuery& q) const {
   Impl& m = *impl_;
   MutexLock lock(&m.mu);
-  Stmt st;
-  const std::string sql = fmt::format(
-      "SELECT {} FROM audit WHERE seq > ? AND time_s >= ? AND (? = '' OR principal = ?) "
-      "AND (? = '' OR action = ? OR (substr(?, -1) = '.' AND substr(action, 1, length(?)) = ?)) "
-      "ORDER BY seq LIMIT ?",
-      kColumns);
-  if (sqlite3_prepare_v2(m.db, sql.c_str(), -1, &st.s, nullptr) != SQLITE_OK) {
-    return m.Error("cannot query");
-  }
-  sqlite3_bind_int64(st.s, 1, q.after_seq);
-  sqlite3_bind_double(st.s, 2, q.since_s);
-  sqlite3_bind_text(st.s, 3, q.principal.c_str(), -1, SQLITE_TRANSIENT);
-  sqlite3_bind_text(st.s, 4, q.principal.c_str(), -1, SQLITE_TRANSIENT);
-  for (int i = 5; i <= 9; ++i) sqlite3_bind_text(st.s, i, q.action.c_str(), -1, SQLITE_TRANSIENT);
-  sqlite3_bind_int(st.s, 10, q.limit);
+  KC_ASSIGN_OR_RETURN(
+      internal::Statement st,
+      m.db.Prepare(fmt::format(
+          "SELECT {} FROM audit WHERE seq > ?1 AND time_s >= ?2 AND (?3 = '' OR principal = ?3) "
+          "AND (?4 = '' OR action = ?4 OR (substr(?4, -1) = '.' AND "
+          "substr(action, 1, length(?4)) = ?4)) ORDER BY seq LIMIT ?5",
+          kColumns)));
+  st.Bind(1, q.after_seq);
+  st.Bind(2, q.since_s);
+  st.Bind(3, q.principal);
+  st.Bind(4, q.action);
+  st.Bind(5, static_cast<int64_t>(q.limit));
   std::vector<AuditRecord> out;
   int rc;
-  while ((rc = sqlite3_step(st.s)) == SQLITE_ROW) out.push_back(Row(st.s));
-  if (rc != SQLITE_DONE) return m.Error("cannot query");
+  while ((rc = st.Step()) == SQLITE_ROW) out.push_back(Row(st));
+  if (rc != SQLITE_DONE) return m.db.Error("cannot query");
   return out;
 }
 
 Result<AuditVerifyResult> AuditLog::Verify(const std::string& expected_head) const {
   Impl& m = *impl_;
   MutexLock lock(&m.mu);
-  Stmt st;
-  const std::string sql = fmt::format("SELECT {} FROM audit ORDER BY rowid", kColumns);
-  if (sqlite3_prepare_v2(m.db, sql.c_str(), -1, &st.s, nullptr) != SQLITE_OK) {
-    return m.Error("cannot read");
-  }
+  KC_ASSIGN_OR_RETURN(internal::Statement st,
+                      m.db.Prepare(fmt::format("SELECT {} FROM audit ORDER BY rowid", kColumns)));
   AuditVerifyResult v;
   std::string prev = kGenesis;
   int64_t expect_seq = 1;
@@ -196,8 +151,8 @@ Result<AuditVerifyResult> AuditLog::Verify(const std::string& expected_head) con
     v.first_bad_seq = seq;
     v.problem = std::move(problem);
   };
-  while ((rc = sqlite3_step(st.s)) == SQLITE_ROW) {
-    const AuditRecord r = Row(st.s);
+  while ((rc = st.Step()) == SQLITE_ROW) {
+    const AuditRecord r = Row(st);
     ++v.records;
     if (r.seq != expect_seq) {
       bad(r.seq, fmt::format("record {} follows record {}: {} missing or out of order", r.seq,
@@ -217,7 +172,7 @@ Result<AuditVerifyResult> AuditLog::Verify(const std::string& expected_head) con
     prev = r.hash;
     ++expect_seq;
   }
-  if (rc != SQLITE_ROW && rc != SQLITE_DONE) return m.Error("cannot read");
+  if (rc != SQLITE_ROW && rc != SQLITE_DONE) return m.db.Error("cannot read");
   v.head = prev;
   if (v.ok && !expected_head.empty() && expected_head != prev) {
     bad(expect_seq, fmt::format("the last record's hash is {}, not the expected head {}: records "

@@ -1,0 +1,80 @@
+// kcd's record of jobs and their lifecycle, in SQLite (WAL, synchronous commits): a job the
+// store acknowledged survives kcd being killed at any moment. The lifecycle is
+//
+//   pending -> approval_required -> queued -> running <-> paused
+//                                                     -> succeeded | failed | cancelled
+//
+// and every change is a checked transition. Design: docs/design/kcd-state.md.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/status.h"
+
+namespace kc::api {
+
+enum class JobPhase : uint8_t {
+  kPending,           // accepted, not yet checked against quotas and the planner
+  kApprovalRequired,  // its plan passes an approval limit: waits for a resource admin
+  kQueued,            // the scheduler has it
+  kRunning,
+  kPaused,  // checkpointed and stopped (preempted, paused by a user, out of runtime)
+  kSucceeded,
+  kFailed,
+  kCancelled,
+};
+std::string_view JobPhaseName(JobPhase p);  // "pending", "approval_required", ...
+std::optional<JobPhase> JobPhaseFromName(std::string_view name);
+bool IsTerminal(JobPhase p);  // succeeded, failed, cancelled
+// Whether a job may go from `from` to `to` (the diagram above, plus cancelled and failed from
+// any phase that is not terminal, and running back to queued when its devices are lost).
+bool AllowedTransition(JobPhase from, JobPhase to);
+
+struct JobRecord {
+  int64_t id = 0;  // set by Submit: 1, 2, ...
+  std::string name;
+  std::string owner;
+  std::string team;
+  std::string spec;  // the submitted job file, as given
+  JobPhase phase = JobPhase::kPending;
+  double submitted_s = 0;  // seconds since the Unix epoch
+  double updated_s = 0;
+  std::string reason;  // why it is in its phase
+};
+
+struct JobFilter {
+  std::string owner;              // "" = any
+  std::optional<JobPhase> phase;  // nullopt = any
+  int limit = 1000;
+};
+
+// Safe for concurrent use (one connection, serialised by a mutex).
+class JobStore {
+ public:
+  // Opens or creates the store at `path`. kUnavailable naming the file when it cannot.
+  static Result<std::unique_ptr<JobStore>> Open(const std::string& path);
+  ~JobStore();
+  JobStore(const JobStore&) = delete;
+  JobStore& operator=(const JobStore&) = delete;
+
+  // Records a new job in phase pending and returns it with its id, after the commit is on
+  // disk. kInvalidArgument for an empty name or owner; kUnavailable when the write fails.
+  Result<JobRecord> Submit(JobRecord job, double now_s);
+  // Moves job `id` to `to` with `reason`. kNotFound for an unknown id; kFailedPrecondition,
+  // naming both phases, for a transition the lifecycle does not allow.
+  Result<JobRecord> Transition(int64_t id, JobPhase to, std::string reason, double now_s);
+  Result<JobRecord> Get(int64_t id) const;
+  Result<std::vector<JobRecord>> List(const JobFilter& filter) const;
+
+ private:
+  struct Impl;
+  explicit JobStore(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kc::api

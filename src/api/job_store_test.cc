@@ -1,0 +1,122 @@
+#include "api/job_store.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <map>
+
+#include "tests/support/child_guard.h"
+#include "tests/support/temp_dir.h"
+
+namespace kc::api {
+namespace {
+
+using ::testing::HasSubstr;
+
+JobRecord Job(std::string name, std::string owner = "ann") {
+  return {.id = 0,
+          .name = std::move(name),
+          .owner = std::move(owner),
+          .team = "vision",
+          .spec = "model: gpt-tiny",
+          .phase = JobPhase::kPending,
+          .submitted_s = 0,
+          .updated_s = 0,
+          .reason = ""};
+}
+
+TEST(JobStoreTest, JobsMoveThroughTheirLifecycleAndPersist) {
+  testing::TempDir dir("kc_jobs");
+  const std::string path = dir.Path("kcd.db");
+  int64_t id = 0;
+  {
+    Result<std::unique_ptr<JobStore>> store = JobStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status().message();
+    Result<JobRecord> j = (*store)->Submit(Job("train"), 100);
+    ASSERT_TRUE(j.ok()) << j.status().message();
+    id = j->id;
+    EXPECT_EQ(j->phase, JobPhase::kPending);
+    for (JobPhase p : {JobPhase::kApprovalRequired, JobPhase::kQueued, JobPhase::kRunning,
+                       JobPhase::kPaused, JobPhase::kQueued, JobPhase::kRunning}) {
+      ASSERT_TRUE((*store)->Transition(id, p, "step", 101).ok()) << JobPhaseName(p);
+    }
+    ASSERT_TRUE((*store)->Transition(id, JobPhase::kSucceeded, "done", 200).ok());
+    Result<JobRecord> bad = (*store)->Transition(id, JobPhase::kRunning, "again", 201);
+    EXPECT_EQ(bad.status().code(), ErrorCode::kFailedPrecondition);
+    EXPECT_THAT(bad.status().message(), HasSubstr("cannot go from succeeded to running"));
+    EXPECT_EQ((*store)->Transition(999, JobPhase::kQueued, "", 1).status().code(),
+              ErrorCode::kNotFound);
+    EXPECT_EQ((*store)->Submit(Job(""), 1).status().code(), ErrorCode::kInvalidArgument);
+    ASSERT_TRUE((*store)->Submit(Job("other", "bob"), 300).ok());
+  }
+  Result<std::unique_ptr<JobStore>> again = JobStore::Open(path);
+  ASSERT_TRUE(again.ok());
+  Result<JobRecord> j = (*again)->Get(id);
+  ASSERT_TRUE(j.ok());
+  EXPECT_EQ(j->phase, JobPhase::kSucceeded);
+  EXPECT_EQ(j->reason, "done");
+  EXPECT_EQ(j->submitted_s, 100);
+  EXPECT_EQ((*again)->List({.owner = "bob"})->size(), 1u);
+  EXPECT_EQ((*again)->List({.phase = JobPhase::kPending})->size(), 1u);
+  EXPECT_EQ((*again)->List({})->size(), 2u);
+}
+
+TEST(JobStoreTest, TheLifecycleAllowsOnlyItsTransitions) {
+  using P = JobPhase;
+  EXPECT_TRUE(AllowedTransition(P::kPending, P::kQueued));
+  EXPECT_TRUE(AllowedTransition(P::kRunning, P::kQueued));  // devices lost: back to the queue
+  EXPECT_TRUE(AllowedTransition(P::kPaused, P::kCancelled));
+  EXPECT_FALSE(AllowedTransition(P::kPending, P::kRunning));
+  EXPECT_FALSE(AllowedTransition(P::kQueued, P::kPaused));
+  for (P t : {P::kSucceeded, P::kFailed, P::kCancelled}) {
+    for (int to = 0; to < 8; ++to) EXPECT_FALSE(AllowedTransition(t, static_cast<P>(to)));
+  }
+  for (int p = 0; p < 8; ++p) {
+    EXPECT_EQ(JobPhaseFromName(JobPhaseName(static_cast<P>(p))), static_cast<P>(p));
+  }
+}
+
+// kill -9 in the middle of submissions: every job the store acknowledged is there after it
+// is reopened.
+TEST(JobStoreTest, AcknowledgedJobsSurviveKillNine) {
+  testing::TempDir dir("kc_jobs_kill");
+  const std::string path = dir.Path("kcd.db");
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    close(fds[0]);
+    Result<std::unique_ptr<JobStore>> store = JobStore::Open(path);
+    if (!store.ok()) _exit(2);
+    for (int64_t n = 0;; ++n) {
+      Result<JobRecord> j = (*store)->Submit(Job("job-" + std::to_string(n)), 1);
+      if (!j.ok()) _exit(3);
+      const int64_t ack[2] = {j->id, n};
+      if (write(fds[1], ack, sizeof(ack)) != sizeof(ack)) _exit(4);
+    }
+  }
+  close(fds[1]);
+  kc::testing::ChildGuard child(pid);
+  std::map<int64_t, int64_t> acked;  // id -> n
+  int64_t ack[2];
+  while (acked.size() < 300 && read(fds[0], ack, sizeof(ack)) == sizeof(ack)) {
+    acked[ack[0]] = ack[1];
+  }
+  child.KillAndReap();  // mid-submission
+  close(fds[0]);
+  ASSERT_EQ(acked.size(), 300u);
+  Result<std::unique_ptr<JobStore>> store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status().message();
+  for (auto [id, n] : acked) {
+    Result<JobRecord> j = (*store)->Get(id);
+    ASSERT_TRUE(j.ok()) << "acknowledged job " << id << " lost: " << j.status().message();
+    EXPECT_EQ(j->name, "job-" + std::to_string(n));
+  }
+  // The store still works after the crash.
+  EXPECT_TRUE((*store)->Submit(Job("after"), 2).ok());
+}
+
+}  // namespace
+}  // namespace kc::api
