@@ -6,6 +6,7 @@
 #include <sqlite3.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -29,6 +30,21 @@ class Statement {
   void Bind(int i, std::string_view v) {
     sqlite3_bind_text(s_, i, v.empty() ? "" : v.data(), static_cast<int>(v.size()),
                       SQLITE_TRANSIENT);
+  }
+  // Optional values bind NULL when unset, and read back as nullopt from NULL.
+  void Bind(int i, std::optional<int64_t> v) {
+    v ? Bind(i, *v) : static_cast<void>(sqlite3_bind_null(s_, i));
+  }
+  void Bind(int i, std::optional<double> v) {
+    v ? Bind(i, *v) : static_cast<void>(sqlite3_bind_null(s_, i));
+  }
+  std::optional<int64_t> OptInt(int col) const {
+    if (sqlite3_column_type(s_, col) == SQLITE_NULL) return std::nullopt;
+    return Int(col);
+  }
+  std::optional<double> OptDouble(int col) const {
+    if (sqlite3_column_type(s_, col) == SQLITE_NULL) return std::nullopt;
+    return Double(col);
   }
   // SQLITE_ROW, SQLITE_DONE or an error code.
   int Step() { return sqlite3_step(s_); }
