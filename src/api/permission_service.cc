@@ -1,0 +1,29 @@
+#include "api/permission_service.h"
+
+#include <fmt/format.h>
+
+namespace kc::api {
+
+grpc::Status PermissionServiceImpl::Check(grpc::ServerContext* context,
+                                          const kc::v1::PermissionCheckRequest* request,
+                                          kc::v1::PermissionCheckResponse* response) {
+  return guard_->Serve(
+      context, "kc.v1.PermissionService.Check", [&](const Principal& caller) -> Status {
+        std::optional<Action> action = ActionFromName(request->action());
+        if (!action) {
+          return InvalidArgumentError(fmt::format(
+              "action: unknown \"{}\" (see docs/operations/roles.md)", request->action()));
+        }
+        const kc::v1::ResourceRef& r = request->resource();
+        const CheckResult result =
+            api::Check(caller, *action,
+                       {.kind = r.kind(), .id = r.id(), .owner = r.owner(), .team = r.team()});
+        response->set_allowed(result.allowed);
+        response->set_reason(result.reason);
+        response->set_principal(caller.user);
+        response->set_role(std::string(RoleName(caller.role)));
+        return OkStatus();
+      });
+}
+
+}  // namespace kc::api

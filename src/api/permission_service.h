@@ -1,0 +1,30 @@
+// The permission service (proto/kc/v1/permission.proto): Check answers from the permission
+// table for the authenticated caller, every time, uncached. kcd serves it; workers call it
+// before touching data paths, checkpoints and devices.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+
+#include "api/rpc_guard.h"
+#include "base/status.h"
+#include "kc/v1/permission.grpc.pb.h"
+
+namespace kc::api {
+
+// Safe for concurrent use.
+class PermissionServiceImpl final : public kc::v1::PermissionService::Service {
+ public:
+  // `guard` is not owned and outlives the service.
+  explicit PermissionServiceImpl(RpcGuard* guard) : guard_(guard) {}
+
+  grpc::Status Check(grpc::ServerContext* context, const kc::v1::PermissionCheckRequest* request,
+                     kc::v1::PermissionCheckResponse* response) override;
+
+ private:
+  RpcGuard* guard_;  // not owned (constructor's contract)
+};
+
+}  // namespace kc::api
