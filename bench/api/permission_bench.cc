@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   kc::api::RpcGuard guard({.tokens = tokens->get(), .roles = &*roles});
-  kc::api::PermissionServiceImpl service(&guard);
+  kc::api::PermissionServiceImpl service(&guard, nullptr);
   grpc::ServerBuilder b;
   int port = 0;
   b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);

@@ -18,6 +18,12 @@ grpc::Status PermissionServiceImpl::Check(grpc::ServerContext* context,
         const CheckResult result =
             api::Check(caller, *action,
                        {.kind = r.kind(), .id = r.id(), .owner = r.owner(), .team = r.team()});
+        if (!result.allowed) {
+          // A denial is audited; the answer stands even if the write fails (it is logged).
+          AuditNow(audit_, caller.user, request->action(), fmt::format("{}/{}", r.kind(), r.id()),
+                   "denied", result.reason)
+              .IgnoreError();
+        }
         response->set_allowed(result.allowed);
         response->set_reason(result.reason);
         response->set_principal(caller.user);

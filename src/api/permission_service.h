@@ -17,14 +17,16 @@ namespace kc::api {
 // Safe for concurrent use.
 class PermissionServiceImpl final : public kc::v1::PermissionService::Service {
  public:
-  // `guard` is not owned and outlives the service.
-  explicit PermissionServiceImpl(RpcGuard* guard) : guard_(guard) {}
+  // `guard` and `audit` (which may be null) are not owned and outlive the service. Denials
+  // are written to `audit`.
+  PermissionServiceImpl(RpcGuard* guard, AuditLog* audit) : guard_(guard), audit_(audit) {}
 
   grpc::Status Check(grpc::ServerContext* context, const kc::v1::PermissionCheckRequest* request,
                      kc::v1::PermissionCheckResponse* response) override;
 
  private:
   RpcGuard* guard_;  // not owned (constructor's contract)
+  AuditLog* audit_;  // not owned, may be null (constructor's contract)
 };
 
 }  // namespace kc::api

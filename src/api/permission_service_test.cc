@@ -34,8 +34,12 @@ class PermissionServiceTest : public ::testing::Test {
     Result<RolesConfig> roles = LoadRolesString(kRoles, "roles.yaml");
     ASSERT_TRUE(roles.ok()) << roles.status().message();
     roles_ = *roles;
-    guard_ = std::make_unique<RpcGuard>(RpcGuardOptions{.tokens = tokens_.get(), .roles = &roles_});
-    service_ = std::make_unique<PermissionServiceImpl>(guard_.get());
+    Result<std::unique_ptr<AuditLog>> audit = AuditLog::Open(dir_.Path("audit.db"));
+    ASSERT_TRUE(audit.ok()) << audit.status().message();
+    audit_ = std::move(*audit);
+    guard_ = std::make_unique<RpcGuard>(
+        RpcGuardOptions{.tokens = tokens_.get(), .roles = &roles_, .audit = audit_.get()});
+    service_ = std::make_unique<PermissionServiceImpl>(guard_.get(), audit_.get());
     grpc::ServerBuilder b;
     int port = 0;
     b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -72,6 +76,7 @@ class PermissionServiceTest : public ::testing::Test {
 
   testing::TempDir dir_{"kc_permission"};
   std::unique_ptr<TokenStore> tokens_;
+  std::unique_ptr<AuditLog> audit_;
   RolesConfig roles_;
   std::unique_ptr<RpcGuard> guard_;
   std::unique_ptr<PermissionServiceImpl> service_;
@@ -94,6 +99,15 @@ TEST_F(PermissionServiceTest, AnswersFromTheTableForTheTokensUser) {
   EXPECT_FALSE(r.allowed());
   ASSERT_TRUE(Ask(Token("olga"), "job.get", Job("ann", "vision"), &r).ok());
   EXPECT_TRUE(r.allowed());
+  // The two denials are in the audit log, and the chain holds.
+  Result<std::vector<AuditRecord>> denied = audit_->Query({.action = "job.cancel"});
+  ASSERT_TRUE(denied.ok());
+  ASSERT_EQ(denied->size(), 2u);
+  EXPECT_EQ((*denied)[0].principal, "ann");
+  EXPECT_EQ((*denied)[0].outcome, "denied");
+  EXPECT_EQ((*denied)[0].resource, "job/7");
+  EXPECT_EQ((*denied)[1].principal, "olga");
+  EXPECT_TRUE(audit_->Verify()->ok);
 }
 
 TEST_F(PermissionServiceTest, RefusesCallsWithoutAValidToken) {
@@ -116,6 +130,12 @@ TEST_F(PermissionServiceTest, RefusesCallsWithoutAValidToken) {
   ASSERT_TRUE(tokens_->RevokeAll("ann").ok());
   EXPECT_EQ(Ask(t, "job.get", Job("ann", "vision"), &r).error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
+  // Every refusal was audited, with its reason.
+  Result<std::vector<AuditRecord>> refused =
+      audit_->Query({.action = "kc.v1.PermissionService.Check"});
+  ASSERT_TRUE(refused.ok());
+  EXPECT_EQ(refused->size(), 5u);
+  EXPECT_THAT(refused->back().reason, HasSubstr("revoked"));
 }
 
 TEST_F(PermissionServiceTest, AnUnknownActionIsTheDeclaredInvalidArgument) {

@@ -34,7 +34,28 @@ std::string BearerToken(const grpc::ServerContext& context) {
   return v.starts_with(kBearer) ? std::string(v.substr(kBearer.size())) : "";
 }
 
+Status AuditNow(AuditLog* audit, std::string_view principal, std::string_view action,
+                std::string_view resource, std::string_view outcome, std::string_view reason) {
+  if (audit == nullptr) return OkStatus();
+  Result<AuditRecord> r = audit->Append({.seq = 0,
+                                         .time_s = WallSeconds(),
+                                         .principal = std::string(principal),
+                                         .action = std::string(action),
+                                         .resource = std::string(resource),
+                                         .outcome = std::string(outcome),
+                                         .reason = std::string(reason),
+                                         .prev_hash = "",
+                                         .hash = ""});
+  if (!r.ok()) KC_LOG(ERROR) << "audit: " << r.status().message();
+  return r.status();
+}
+
 RpcGuard::RpcGuard(RpcGuardOptions options) : options_(options) {}
+
+grpc::Status RpcGuard::Refuse(std::string_view who, std::string_view method, const Status& why) {
+  AuditNow(options_.audit, who, method, "rpc", "denied", why.message()).IgnoreError();  // logged
+  return ToGrpc(why);
+}
 
 Result<RpcGuard::MethodInfo> RpcGuard::Info(std::string_view method) {
   if (auto it = methods_.find(method); it != methods_.end()) return it->second;
@@ -93,27 +114,31 @@ grpc::Status RpcGuard::Serve(grpc::ServerContext* context, std::string_view meth
   if (info.needs_token) {
     const std::string token = BearerToken(*context);
     if (token.empty()) {
-      return ToGrpc(
+      return Refuse(
+          key, method,
           UnauthenticatedError(fmt::format("{}: no bearer token (log in: kc login)", method)));
     }
     Result<std::string> user = options_.tokens->Authenticate(token, WallSeconds());
-    if (!user.ok()) return ToGrpc(user.status());
+    if (!user.ok()) return Refuse(key, method, user.status());
     std::optional<Principal> p = options_.roles->PrincipalFor(*user);
     if (!p) {
-      return ToGrpc(UnauthenticatedError(
-          fmt::format("{}: user {} is not in the cluster's roles file", method, *user)));
+      return Refuse(*user, method,
+                    UnauthenticatedError(fmt::format(
+                        "{}: user {} is not in the cluster's roles file", method, *user)));
     }
     caller = std::move(*p);
     key = caller.user;
   }
+  Status over;
   {
     MutexLock lock(&mu_);
     if (!Allow(method, info, key)) {
-      return ToGrpc(ResourceExhaustedError(fmt::format(
+      over = ResourceExhaustedError(fmt::format(
           "{}: over the rate limit of {} calls/s{} (burst {}); retry with backoff", method,
-          info.calls_per_second, info.per_caller ? " per caller" : "", info.burst)));
+          info.calls_per_second, info.per_caller ? " per caller" : "", info.burst));
     }
   }
+  if (!over.ok()) return Refuse(key, method, over);
   const Status s = handler(caller);
   if (s.ok()) return grpc::Status::OK;
   const ErrorCode code = s.code();

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "api/audit_log.h"
 #include "api/permissions.h"
 #include "api/roles_file.h"
 #include "api/tokens.h"
@@ -29,6 +30,7 @@ struct RpcGuardOptions {
   TokenStore* tokens = nullptr;        // not owned; outlives the guard
   const RolesConfig* roles = nullptr;  // not owned; outlives the guard (fixed while kcd runs)
   Clock* clock = Clock::Real();        // for the rate limits; not owned
+  AuditLog* audit = nullptr;           // not owned; outlives the guard; null: no audit
 };
 
 // Safe for concurrent use: gRPC calls Serve from many threads.
@@ -42,7 +44,8 @@ class RpcGuard {
   // UNAUTHENTICATED without a valid "authorization: Bearer TOKEN" (the methods of kc.v1.Health
   // need none) or for a user the roles file does not name; RESOURCE_EXHAUSTED over the
   // method's annotated limit (its own, else its service's default); otherwise the handler's
-  // status, INTERNAL if the method does not declare that code.
+  // status, INTERNAL if the method does not declare that code. Refusals (unauthenticated,
+  // over the limit) are written to the audit log.
   grpc::Status Serve(grpc::ServerContext* context, std::string_view method, const Handler& handler);
 
  private:
@@ -58,12 +61,19 @@ class RpcGuard {
   Result<MethodInfo> Info(std::string_view method) KC_REQUIRES(mu_);
   bool Allow(std::string_view method, const MethodInfo& info, const std::string& caller)
       KC_REQUIRES(mu_);
+  // Records a refusal; returns it as the call's status.
+  grpc::Status Refuse(std::string_view who, std::string_view method, const Status& why);
 
   RpcGuardOptions options_;
   Mutex mu_;
   std::map<std::string, MethodInfo, std::less<>> methods_ KC_GUARDED_BY(mu_);
   std::map<std::string, std::unique_ptr<comm::TokenBucket>> buckets_ KC_GUARDED_BY(mu_);
 };
+
+// Appends a record to `audit` (if not null) for a decision made now; an audit write that
+// fails is logged, never hidden: the caller decides whether to go on.
+Status AuditNow(AuditLog* audit, std::string_view principal, std::string_view action,
+                std::string_view resource, std::string_view outcome, std::string_view reason);
 
 // The bearer token of a call's metadata, or "".
 std::string BearerToken(const grpc::ServerContext& context);
