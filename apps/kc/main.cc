@@ -9,6 +9,7 @@
 #include "apps/kc/ckpt_command.h"
 #include "apps/kc/command.h"
 #include "apps/kc/data_command.h"
+#include "apps/kc/init_command.h"
 #include "apps/kc/plan_command.h"
 #include "apps/kc/sim_command.h"
 #include "apps/kc/topo_command.h"
@@ -71,6 +72,7 @@ int main(int argc, char** argv) {
   AddCkptCommand(app, &action);
   AddSimCommand(app, &action);
   AddAuditCommand(app, &action);
+  AddInitCommand(app, &action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {

@@ -1,8 +1,8 @@
 #include "api/audit_log.h"
 
 #include <fmt/format.h>
-#include <openssl/evp.h>
 
+#include "api/internal/digest.h"
 #include "api/internal/sqlite.h"
 #include "base/mutex.h"
 
@@ -59,12 +59,7 @@ std::string AuditRecordHash(const AuditRecord& r) {
   add(r.outcome);
   add(r.reason);
   add(r.prev_hash);
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_Digest(buf.data(), buf.size(), md, &len, EVP_sha256(), nullptr);
-  std::string hex;
-  for (unsigned int i = 0; i < len; ++i) hex += fmt::format("{:02x}", md[i]);
-  return hex;
+  return internal::Sha256Hex(buf);
 }
 
 struct AuditLog::Impl {

@@ -7,17 +7,16 @@
 #include <chrono>
 #include <cmath>
 
+#include "api/internal/digest.h"
 #include "base/log.h"
 #include "kc/v1/options.pb.h"
 
 namespace kc::api {
 namespace {
 
-constexpr std::string_view kPublicService = "kc.v1.Health";
+using internal::WallSeconds;
 
-double WallSeconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
+constexpr std::string_view kPublicService = "kc.v1.Health";
 
 grpc::Status ToGrpc(const Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));

@@ -1,14 +1,16 @@
 #include "api/tokens.h"
 
 #include <fmt/format.h>
-#include <openssl/evp.h>
 #include <openssl/rand.h>
 
+#include "api/internal/digest.h"
 #include "api/internal/sqlite.h"
 #include "base/mutex.h"
 
 namespace kc::api {
 namespace {
+
+using internal::Sha256Hex;
 
 constexpr char kSchema[] = R"(
 CREATE TABLE IF NOT EXISTS tokens (
@@ -26,13 +28,6 @@ std::string Hex(const unsigned char* p, size_t n) {
   std::string out;
   for (size_t i = 0; i < n; ++i) out += fmt::format("{:02x}", p[i]);
   return out;
-}
-
-std::string Sha256Hex(std::string_view s) {
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_Digest(s.data(), s.size(), md, &len, EVP_sha256(), nullptr);
-  return Hex(md, len);
 }
 
 bool WellFormed(std::string_view t) {

@@ -1,0 +1,179 @@
+#include "api/control_plane.h"
+
+#include <fmt/format.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <filesystem>
+
+#include "api/audit_log.h"
+#include "api/internal/digest.h"
+#include "api/permission_service.h"
+#include "api/roles_file.h"
+#include "api/rpc_guard.h"
+#include "api/tls.h"
+#include "api/tokens.h"
+#include "base/file.h"
+#include "hal/inventory.h"
+#include "kc/v1/health.grpc.pb.h"
+
+namespace kc::api {
+namespace {
+
+using internal::Sha256Hex;
+using internal::WallSeconds;
+
+namespace fs = std::filesystem;
+
+// Writes a file durably with `mode` permissions.
+Status WriteFile(const fs::path& path, std::string_view text, mode_t mode) {
+  KC_RETURN_IF_ERROR(WriteFileDurably(path.string(), text));
+  if (chmod(path.c_str(), mode) != 0) {
+    return UnavailableError(fmt::format("{}: cannot set its permissions", path.string()));
+  }
+  return OkStatus();
+}
+
+bool IsLoopback(const std::string& listen) {
+  const std::string host = listen.substr(0, listen.rfind(':'));
+  return host == "127.0.0.1" || host == "localhost" || host == "[::1]";
+}
+
+// Health: public (no token), for liveness probes.
+class HealthService final : public kc::v1::Health::Service {
+ public:
+  explicit HealthService(RpcGuard* guard) : guard_(guard) {}
+  grpc::Status Check(grpc::ServerContext* context, const kc::v1::HealthCheckRequest* request,
+                     kc::v1::HealthCheckResponse* response) override {
+    return guard_->Serve(context, "kc.v1.Health.Check", [&](const Principal&) -> Status {
+      if (!request->service().empty() && request->service() != "kc.v1.PermissionService" &&
+          request->service() != "kc.v1.Health") {
+        return NotFoundError(fmt::format("service {}: not served here", request->service()));
+      }
+      response->set_status(kc::v1::HealthCheckResponse::SERVING);
+      return OkStatus();
+    });
+  }
+
+ private:
+  RpcGuard* guard_;  // not owned; the Kcd that owns both outlives the service
+};
+
+}  // namespace
+
+Result<InitResult> InitCluster(const InitOptions& o) {
+  const fs::path dir(o.dir);
+  if (fs::exists(dir / "roles.yaml")) {
+    return AlreadyExistsError(
+        fmt::format("{}: already a cluster (roles.yaml exists); nothing was changed", o.dir));
+  }
+  std::string inventory;
+  if (!o.inventory_path.empty()) {
+    KC_ASSIGN_OR_RETURN(hal::TopologySpec spec, hal::LoadInventory(o.inventory_path));
+    KC_ASSIGN_OR_RETURN(inventory, ReadWholeFile(o.inventory_path));
+  }
+  std::error_code ec;
+  fs::create_directories(dir / "tls", ec);
+  if (ec) return UnavailableError(fmt::format("{}: cannot create: {}", o.dir, ec.message()));
+  KC_ASSIGN_OR_RETURN(TlsFiles tls, MakeClusterTls(o.cluster, o.hosts, o.tls_days));
+  KC_RETURN_IF_ERROR(WriteFile(dir / "tls/ca.pem", tls.ca_cert_pem, 0644));
+  KC_RETURN_IF_ERROR(WriteFile(dir / "tls/ca.key", tls.ca_key_pem, 0600));
+  KC_RETURN_IF_ERROR(WriteFile(dir / "tls/server.pem", tls.server_cert_pem, 0644));
+  KC_RETURN_IF_ERROR(WriteFile(dir / "tls/server.key", tls.server_key_pem, 0600));
+  if (!inventory.empty()) KC_RETURN_IF_ERROR(WriteFile(dir / "topology.yaml", inventory, 0644));
+  KC_ASSIGN_OR_RETURN(std::unique_ptr<TokenStore> tokens,
+                      TokenStore::Open((dir / "kcd.db").string()));
+  KC_ASSIGN_OR_RETURN(IssuedToken token, tokens->Issue(o.admin, o.token_ttl_s, WallSeconds()));
+  KC_RETURN_IF_ERROR(WriteFile(dir / "admin.token", token.token + "\n", 0600));
+  KC_ASSIGN_OR_RETURN(std::unique_ptr<AuditLog> audit, AuditLog::Open((dir / "audit.db").string()));
+  KC_RETURN_IF_ERROR(
+      AuditNow(audit.get(), o.admin, "cluster.init", "cluster/" + o.cluster, "ok", "kc init"));
+  // The roles file last: its presence marks a complete directory.
+  const std::string roles = fmt::format(
+      "# Who is who on cluster {} (docs/operations/roles.md). Edit as a system admin, then\n"
+      "# restart kcd; kcd records every change of this file in the audit log.\n"
+      "cluster: {}\nusers:\n  - {{name: {}, role: system_admin}}\nteams: []\n",
+      o.cluster, o.cluster, o.admin);
+  KC_RETURN_IF_ERROR(WriteFile(dir / "roles.yaml", roles, 0644));
+  return InitResult{.admin_token = token.token};
+}
+
+struct Kcd::Impl {
+  KcdOptions options;
+  RolesConfig roles;
+  std::unique_ptr<TokenStore> tokens;
+  std::unique_ptr<AuditLog> audit;
+  std::unique_ptr<RpcGuard> guard;
+  std::unique_ptr<PermissionServiceImpl> permission;
+  std::unique_ptr<HealthService> health;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+  bool stopped = false;
+};
+
+Kcd::Kcd(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Kcd::~Kcd() { Shutdown(); }
+
+Result<std::unique_ptr<Kcd>> Kcd::Start(const KcdOptions& o) {
+  const fs::path dir(o.dir);
+  if (!fs::exists(dir / "roles.yaml")) {
+    return NotFoundError(fmt::format("{}: not a cluster directory (run kc init {})", o.dir, o.dir));
+  }
+  if (o.insecure_loopback && !IsLoopback(o.listen)) {
+    return InvalidArgumentError(fmt::format(
+        "--insecure-loopback: plaintext is allowed only on loopback, not on {}", o.listen));
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->options = o;
+  const std::string roles_path = (dir / "roles.yaml").string();
+  KC_ASSIGN_OR_RETURN(impl->roles, LoadRolesFile(roles_path));
+  KC_ASSIGN_OR_RETURN(std::string roles_text, ReadWholeFile(roles_path));
+  KC_ASSIGN_OR_RETURN(impl->tokens, TokenStore::Open((dir / "kcd.db").string()));
+  KC_ASSIGN_OR_RETURN(impl->audit, AuditLog::Open((dir / "audit.db").string()));
+  // A change of the roles file between starts is recorded as such.
+  const std::string roles_hash = Sha256Hex(roles_text);
+  KC_ASSIGN_OR_RETURN(std::vector<AuditRecord> starts,
+                      impl->audit->Query({.action = "kcd.start", .limit = 1 << 30}));
+  const bool changed = !starts.empty() && starts.back().resource != "roles/" + roles_hash;
+  KC_RETURN_IF_ERROR(AuditNow(impl->audit.get(), "kcd", "kcd.start", "roles/" + roles_hash,
+                              changed ? "roles changed" : "ok",
+                              fmt::format("listening on {}", o.listen)));
+  impl->guard = std::make_unique<RpcGuard>(RpcGuardOptions{
+      .tokens = impl->tokens.get(), .roles = &impl->roles, .audit = impl->audit.get()});
+  impl->permission = std::make_unique<PermissionServiceImpl>(impl->guard.get(), impl->audit.get());
+  impl->health = std::make_unique<HealthService>(impl->guard.get());
+  std::shared_ptr<grpc::ServerCredentials> creds;
+  if (o.insecure_loopback) {
+    creds = grpc::InsecureServerCredentials();
+  } else {
+    KC_ASSIGN_OR_RETURN(std::string cert, ReadWholeFile((dir / "tls/server.pem").string()));
+    KC_ASSIGN_OR_RETURN(std::string key, ReadWholeFile((dir / "tls/server.key").string()));
+    grpc::SslServerCredentialsOptions ssl;
+    ssl.pem_key_cert_pairs.push_back({key, cert});
+    creds = grpc::SslServerCredentials(ssl);
+  }
+  grpc::ServerBuilder b;
+  b.AddListeningPort(o.listen, creds, &impl->port);
+  b.RegisterService(impl->permission.get());
+  b.RegisterService(impl->health.get());
+  b.SetMaxReceiveMessageSize(4 << 20);
+  impl->server = b.BuildAndStart();
+  if (impl->server == nullptr || impl->port == 0) {
+    return UnavailableError(fmt::format("kcd: cannot listen on {}", o.listen));
+  }
+  return std::unique_ptr<Kcd>(new Kcd(std::move(impl)));
+}
+
+int Kcd::port() const { return impl_->port; }
+
+void Kcd::Shutdown() {
+  if (impl_ == nullptr || impl_->stopped) return;
+  impl_->stopped = true;
+  // In-flight calls get a moment to finish; then they are cancelled, and idle client
+  // connections do not hold the daemon up.
+  impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
+  AuditNow(impl_->audit.get(), "kcd", "kcd.stop", "kcd", "ok", "shut down").IgnoreError();
+}
+
+}  // namespace kc::api

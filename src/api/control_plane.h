@@ -1,0 +1,73 @@
+// A cluster's control-plane directory and the kcd server over it. `kc init` lays the
+// directory out (roles file, TLS material, the first admin's token, state and audit
+// databases); kcd serves the API from it over TLS. Docs: docs/operations/cluster.md.
+//
+//   DIR/roles.yaml        who is who (api/roles_file.h); edited only by a system admin
+//   DIR/tls/ca.pem        the cluster's CA certificate: clients trust it
+//   DIR/tls/ca.key        the CA's key (0600), to issue more certificates
+//   DIR/tls/server.pem    kcd's certificate; server.key its key (0600)
+//   DIR/admin.token       the first admin's bearer token (0600)
+//   DIR/kcd.db            kcd's state: tokens, jobs, quotas (SQLite, WAL)
+//   DIR/audit.db          the hash-chained audit log
+//   DIR/topology.yaml     the cluster's inventory, when given
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+
+namespace kc::api {
+
+struct InitOptions {
+  std::string dir;
+  std::string cluster = "local";
+  std::string admin = "admin";
+  std::string inventory_path;  // copied to DIR/topology.yaml when set
+  std::vector<std::string> hosts = {"localhost", "127.0.0.1"};  // kcd's certificate names
+  double token_ttl_s = 90 * 86400.0;
+  int tls_days = 825;
+};
+
+struct InitResult {
+  std::string admin_token;
+};
+
+// Creates the directory. kAlreadyExists if DIR/roles.yaml exists (nothing is changed);
+// kNotFound for a missing inventory; kUnavailable naming the file for a write that fails.
+Result<InitResult> InitCluster(const InitOptions& options);
+
+struct KcdOptions {
+  std::string dir;
+  std::string listen = "127.0.0.1:7470";  // port 0: any free port
+  // Plaintext instead of TLS: refused unless the listen address is loopback.
+  bool insecure_loopback = false;
+};
+
+// The control-plane server: Health and the permission service today. Safe for concurrent
+// use; gRPC serves calls on its own threads.
+class Kcd {
+ public:
+  // Reads the roles file, opens the databases, records the start in the audit log (with the
+  // roles file's hash, and "roles changed" when it differs from the previous start's), and
+  // starts serving. kInvalidArgument for a bad roles file or a plaintext non-loopback listen
+  // address; kNotFound for a directory `kc init` did not make; kUnavailable when the address
+  // cannot be bound.
+  static Result<std::unique_ptr<Kcd>> Start(const KcdOptions& options);
+  ~Kcd();
+
+  int port() const;
+  // Stops serving (in-flight calls get half a second to finish, then are cancelled) and
+  // records the stop. Idempotent.
+  void Shutdown();
+
+ private:
+  struct Impl;
+  explicit Kcd(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kc::api

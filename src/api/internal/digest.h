@@ -1,0 +1,15 @@
+// Small helpers the api stores share: SHA-256 as hex, and wall-clock seconds.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace kc::api::internal {
+
+// SHA-256 of `data`, as 64 lowercase hex digits.
+std::string Sha256Hex(std::string_view data);
+
+// Seconds since the Unix epoch, now.
+double WallSeconds();
+
+}  // namespace kc::api::internal
