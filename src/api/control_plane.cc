@@ -8,6 +8,7 @@
 
 #include "api/audit_log.h"
 #include "api/internal/digest.h"
+#include "api/job_service.h"
 #include "api/permission_service.h"
 #include "api/roles_file.h"
 #include "api/rpc_guard.h"
@@ -46,8 +47,9 @@ class HealthService final : public kc::v1::Health::Service {
   grpc::Status Check(grpc::ServerContext* context, const kc::v1::HealthCheckRequest* request,
                      kc::v1::HealthCheckResponse* response) override {
     return guard_->Serve(context, "kc.v1.Health.Check", [&](const Principal&) -> Status {
-      if (!request->service().empty() && request->service() != "kc.v1.PermissionService" &&
-          request->service() != "kc.v1.Health") {
+      const std::string& name = request->service();
+      if (!name.empty() && name != "kc.v1.PermissionService" && name != "kc.v1.JobService" &&
+          name != "kc.v1.Health") {
         return NotFoundError(fmt::format("service {}: not served here", request->service()));
       }
       response->set_status(kc::v1::HealthCheckResponse::SERVING);
@@ -102,9 +104,12 @@ struct Kcd::Impl {
   KcdOptions options;
   RolesConfig roles;
   std::unique_ptr<TokenStore> tokens;
+  std::unique_ptr<JobStore> jobs;
+  std::unique_ptr<QuotaStore> quotas;
   std::unique_ptr<AuditLog> audit;
   std::unique_ptr<RpcGuard> guard;
   std::unique_ptr<PermissionServiceImpl> permission;
+  std::unique_ptr<JobServiceImpl> job_service;
   std::unique_ptr<HealthService> health;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
@@ -130,6 +135,8 @@ Result<std::unique_ptr<Kcd>> Kcd::Start(const KcdOptions& o) {
   KC_ASSIGN_OR_RETURN(impl->roles, LoadRolesFile(roles_path));
   KC_ASSIGN_OR_RETURN(std::string roles_text, ReadWholeFile(roles_path));
   KC_ASSIGN_OR_RETURN(impl->tokens, TokenStore::Open((dir / "kcd.db").string()));
+  KC_ASSIGN_OR_RETURN(impl->jobs, JobStore::Open((dir / "kcd.db").string()));
+  KC_ASSIGN_OR_RETURN(impl->quotas, QuotaStore::Open((dir / "kcd.db").string()));
   KC_ASSIGN_OR_RETURN(impl->audit, AuditLog::Open((dir / "audit.db").string()));
   // A change of the roles file between starts is recorded as such.
   const std::string roles_hash = Sha256Hex(roles_text);
@@ -142,6 +149,8 @@ Result<std::unique_ptr<Kcd>> Kcd::Start(const KcdOptions& o) {
   impl->guard = std::make_unique<RpcGuard>(RpcGuardOptions{
       .tokens = impl->tokens.get(), .roles = &impl->roles, .audit = impl->audit.get()});
   impl->permission = std::make_unique<PermissionServiceImpl>(impl->guard.get(), impl->audit.get());
+  impl->job_service = std::make_unique<JobServiceImpl>(impl->guard.get(), impl->jobs.get(),
+                                                       impl->quotas.get(), impl->audit.get());
   impl->health = std::make_unique<HealthService>(impl->guard.get());
   std::shared_ptr<grpc::ServerCredentials> creds;
   if (o.insecure_loopback) {
@@ -156,6 +165,7 @@ Result<std::unique_ptr<Kcd>> Kcd::Start(const KcdOptions& o) {
   grpc::ServerBuilder b;
   b.AddListeningPort(o.listen, creds, &impl->port);
   b.RegisterService(impl->permission.get());
+  b.RegisterService(impl->job_service.get());
   b.RegisterService(impl->health.get());
   b.SetMaxReceiveMessageSize(4 << 20);
   impl->server = b.BuildAndStart();

@@ -47,8 +47,8 @@ struct KcdOptions {
   bool insecure_loopback = false;
 };
 
-// The control-plane server: Health and the permission service today. Safe for concurrent
-// use; gRPC serves calls on its own threads.
+// The control-plane server: Health, the permission service and the job service today. Safe for
+// concurrent use; gRPC serves calls on its own threads.
 class Kcd {
  public:
   // Reads the roles file, opens the databases, records the start in the audit log (with the

@@ -21,6 +21,9 @@ CREATE TABLE IF NOT EXISTS jobs (
   owner TEXT NOT NULL,
   team TEXT NOT NULL,
   spec TEXT NOT NULL,
+  devices INTEGER NOT NULL,
+  device_hours REAL NOT NULL,
+  storage_gb REAL NOT NULL,
   phase TEXT NOT NULL,
   submitted_s REAL NOT NULL,
   updated_s REAL NOT NULL,
@@ -29,7 +32,9 @@ CREATE TABLE IF NOT EXISTS jobs (
 CREATE INDEX IF NOT EXISTS jobs_owner ON jobs (owner);
 )";
 
-constexpr char kColumns[] = "id, name, owner, team, spec, phase, submitted_s, updated_s, reason";
+constexpr char kColumns[] =
+    "id, name, owner, team, spec, devices, device_hours, storage_gb, phase, submitted_s, "
+    "updated_s, reason";
 
 JobRecord Row(const internal::Statement& s) {
   return {.id = s.Int(0),
@@ -37,10 +42,13 @@ JobRecord Row(const internal::Statement& s) {
           .owner = s.Text(2),
           .team = s.Text(3),
           .spec = s.Text(4),
-          .phase = JobPhaseFromName(s.Text(5)).value_or(JobPhase::kFailed),
-          .submitted_s = s.Double(6),
-          .updated_s = s.Double(7),
-          .reason = s.Text(8)};
+          .devices = s.Int(5),
+          .device_hours = s.Double(6),
+          .storage_gb = s.Double(7),
+          .phase = JobPhaseFromName(s.Text(8)).value_or(JobPhase::kFailed),
+          .submitted_s = s.Double(9),
+          .updated_s = s.Double(10),
+          .reason = s.Text(11)};
 }
 
 }  // namespace
@@ -112,16 +120,20 @@ Result<JobRecord> JobStore::Submit(JobRecord job, double now_s) {
   job.submitted_s = now_s;
   job.updated_s = now_s;
   KC_ASSIGN_OR_RETURN(internal::Statement st,
-                      m.db.Prepare("INSERT INTO jobs (name, owner, team, spec, phase, "
-                                   "submitted_s, updated_s, reason) VALUES (?,?,?,?,?,?,?,?)"));
+                      m.db.Prepare("INSERT INTO jobs (name, owner, team, spec, devices, "
+                                   "device_hours, storage_gb, phase, submitted_s, updated_s, "
+                                   "reason) VALUES (?,?,?,?,?,?,?,?,?,?,?)"));
   st.Bind(1, job.name);
   st.Bind(2, job.owner);
   st.Bind(3, job.team);
   st.Bind(4, job.spec);
-  st.Bind(5, JobPhaseName(job.phase));
-  st.Bind(6, now_s);
-  st.Bind(7, now_s);
-  st.Bind(8, job.reason);
+  st.Bind(5, job.devices);
+  st.Bind(6, job.device_hours);
+  st.Bind(7, job.storage_gb);
+  st.Bind(8, JobPhaseName(job.phase));
+  st.Bind(9, now_s);
+  st.Bind(10, now_s);
+  st.Bind(11, job.reason);
   if (st.Step() != SQLITE_DONE) return m.db.Error("cannot record the job");
   job.id = sqlite3_last_insert_rowid(m.db.handle());
   return job;

@@ -41,6 +41,10 @@ struct JobRecord {
   std::string owner;
   std::string team;
   std::string spec;  // the submitted job file, as given
+  // What it asked for, for quotas: devices at most, expected device-hours, storage.
+  int64_t devices = 0;
+  double device_hours = 0;
+  double storage_gb = 0;
   JobPhase phase = JobPhase::kPending;
   double submitted_s = 0;  // seconds since the Unix epoch
   double updated_s = 0;

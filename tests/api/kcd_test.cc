@@ -17,6 +17,7 @@
 
 #include "api/audit_log.h"
 #include "kc/v1/health.grpc.pb.h"
+#include "kc/v1/jobs.grpc.pb.h"
 #include "kc/v1/permission.grpc.pb.h"
 #include "tests/support/child_guard.h"
 #include "tests/support/kc_run.h"
@@ -119,6 +120,21 @@ TEST(KcdTest, ServesOverTlsWithTheAdminsTokenAndAuditsItsLife) {
     EXPECT_EQ(resp.principal(), "root");
     EXPECT_EQ(resp.role(), "system_admin");
   }
+  int64_t job_id = 0;
+  {  // A job submitted through kcd is recorded (and survives the restart below).
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer " + token);
+    kc::v1::SubmitJobRequest req;
+    req.set_name("first");
+    req.set_spec("model: gpt-tiny");
+    req.set_devices(2);
+    kc::v1::JobInfo job;
+    grpc::Status s = kc::v1::JobService::NewStub(channel)->Submit(&ctx, req, &job);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(job.phase(), "pending");
+    EXPECT_EQ(job.owner(), "root");
+    job_id = job.id();
+  }
   {  // Health needs no token.
     grpc::ClientContext ctx;
     kc::v1::HealthCheckResponse resp;
@@ -140,6 +156,18 @@ TEST(KcdTest, ServesOverTlsWithTheAdminsTokenAndAuditsItsLife) {
   Daemon again = StartKcd(cluster);
   ChildGuard child2(again.pid);
   ASSERT_GT(again.port, 0) << again.first_line;
+  {
+    auto jobs = kc::v1::JobService::NewStub(
+        grpc::CreateChannel(fmt::format("localhost:{}", again.port), grpc::SslCredentials(ssl)));
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer " + token);
+    kc::v1::GetJobRequest req;
+    req.set_id(job_id);
+    kc::v1::JobInfo job;
+    grpc::Status s = jobs->Get(&ctx, req, &job);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(job.name(), "first");
+  }
   EXPECT_EQ(Stop(child2, again.pid), 0);
   Result<std::unique_ptr<AuditLog>> audit = AuditLog::Open(cluster + "/audit.db");
   ASSERT_TRUE(audit.ok());
@@ -147,8 +175,9 @@ TEST(KcdTest, ServesOverTlsWithTheAdminsTokenAndAuditsItsLife) {
   ASSERT_TRUE(all.ok());
   std::vector<std::string> seen;
   for (const AuditRecord& r : *all) seen.push_back(r.action + ":" + r.outcome);
-  EXPECT_EQ(seen, (std::vector<std::string>{"cluster.init:ok", "kcd.start:ok", "kcd.stop:ok",
-                                            "kcd.start:roles changed", "kcd.stop:ok"}));
+  EXPECT_EQ(seen,
+            (std::vector<std::string>{"cluster.init:ok", "kcd.start:ok", "job.submit:ok",
+                                      "kcd.stop:ok", "kcd.start:roles changed", "kcd.stop:ok"}));
   EXPECT_TRUE((*audit)->Verify()->ok);
 }
 

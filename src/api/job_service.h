@@ -1,0 +1,43 @@
+// The job service (proto/kc/v1/jobs.proto): submit, get, list and cancel, each checked against
+// the permission table for its caller, quotas checked at submission, changes and denials
+// audited. kcd serves it over its job store.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include "api/audit_log.h"
+#include "api/job_store.h"
+#include "api/quotas.h"
+#include "api/rpc_guard.h"
+#include "kc/v1/jobs.grpc.pb.h"
+
+namespace kc::api {
+
+// Safe for concurrent use.
+class JobServiceImpl final : public kc::v1::JobService::Service {
+ public:
+  // Not owned; all outlive the service. `audit` may be null.
+  JobServiceImpl(RpcGuard* guard, JobStore* jobs, QuotaStore* quotas, AuditLog* audit)
+      : guard_(guard), jobs_(jobs), quotas_(quotas), audit_(audit) {}
+
+  grpc::Status Submit(grpc::ServerContext* context, const kc::v1::SubmitJobRequest* request,
+                      kc::v1::JobInfo* response) override;
+  grpc::Status Get(grpc::ServerContext* context, const kc::v1::GetJobRequest* request,
+                   kc::v1::JobInfo* response) override;
+  grpc::Status List(grpc::ServerContext* context, const kc::v1::ListJobsRequest* request,
+                    kc::v1::ListJobsResponse* response) override;
+  grpc::Status Cancel(grpc::ServerContext* context, const kc::v1::CancelJobRequest* request,
+                      kc::v1::JobInfo* response) override;
+
+ private:
+  // The permission check for `action` on job `j`; a denial is audited and returned.
+  Status Allowed(const Principal& caller, Action action, const JobRecord& j);
+
+  // Not owned (constructor's contract).
+  RpcGuard* guard_;
+  JobStore* jobs_;
+  QuotaStore* quotas_;
+  AuditLog* audit_;
+};
+
+}  // namespace kc::api

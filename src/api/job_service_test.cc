@@ -1,0 +1,176 @@
+#include "api/job_service.h"
+
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "api/internal/digest.h"
+#include "tests/support/temp_dir.h"
+
+namespace kc::api {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kRoles[] = R"(
+cluster: c
+users:
+  - {name: root, role: system_admin}
+  - {name: vera, role: resource_admin, teams: [vision]}
+  - {name: ann, role: submitter, teams: [vision]}
+  - {name: abe, role: submitter, teams: [vision]}
+  - {name: bob, role: submitter, teams: [nlp]}
+  - {name: olga, role: observer}
+teams:
+  - {name: vision, admins: [vera]}
+  - {name: nlp}
+)";
+
+// The job service on loopback over real stores, as kcd serves it.
+class JobServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string db = dir_.Path("kcd.db");
+    tokens_ = std::move(*TokenStore::Open(db));
+    jobs_ = std::move(*JobStore::Open(db));
+    quotas_ = std::move(*QuotaStore::Open(db));
+    audit_ = std::move(*AuditLog::Open(dir_.Path("audit.db")));
+    roles_ = *LoadRolesString(kRoles, "roles.yaml");
+    guard_ = std::make_unique<RpcGuard>(
+        RpcGuardOptions{.tokens = tokens_.get(), .roles = &roles_, .audit = audit_.get()});
+    service_ =
+        std::make_unique<JobServiceImpl>(guard_.get(), jobs_.get(), quotas_.get(), audit_.get());
+    grpc::ServerBuilder b;
+    int port = 0;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    b.RegisterService(service_.get());
+    server_ = b.BuildAndStart();
+    stub_ = kc::v1::JobService::NewStub(
+        grpc::CreateChannel(fmt::format("127.0.0.1:{}", port), grpc::InsecureChannelCredentials()));
+    for (const char* u : {"root", "vera", "ann", "abe", "bob", "olga"}) {
+      token_[u] = tokens_->Issue(u, 3600, internal::WallSeconds())->token;
+    }
+  }
+  void TearDown() override { server_->Shutdown(); }
+
+  // Calls `method` as `user`.
+  template <typename Req, typename Resp, typename Method>
+  grpc::Status As(const std::string& user, Method method, const Req& req, Resp* resp) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer " + token_[user]);
+    return (stub_.get()->*method)(&ctx, req, resp);
+  }
+  grpc::Status Submit(const std::string& user, const std::string& name, int64_t devices,
+                      kc::v1::JobInfo* out, const std::string& team = "") {
+    kc::v1::SubmitJobRequest r;
+    r.set_name(name);
+    r.set_team(team);
+    r.set_spec("model: gpt-tiny");
+    r.set_devices(devices);
+    r.set_expected_hours(1);
+    return As(user, &kc::v1::JobService::Stub::Submit, r, out);
+  }
+  grpc::Status Get(const std::string& user, int64_t id) {
+    kc::v1::GetJobRequest r;
+    r.set_id(id);
+    kc::v1::JobInfo out;
+    return As(user, &kc::v1::JobService::Stub::Get, r, &out);
+  }
+  grpc::Status Cancel(const std::string& user, int64_t id) {
+    kc::v1::CancelJobRequest r;
+    r.set_id(id);
+    kc::v1::JobInfo out;
+    return As(user, &kc::v1::JobService::Stub::Cancel, r, &out);
+  }
+  std::set<std::string> Visible(const std::string& user) {
+    kc::v1::ListJobsResponse out;
+    EXPECT_TRUE(As(user, &kc::v1::JobService::Stub::List, kc::v1::ListJobsRequest(), &out).ok());
+    std::set<std::string> names;
+    for (const kc::v1::JobInfo& j : out.jobs()) names.insert(j.name());
+    return names;
+  }
+
+  testing::TempDir dir_{"kc_jobsvc"};
+  std::unique_ptr<TokenStore> tokens_;
+  std::unique_ptr<JobStore> jobs_;
+  std::unique_ptr<QuotaStore> quotas_;
+  std::unique_ptr<AuditLog> audit_;
+  RolesConfig roles_;
+  std::unique_ptr<RpcGuard> guard_;
+  std::unique_ptr<JobServiceImpl> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<kc::v1::JobService::Stub> stub_;
+  std::map<std::string, std::string> token_;
+};
+
+// Each role against each method, on a job of team vision owned by ann.
+TEST_F(JobServiceTest, EachRoleMayDoWhatTheTableSays) {
+  kc::v1::JobInfo ann_job, bob_job;
+  ASSERT_TRUE(Submit("ann", "ann-train", 2, &ann_job).ok());
+  EXPECT_EQ(ann_job.owner(), "ann");
+  EXPECT_EQ(ann_job.team(), "vision");
+  EXPECT_EQ(ann_job.phase(), "pending");
+  ASSERT_TRUE(Submit("bob", "bob-train", 2, &bob_job).ok());
+  kc::v1::JobInfo x;
+  EXPECT_EQ(Submit("olga", "nope", 1, &x).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(Submit("bob", "sneaky", 1, &x, "vision").error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);  // not in that team
+  // Reading.
+  EXPECT_TRUE(Get("ann", ann_job.id()).ok());
+  EXPECT_TRUE(Get("vera", ann_job.id()).ok());  // her team's
+  EXPECT_TRUE(Get("olga", ann_job.id()).ok());  // observers read everything
+  EXPECT_TRUE(Get("root", ann_job.id()).ok());
+  grpc::Status s = Get("bob", ann_job.id());
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(s.error_message(), HasSubstr("only its own; this belongs to ann"));
+  EXPECT_EQ(Get("vera", bob_job.id()).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(Get("ann", 999).error_code(), grpc::StatusCode::NOT_FOUND);
+  // Listing shows each caller its scope.
+  EXPECT_EQ(Visible("ann"), (std::set<std::string>{"ann-train"}));
+  EXPECT_EQ(Visible("abe"), (std::set<std::string>{}));
+  EXPECT_EQ(Visible("vera"), (std::set<std::string>{"ann-train"}));
+  EXPECT_EQ(Visible("bob"), (std::set<std::string>{"bob-train"}));
+  EXPECT_EQ(Visible("olga"), (std::set<std::string>{"ann-train", "bob-train"}));
+  EXPECT_EQ(Visible("root"), (std::set<std::string>{"ann-train", "bob-train"}));
+  // Cancelling: observers and other submitters may not; a team's admin may.
+  EXPECT_EQ(Cancel("olga", ann_job.id()).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(Cancel("abe", ann_job.id()).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(Cancel("bob", ann_job.id()).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_TRUE(Cancel("vera", ann_job.id()).ok());
+  s = Cancel("ann", ann_job.id());
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), HasSubstr("cannot go from cancelled to cancelled"));
+  EXPECT_TRUE(Cancel("bob", bob_job.id()).ok());
+  // Every change and every denial is in the audit log, and the chain holds.
+  EXPECT_EQ(audit_->Query({.action = "job.submit"})->size(), 4u);  // 2 ok, 2 denied
+  EXPECT_EQ(audit_->Query({.action = "job.cancel"})->size(), 5u);  // 3 denied, 2 ok
+  EXPECT_EQ(audit_->Query({.action = "job.get"})->size(), 2u);     // the two denials
+  EXPECT_TRUE(audit_->Verify()->ok);
+}
+
+TEST_F(JobServiceTest, QuotasRefuseWithTheNumbers) {
+  ASSERT_TRUE(quotas_->Set(QuotaSubject::kTeam, "vision", {.max_devices = 8}).ok());
+  ASSERT_TRUE(quotas_->Set(QuotaSubject::kUser, "bob", {.max_device_hours = 3}).ok());
+  kc::v1::JobInfo j;
+  ASSERT_TRUE(Submit("ann", "six", 6, &j).ok());
+  grpc::Status s = Submit("abe", "four", 4, &j);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(s.error_message(),
+              HasSubstr("team vision: over quota: max_devices 8: 6 in use + 4 asked = 10"));
+  EXPECT_TRUE(Submit("abe", "two", 2, &j).ok());
+  s = Submit("bob", "long", 4, &j);  // 4 devices x 1 h = 4 device-h > 3
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(s.error_message(), HasSubstr("user bob: over quota: max_device_hours 3"));
+  // A cancelled job's devices are free again.
+  kc::v1::JobInfo six;
+  ASSERT_TRUE(Submit("vera", "v", 0, &six).ok());
+  Result<std::vector<JobRecord>> vision = jobs_->List({.owner = "ann"});
+  ASSERT_TRUE(Cancel("ann", (*vision)[0].id).ok());
+  EXPECT_TRUE(Submit("abe", "four-again", 4, &j).ok());
+}
+
+}  // namespace
+}  // namespace kc::api
