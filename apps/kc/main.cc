@@ -7,6 +7,7 @@
 #include "apps/kc/audit_command.h"
 #include "apps/kc/bench_command.h"
 #include "apps/kc/ckpt_command.h"
+#include "apps/kc/cluster_commands.h"
 #include "apps/kc/command.h"
 #include "apps/kc/data_command.h"
 #include "apps/kc/init_command.h"
@@ -73,6 +74,7 @@ int main(int argc, char** argv) {
   AddSimCommand(app, &action);
   AddAuditCommand(app, &action);
   AddInitCommand(app, &action);
+  AddClusterCommands(app, &action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {

@@ -13,6 +13,11 @@ int main(int argc, char** argv) {
   kc::api::KcdOptions o;
   app.add_option("--dir", o.dir, "The cluster directory (made by kc init)")->required();
   app.add_option("--listen", o.listen, "Address to serve on (default 127.0.0.1:7470; port 0: any)");
+  app.add_option(
+      "--agent-lost-after", o.agent_lost_after_s,
+      "Seconds of silence after which an agent's jobs go back to the queue (default 10)");
+  app.add_option("--check-period", o.check_period_s,
+                 "Seconds between a running job's execution-time permission checks (default 1)");
   app.add_flag("--insecure-loopback", o.insecure_loopback,
                "Plaintext instead of TLS, for development; only on a loopback address");
   try {

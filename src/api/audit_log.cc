@@ -91,20 +91,40 @@ Result<std::unique_ptr<AuditLog>> AuditLog::Open(const std::string& path) {
 Result<AuditRecord> AuditLog::Append(AuditRecord r) {
   Impl& m = *impl_;
   MutexLock lock(&m.mu);
-  r.seq = m.last_seq + 1;
-  r.prev_hash = m.last_hash;
-  r.hash = AuditRecordHash(r);
-  KC_ASSIGN_OR_RETURN(
-      internal::Statement st,
-      m.db.Prepare(fmt::format("INSERT INTO audit ({}) VALUES (?,?,?,?,?,?,?,?,?)", kColumns)));
-  st.Bind(1, r.seq);
-  st.Bind(2, r.time_s);
-  int col = 3;
-  for (const std::string* f :
-       {&r.principal, &r.action, &r.resource, &r.outcome, &r.reason, &r.prev_hash, &r.hash}) {
-    st.Bind(col++, *f);
+  // The chain's end is read inside the write transaction: another process (kc token, a
+  // second kcd by mistake) may have appended since, and must not fork the chain.
+  KC_RETURN_IF_ERROR(m.db.Exec("BEGIN IMMEDIATE"));
+  Status s = [&]() KC_REQUIRES(m.mu) -> Status {
+    KC_ASSIGN_OR_RETURN(internal::Statement last,
+                        m.db.Prepare("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1"));
+    const int rc = last.Step();
+    if (rc == SQLITE_ROW) {
+      m.last_seq = last.Int(0);
+      m.last_hash = last.Text(1);
+    } else if (rc != SQLITE_DONE) {
+      return m.db.Error("cannot read the chain's end");
+    }
+    r.seq = m.last_seq + 1;
+    r.prev_hash = m.last_hash;
+    r.hash = AuditRecordHash(r);
+    KC_ASSIGN_OR_RETURN(
+        internal::Statement st,
+        m.db.Prepare(fmt::format("INSERT INTO audit ({}) VALUES (?,?,?,?,?,?,?,?,?)", kColumns)));
+    st.Bind(1, r.seq);
+    st.Bind(2, r.time_s);
+    int col = 3;
+    for (const std::string* f :
+         {&r.principal, &r.action, &r.resource, &r.outcome, &r.reason, &r.prev_hash, &r.hash}) {
+      st.Bind(col++, *f);
+    }
+    if (st.Step() != SQLITE_DONE) return m.db.Error("cannot append");
+    return OkStatus();
+  }();
+  if (!s.ok()) {
+    m.db.Exec("ROLLBACK").IgnoreError();  // the failure to report is s
+    return s;
   }
-  if (st.Step() != SQLITE_DONE) return m.db.Error("cannot append");
+  KC_RETURN_IF_ERROR(m.db.Exec("COMMIT"));
   m.last_seq = r.seq;
   m.last_hash = r.hash;
   return r;
@@ -178,8 +198,12 @@ Result<AuditVerifyResult> AuditLog::Verify(const std::string& expected_head) con
 }
 
 std::string AuditLog::head() const {
-  MutexLock lock(&impl_->mu);
-  return impl_->last_hash;
+  Impl& m = *impl_;
+  MutexLock lock(&m.mu);
+  // From the file: another process may have appended.
+  Result<internal::Statement> st = m.db.Prepare("SELECT hash FROM audit ORDER BY seq DESC LIMIT 1");
+  if (st.ok() && st->Step() == SQLITE_ROW) return st->Text(0);
+  return m.last_hash;
 }
 
 }  // namespace kc::api

@@ -6,7 +6,9 @@
 #include <chrono>
 #include <filesystem>
 
+#include "api/agent_service.h"
 #include "api/audit_log.h"
+#include "api/dispatcher.h"
 #include "api/internal/digest.h"
 #include "api/job_service.h"
 #include "api/permission_service.h"
@@ -49,7 +51,7 @@ class HealthService final : public kc::v1::Health::Service {
     return guard_->Serve(context, "kc.v1.Health.Check", [&](const Principal&) -> Status {
       const std::string& name = request->service();
       if (!name.empty() && name != "kc.v1.PermissionService" && name != "kc.v1.JobService" &&
-          name != "kc.v1.Health") {
+          name != "kc.v1.AgentService" && name != "kc.v1.Health") {
         return NotFoundError(fmt::format("service {}: not served here", request->service()));
       }
       response->set_status(kc::v1::HealthCheckResponse::SERVING);
@@ -108,6 +110,8 @@ struct Kcd::Impl {
   std::unique_ptr<QuotaStore> quotas;
   std::unique_ptr<AuditLog> audit;
   std::unique_ptr<RpcGuard> guard;
+  std::unique_ptr<Dispatcher> dispatcher;
+  std::unique_ptr<AgentServiceImpl> agent_service;
   std::unique_ptr<PermissionServiceImpl> permission;
   std::unique_ptr<JobServiceImpl> job_service;
   std::unique_ptr<HealthService> health;
@@ -149,8 +153,20 @@ Result<std::unique_ptr<Kcd>> Kcd::Start(const KcdOptions& o) {
   impl->guard = std::make_unique<RpcGuard>(RpcGuardOptions{
       .tokens = impl->tokens.get(), .roles = &impl->roles, .audit = impl->audit.get()});
   impl->permission = std::make_unique<PermissionServiceImpl>(impl->guard.get(), impl->audit.get());
-  impl->job_service = std::make_unique<JobServiceImpl>(impl->guard.get(), impl->jobs.get(),
-                                                       impl->quotas.get(), impl->audit.get());
+  KC_ASSIGN_OR_RETURN(impl->dispatcher,
+                      Dispatcher::Start({.dir = o.dir,
+                                         .jobs = impl->jobs.get(),
+                                         .tokens = impl->tokens.get(),
+                                         .audit = impl->audit.get(),
+                                         .roles = &impl->roles,
+                                         .heartbeat_period_s = o.heartbeat_period_s,
+                                         .lost_after_s = o.agent_lost_after_s,
+                                         .check_period_s = o.check_period_s}));
+  impl->agent_service = std::make_unique<AgentServiceImpl>(
+      impl->guard.get(), impl->dispatcher.get(), impl->audit.get());
+  impl->job_service =
+      std::make_unique<JobServiceImpl>(impl->guard.get(), impl->jobs.get(), impl->quotas.get(),
+                                       impl->audit.get(), impl->dispatcher.get());
   impl->health = std::make_unique<HealthService>(impl->guard.get());
   std::shared_ptr<grpc::ServerCredentials> creds;
   if (o.insecure_loopback) {
@@ -166,6 +182,7 @@ Result<std::unique_ptr<Kcd>> Kcd::Start(const KcdOptions& o) {
   b.AddListeningPort(o.listen, creds, &impl->port);
   b.RegisterService(impl->permission.get());
   b.RegisterService(impl->job_service.get());
+  b.RegisterService(impl->agent_service.get());
   b.RegisterService(impl->health.get());
   b.SetMaxReceiveMessageSize(4 << 20);
   impl->server = b.BuildAndStart();
@@ -183,6 +200,7 @@ void Kcd::Shutdown() {
   // In-flight calls get a moment to finish; then they are cancelled, and idle client
   // connections do not hold the daemon up.
   impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
+  impl_->dispatcher.reset();
   AuditNow(impl_->audit.get(), "kcd", "kcd.stop", "kcd", "ok", "shut down").IgnoreError();
 }
 

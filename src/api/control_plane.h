@@ -45,9 +45,15 @@ struct KcdOptions {
   std::string listen = "127.0.0.1:7470";  // port 0: any free port
   // Plaintext instead of TLS: refused unless the listen address is loopback.
   bool insecure_loopback = false;
+  // Agents: how often they report, when a silent one is declared lost (its jobs go back to
+  // the queue), how often each running job's execution-time permission checks are made.
+  double heartbeat_period_s = 0.2;
+  double agent_lost_after_s = 10;
+  double check_period_s = 1;
 };
 
-// The control-plane server: Health, the permission service and the job service today. Safe for
+// The control-plane server: Health, the permission, job and agent services, and the dispatcher
+// that runs the L4 scheduler over the agents' devices. Safe for
 // concurrent use; gRPC serves calls on its own threads.
 class Kcd {
  public:

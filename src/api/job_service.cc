@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "api/internal/digest.h"
+#include "api/job_spec.h"
 
 namespace kc::api {
 namespace {
@@ -19,6 +20,38 @@ void Fill(const JobRecord& j, kc::v1::JobInfo* out) {
   out->set_devices(j.devices);
   out->set_submitted_s(j.submitted_s);
   out->set_updated_s(j.updated_s);
+  out->set_expected_hours(j.devices > 0 ? j.device_hours / static_cast<double>(j.devices) : 0);
+}
+
+// Fill, with where the job runs, how far it got, and its history.
+Status FillDetail(const JobStore& jobs, const JobRecord& j, kc::v1::JobInfo* out) {
+  Fill(j, out);
+  KC_ASSIGN_OR_RETURN(JobProgress p, jobs.Progress(j.id));
+  out->set_host(p.host);
+  out->set_step(p.step);
+  out->set_checkpoint_step(p.checkpoint_step);
+  KC_ASSIGN_OR_RETURN(std::vector<JobEvent> history, jobs.History(j.id));
+  for (const JobEvent& e : history) {
+    kc::v1::JobEvent* x = out->add_history();
+    x->set_phase(std::string(JobPhaseName(e.phase)));
+    x->set_reason(e.reason);
+    x->set_time_s(e.time_s);
+  }
+  return OkStatus();
+}
+
+// What the jobs of `owner` (or, with owner "", of `team`) use: devices of those that have not
+// ended, device-hours and storage of all.
+QuotaUsage UsageOf(const std::vector<JobRecord>& all, std::string_view owner,
+                   std::string_view team) {
+  QuotaUsage u;
+  for (const JobRecord& o : all) {
+    if (owner.empty() ? (team.empty() || o.team != team) : o.owner != owner) continue;
+    if (!IsTerminal(o.phase)) u.devices += o.devices;
+    u.device_hours += o.device_hours;
+    u.storage_gb += o.storage_gb;
+  }
+  return u;
 }
 
 Resource JobResource(const JobRecord& j) {
@@ -43,6 +76,14 @@ grpc::Status JobServiceImpl::Submit(grpc::ServerContext* context,
     if (req->devices() < 0 || req->expected_hours() < 0 || req->storage_gb() < 0) {
       return InvalidArgumentError("devices, expected_hours, storage_gb: must not be negative");
     }
+    if (!req->spec().empty()) {
+      // A job to run: its spec must hold, and says what it uses.
+      KC_ASSIGN_OR_RETURN(JobSpec spec, ParseJobSpec(req->spec(), "spec"));
+      if (req->devices() != spec.ranks) {
+        return InvalidArgumentError(fmt::format("devices: {} differs from the spec's ranks ({})",
+                                                req->devices(), spec.ranks));
+      }
+    }
     JobRecord j{.id = 0,
                 .name = req->name(),
                 .owner = caller.user,
@@ -65,17 +106,8 @@ grpc::Status JobServiceImpl::Submit(grpc::ServerContext* context,
     KC_RETURN_IF_ERROR(Allowed(caller, Action::kJobSubmit, j));
     // Quotas: the submitter's and the team's, against their jobs that have not ended.
     KC_ASSIGN_OR_RETURN(std::vector<JobRecord> all, jobs_->List({.limit = 1 << 30}));
-    QuotaUsage mine, team;
-    for (const JobRecord& o : all) {
-      QuotaUsage* u[2] = {o.owner == j.owner ? &mine : nullptr,
-                          !j.team.empty() && o.team == j.team ? &team : nullptr};
-      for (QuotaUsage* x : u) {
-        if (x == nullptr) continue;
-        if (!IsTerminal(o.phase)) x->devices += o.devices;
-        x->device_hours += o.device_hours;
-        x->storage_gb += o.storage_gb;
-      }
-    }
+    const QuotaUsage mine = UsageOf(all, j.owner, "");
+    const QuotaUsage team = UsageOf(all, "", j.team);
     const QuotaAsk ask{
         .devices = j.devices, .device_hours = j.device_hours, .storage_gb = j.storage_gb};
     KC_ASSIGN_OR_RETURN(Quota user_quota, quotas_->Get(QuotaSubject::kUser, j.owner));
@@ -92,6 +124,7 @@ grpc::Status JobServiceImpl::Submit(grpc::ServerContext* context,
     KC_ASSIGN_OR_RETURN(JobRecord stored, jobs_->Submit(std::move(j), internal::WallSeconds()));
     KC_RETURN_IF_ERROR(AuditNow(audit_, caller.user, "job.submit", fmt::format("job/{}", stored.id),
                                 "ok", stored.name));
+    if (dispatcher_ != nullptr) dispatcher_->Wake();
     Fill(stored, response);
     return OkStatus();
   });
@@ -102,8 +135,7 @@ grpc::Status JobServiceImpl::Get(grpc::ServerContext* context, const kc::v1::Get
   return guard_->Serve(context, "kc.v1.JobService.Get", [&](const Principal& caller) -> Status {
     KC_ASSIGN_OR_RETURN(JobRecord j, jobs_->Get(req->id()));
     KC_RETURN_IF_ERROR(Allowed(caller, Action::kJobGet, j));
-    Fill(j, response);
-    return OkStatus();
+    return FillDetail(*jobs_, j, response);
   });
 }
 
@@ -136,7 +168,106 @@ grpc::Status JobServiceImpl::Cancel(grpc::ServerContext* context,
                                                           internal::WallSeconds()));
     KC_RETURN_IF_ERROR(
         AuditNow(audit_, caller.user, "job.cancel", fmt::format("job/{}", j.id), "ok", reason));
+    if (dispatcher_ != nullptr) dispatcher_->Wake();
     Fill(done, response);
+    return OkStatus();
+  });
+}
+
+grpc::Status JobServiceImpl::Modify(grpc::ServerContext* context,
+                                    const kc::v1::ModifyJobRequest* req,
+                                    kc::v1::JobInfo* response) {
+  return guard_->Serve(context, "kc.v1.JobService.Modify", [&](const Principal& caller) -> Status {
+    KC_ASSIGN_OR_RETURN(JobRecord j, jobs_->Get(req->id()));
+    KC_RETURN_IF_ERROR(Allowed(caller, Action::kJobModify, j));
+    std::optional<std::string> name;
+    if (!req->name().empty()) name = req->name();
+    std::optional<double> device_hours;
+    std::string what = name ? fmt::format("name {}", *name) : "";
+    if (req->expected_hours() >= 0) {
+      device_hours = req->expected_hours() * static_cast<double>(j.devices);
+      // More hours must still fit the quotas: the difference is what is asked for.
+      const double more = *device_hours - j.device_hours;
+      if (more > 0) {
+        KC_ASSIGN_OR_RETURN(std::vector<JobRecord> all, jobs_->List({.limit = 1 << 30}));
+        QuotaUsage mine = UsageOf(all, j.owner, "");
+        KC_ASSIGN_OR_RETURN(Quota q, quotas_->Get(QuotaSubject::kUser, j.owner));
+        Status over = CheckQuota("user " + j.owner, q, mine, {.device_hours = more});
+        if (over.ok() && !j.team.empty()) {
+          KC_ASSIGN_OR_RETURN(Quota tq, quotas_->Get(QuotaSubject::kTeam, j.team));
+          over = CheckQuota("team " + j.team, tq, UsageOf(all, "", j.team), {.device_hours = more});
+        }
+        if (!over.ok()) {
+          AuditNow(audit_, caller.user, "job.modify", fmt::format("job/{}", j.id), "denied",
+                   over.message())
+              .IgnoreError();
+          return over;
+        }
+      }
+      what += fmt::format("{}expected_hours {}", what.empty() ? "" : ", ", req->expected_hours());
+    }
+    KC_ASSIGN_OR_RETURN(JobRecord done, jobs_->Modify(j.id, std::move(name), device_hours,
+                                                      internal::WallSeconds()));
+    KC_RETURN_IF_ERROR(
+        AuditNow(audit_, caller.user, "job.modify", fmt::format("job/{}", j.id), "ok", what));
+    Fill(done, response);
+    return OkStatus();
+  });
+}
+
+grpc::Status JobServiceImpl::Pause(grpc::ServerContext* context, const kc::v1::PauseJobRequest* req,
+                                   kc::v1::JobInfo* response) {
+  return guard_->Serve(context, "kc.v1.JobService.Pause", [&](const Principal& caller) -> Status {
+    KC_ASSIGN_OR_RETURN(JobRecord j, jobs_->Get(req->id()));
+    KC_RETURN_IF_ERROR(Allowed(caller, Action::kJobPause, j));
+    if (j.phase != JobPhase::kQueued && j.phase != JobPhase::kRunning) {
+      return FailedPreconditionError(
+          fmt::format("job {}: it is {}; only a queued or running job can be paused", j.id,
+                      JobPhaseName(j.phase)));
+    }
+    const std::string reason = fmt::format("paused by {}{}", caller.user,
+                                           req->reason().empty() ? "" : ": " + req->reason());
+    KC_ASSIGN_OR_RETURN(JobRecord done, jobs_->Transition(j.id, JobPhase::kPaused, reason,
+                                                          internal::WallSeconds()));
+    KC_RETURN_IF_ERROR(
+        AuditNow(audit_, caller.user, "job.pause", fmt::format("job/{}", j.id), "ok", reason));
+    if (dispatcher_ != nullptr) dispatcher_->Wake();
+    Fill(done, response);
+    return OkStatus();
+  });
+}
+
+grpc::Status JobServiceImpl::Resume(grpc::ServerContext* context,
+                                    const kc::v1::ResumeJobRequest* req,
+                                    kc::v1::JobInfo* response) {
+  return guard_->Serve(context, "kc.v1.JobService.Resume", [&](const Principal& caller) -> Status {
+    KC_ASSIGN_OR_RETURN(JobRecord j, jobs_->Get(req->id()));
+    KC_RETURN_IF_ERROR(Allowed(caller, Action::kJobResume, j));
+    if (j.phase != JobPhase::kPaused) {
+      return FailedPreconditionError(fmt::format(
+          "job {}: it is {}; only a paused job can be resumed", j.id, JobPhaseName(j.phase)));
+    }
+    const std::string reason = fmt::format("resumed by {}", caller.user);
+    KC_ASSIGN_OR_RETURN(JobRecord done, jobs_->Transition(j.id, JobPhase::kQueued, reason,
+                                                          internal::WallSeconds()));
+    KC_RETURN_IF_ERROR(
+        AuditNow(audit_, caller.user, "job.resume", fmt::format("job/{}", j.id), "ok", reason));
+    if (dispatcher_ != nullptr) dispatcher_->Wake();
+    Fill(done, response);
+    return OkStatus();
+  });
+}
+
+grpc::Status JobServiceImpl::Logs(grpc::ServerContext* context, const kc::v1::JobLogsRequest* req,
+                                  kc::v1::JobLogsResponse* response) {
+  return guard_->Serve(context, "kc.v1.JobService.Logs", [&](const Principal& caller) -> Status {
+    if (req->offset() < 0) return InvalidArgumentError("offset: must not be negative");
+    KC_ASSIGN_OR_RETURN(JobRecord j, jobs_->Get(req->id()));
+    KC_RETURN_IF_ERROR(Allowed(caller, Action::kJobLogs, j));
+    KC_ASSIGN_OR_RETURN(std::string data, jobs_->ReadLog(j.id, req->offset(), 1 << 20));
+    response->set_next_offset(req->offset() + static_cast<int64_t>(data.size()));
+    response->set_complete(IsTerminal(j.phase) && data.size() < (1u << 20));
+    response->set_data(std::move(data));
     return OkStatus();
   });
 }

@@ -6,6 +6,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "api/audit_log.h"
+#include "api/dispatcher.h"
 #include "api/job_store.h"
 #include "api/quotas.h"
 #include "api/rpc_guard.h"
@@ -16,9 +17,11 @@ namespace kc::api {
 // Safe for concurrent use.
 class JobServiceImpl final : public kc::v1::JobService::Service {
  public:
-  // Not owned; all outlive the service. `audit` may be null.
-  JobServiceImpl(RpcGuard* guard, JobStore* jobs, QuotaStore* quotas, AuditLog* audit)
-      : guard_(guard), jobs_(jobs), quotas_(quotas), audit_(audit) {}
+  // Not owned; all outlive the service. `audit` may be null; so may `dispatcher` (then jobs
+  // only wait in the store).
+  JobServiceImpl(RpcGuard* guard, JobStore* jobs, QuotaStore* quotas, AuditLog* audit,
+                 Dispatcher* dispatcher = nullptr)
+      : guard_(guard), jobs_(jobs), quotas_(quotas), audit_(audit), dispatcher_(dispatcher) {}
 
   grpc::Status Submit(grpc::ServerContext* context, const kc::v1::SubmitJobRequest* request,
                       kc::v1::JobInfo* response) override;
@@ -28,6 +31,14 @@ class JobServiceImpl final : public kc::v1::JobService::Service {
                     kc::v1::ListJobsResponse* response) override;
   grpc::Status Cancel(grpc::ServerContext* context, const kc::v1::CancelJobRequest* request,
                       kc::v1::JobInfo* response) override;
+  grpc::Status Modify(grpc::ServerContext* context, const kc::v1::ModifyJobRequest* request,
+                      kc::v1::JobInfo* response) override;
+  grpc::Status Pause(grpc::ServerContext* context, const kc::v1::PauseJobRequest* request,
+                     kc::v1::JobInfo* response) override;
+  grpc::Status Resume(grpc::ServerContext* context, const kc::v1::ResumeJobRequest* request,
+                      kc::v1::JobInfo* response) override;
+  grpc::Status Logs(grpc::ServerContext* context, const kc::v1::JobLogsRequest* request,
+                    kc::v1::JobLogsResponse* response) override;
 
  private:
   // The permission check for `action` on job `j`; a denial is audited and returned.
@@ -38,6 +49,7 @@ class JobServiceImpl final : public kc::v1::JobService::Service {
   JobStore* jobs_;
   QuotaStore* quotas_;
   AuditLog* audit_;
+  Dispatcher* dispatcher_;
 };
 
 }  // namespace kc::api

@@ -68,7 +68,6 @@ class JobServiceTest : public ::testing::Test {
     kc::v1::SubmitJobRequest r;
     r.set_name(name);
     r.set_team(team);
-    r.set_spec("model: gpt-tiny");
     r.set_devices(devices);
     r.set_expected_hours(1);
     return As(user, &kc::v1::JobService::Stub::Submit, r, out);

@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
+#include <functional>
 
 #include "api/internal/sqlite.h"
 #include "base/mutex.h"
@@ -30,6 +32,25 @@ CREATE TABLE IF NOT EXISTS jobs (
   reason TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS jobs_owner ON jobs (owner);
+CREATE TABLE IF NOT EXISTS job_events (
+  job INTEGER NOT NULL,
+  phase TEXT NOT NULL,
+  reason TEXT NOT NULL,
+  time_s REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS job_events_job ON job_events (job);
+CREATE TABLE IF NOT EXISTS job_progress (
+  job INTEGER PRIMARY KEY,
+  host TEXT NOT NULL,
+  step INTEGER NOT NULL,
+  checkpoint_step INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS job_logs (
+  job INTEGER NOT NULL,
+  start INTEGER NOT NULL,
+  data BLOB NOT NULL,
+  PRIMARY KEY (job, start)
+);
 )";
 
 constexpr char kColumns[] =
@@ -99,6 +120,39 @@ struct JobStore::Impl {
     if (rc == SQLITE_DONE) return NotFoundError(fmt::format("job {}: no such job", id));
     return db.Error("cannot read");
   }
+
+  Status RecordEvent(int64_t id, JobPhase phase, std::string_view reason, double now_s)
+      KC_REQUIRES(mu) {
+    KC_ASSIGN_OR_RETURN(
+        internal::Statement st,
+        db.Prepare("INSERT INTO job_events (job, phase, reason, time_s) VALUES (?,?,?,?)"));
+    st.Bind(1, id);
+    st.Bind(2, JobPhaseName(phase));
+    st.Bind(3, reason);
+    st.Bind(4, now_s);
+    if (st.Step() != SQLITE_DONE) return db.Error("cannot record the job's history");
+    return OkStatus();
+  }
+
+  // Runs `body` in one transaction: all of it is on disk, or none.
+  Status Atomically(const std::function<Status()>& body) KC_REQUIRES(mu) {
+    KC_RETURN_IF_ERROR(db.Exec("BEGIN IMMEDIATE"));
+    Status s = body();
+    if (!s.ok()) {
+      db.Exec("ROLLBACK").IgnoreError();
+      return s;
+    }
+    return db.Exec("COMMIT");
+  }
+
+  Result<int64_t> LogSize(int64_t id) const KC_REQUIRES(mu) {
+    KC_ASSIGN_OR_RETURN(
+        internal::Statement st,
+        db.Prepare("SELECT COALESCE(MAX(start + length(data)), 0) FROM job_logs WHERE job = ?"));
+    st.Bind(1, id);
+    if (st.Step() != SQLITE_ROW) return db.Error("cannot read the job's log");
+    return st.Int(0);
+  }
 };
 
 JobStore::JobStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -134,8 +188,11 @@ Result<JobRecord> JobStore::Submit(JobRecord job, double now_s) {
   st.Bind(9, now_s);
   st.Bind(10, now_s);
   st.Bind(11, job.reason);
-  if (st.Step() != SQLITE_DONE) return m.db.Error("cannot record the job");
-  job.id = sqlite3_last_insert_rowid(m.db.handle());
+  KC_RETURN_IF_ERROR(m.Atomically([&]() KC_REQUIRES(m.mu) -> Status {
+    if (st.Step() != SQLITE_DONE) return m.db.Error("cannot record the job");
+    job.id = sqlite3_last_insert_rowid(m.db.handle());
+    return m.RecordEvent(job.id, job.phase, job.reason, now_s);
+  }));
   return job;
 }
 
@@ -154,7 +211,10 @@ Result<JobRecord> JobStore::Transition(int64_t id, JobPhase to, std::string reas
   st.Bind(2, now_s);
   st.Bind(3, reason);
   st.Bind(4, id);
-  if (st.Step() != SQLITE_DONE) return m.db.Error("cannot record the transition");
+  KC_RETURN_IF_ERROR(m.Atomically([&]() KC_REQUIRES(m.mu) -> Status {
+    if (st.Step() != SQLITE_DONE) return m.db.Error("cannot record the transition");
+    return m.RecordEvent(id, to, reason, now_s);
+  }));
   job.phase = to;
   job.updated_s = now_s;
   job.reason = std::move(reason);
@@ -181,6 +241,115 @@ Result<std::vector<JobRecord>> JobStore::List(const JobFilter& f) const {
   int rc;
   while ((rc = st.Step()) == SQLITE_ROW) out.push_back(Row(st));
   if (rc != SQLITE_DONE) return m.db.Error("cannot list");
+  return out;
+}
+
+Result<std::vector<JobEvent>> JobStore::History(int64_t id) const {
+  Impl& m = *impl_;
+  MutexLock lock(&m.mu);
+  KC_RETURN_IF_ERROR(m.GetLocked(id).status());
+  KC_ASSIGN_OR_RETURN(
+      internal::Statement st,
+      m.db.Prepare("SELECT phase, reason, time_s FROM job_events WHERE job = ? ORDER BY rowid"));
+  st.Bind(1, id);
+  std::vector<JobEvent> out;
+  int rc;
+  while ((rc = st.Step()) == SQLITE_ROW) {
+    out.push_back({.phase = JobPhaseFromName(st.Text(0)).value_or(JobPhase::kFailed),
+                   .reason = st.Text(1),
+                   .time_s = st.Double(2)});
+  }
+  if (rc != SQLITE_DONE) return m.db.Error("cannot read the job's history");
+  return out;
+}
+
+Result<JobRecord> JobStore::Modify(int64_t id, std::optional<std::string> name,
+                                   std::optional<double> device_hours, double now_s) {
+  if (name && name->empty()) return InvalidArgumentError("job: name: must not be empty");
+  Impl& m = *impl_;
+  MutexLock lock(&m.mu);
+  KC_ASSIGN_OR_RETURN(JobRecord job, m.GetLocked(id));
+  if (IsTerminal(job.phase)) {
+    return FailedPreconditionError(
+        fmt::format("job {}: it has ended ({}); nothing can change", id, JobPhaseName(job.phase)));
+  }
+  if (name) job.name = *std::move(name);
+  if (device_hours) job.device_hours = *device_hours;
+  job.updated_s = now_s;
+  KC_ASSIGN_OR_RETURN(
+      internal::Statement st,
+      m.db.Prepare("UPDATE jobs SET name = ?, device_hours = ?, updated_s = ? WHERE id = ?"));
+  st.Bind(1, job.name);
+  st.Bind(2, job.device_hours);
+  st.Bind(3, now_s);
+  st.Bind(4, id);
+  if (st.Step() != SQLITE_DONE) return m.db.Error("cannot record the change");
+  return job;
+}
+
+Status JobStore::SetProgress(int64_t id, const JobProgress& p) {
+  Impl& m = *impl_;
+  MutexLock lock(&m.mu);
+  KC_RETURN_IF_ERROR(m.GetLocked(id).status());
+  KC_ASSIGN_OR_RETURN(internal::Statement st,
+                      m.db.Prepare("INSERT OR REPLACE INTO job_progress (job, host, step, "
+                                   "checkpoint_step) VALUES (?,?,?,?)"));
+  st.Bind(1, id);
+  st.Bind(2, p.host);
+  st.Bind(3, p.step);
+  st.Bind(4, p.checkpoint_step);
+  if (st.Step() != SQLITE_DONE) return m.db.Error("cannot record the job's progress");
+  return OkStatus();
+}
+
+Result<JobProgress> JobStore::Progress(int64_t id) const {
+  Impl& m = *impl_;
+  MutexLock lock(&m.mu);
+  KC_RETURN_IF_ERROR(m.GetLocked(id).status());
+  KC_ASSIGN_OR_RETURN(
+      internal::Statement st,
+      m.db.Prepare("SELECT host, step, checkpoint_step FROM job_progress WHERE job = ?"));
+  st.Bind(1, id);
+  const int rc = st.Step();
+  if (rc == SQLITE_DONE) return JobProgress{};
+  if (rc != SQLITE_ROW) return m.db.Error("cannot read the job's progress");
+  return JobProgress{.host = st.Text(0), .step = st.Int(1), .checkpoint_step = st.Int(2)};
+}
+
+Status JobStore::AppendLog(int64_t id, std::string_view data) {
+  if (data.empty()) return OkStatus();
+  Impl& m = *impl_;
+  MutexLock lock(&m.mu);
+  KC_RETURN_IF_ERROR(m.GetLocked(id).status());
+  KC_ASSIGN_OR_RETURN(int64_t size, m.LogSize(id));
+  KC_ASSIGN_OR_RETURN(internal::Statement st,
+                      m.db.Prepare("INSERT INTO job_logs (job, start, data) VALUES (?,?,?)"));
+  st.Bind(1, id);
+  st.Bind(2, size);
+  sqlite3_bind_blob(st.get(), 3, data.data(), static_cast<int>(data.size()), SQLITE_TRANSIENT);
+  if (st.Step() != SQLITE_DONE) return m.db.Error("cannot append to the job's log");
+  return OkStatus();
+}
+
+Result<std::string> JobStore::ReadLog(int64_t id, int64_t offset, int64_t max_bytes) const {
+  Impl& m = *impl_;
+  MutexLock lock(&m.mu);
+  KC_RETURN_IF_ERROR(m.GetLocked(id).status());
+  KC_ASSIGN_OR_RETURN(internal::Statement st,
+                      m.db.Prepare("SELECT start, data FROM job_logs WHERE job = ? AND "
+                                   "start + length(data) > ? ORDER BY start"));
+  st.Bind(1, id);
+  st.Bind(2, offset);
+  std::string out;
+  int rc;
+  while (static_cast<int64_t>(out.size()) < max_bytes && (rc = st.Step()) == SQLITE_ROW) {
+    const int64_t start = st.Int(0);
+    const char* data = static_cast<const char*>(sqlite3_column_blob(st.get(), 1));
+    const int64_t n = sqlite3_column_bytes(st.get(), 1);
+    const int64_t from = std::max<int64_t>(0, offset - start);
+    const int64_t take = std::min(n - from, max_bytes - static_cast<int64_t>(out.size()));
+    out.append(data + from, static_cast<size_t>(take));
+  }
   return out;
 }
 

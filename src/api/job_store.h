@@ -51,6 +51,20 @@ struct JobRecord {
   std::string reason;  // why it is in its phase
 };
 
+// One change of a job's phase.
+struct JobEvent {
+  JobPhase phase = JobPhase::kPending;
+  std::string reason;
+  double time_s = 0;
+};
+
+// Where a job runs or last ran, and how far it got, as its agent last reported.
+struct JobProgress {
+  std::string host;
+  int64_t step = 0;
+  int64_t checkpoint_step = 0;
+};
+
 struct JobFilter {
   std::string owner;              // "" = any
   std::optional<JobPhase> phase;  // nullopt = any
@@ -74,6 +88,22 @@ class JobStore {
   Result<JobRecord> Transition(int64_t id, JobPhase to, std::string reason, double now_s);
   Result<JobRecord> Get(int64_t id) const;
   Result<std::vector<JobRecord>> List(const JobFilter& filter) const;
+  // Every change of job `id`'s phase (its submission first), oldest first.
+  Result<std::vector<JobEvent>> History(int64_t id) const;
+
+  // Renames job `id` and/or sets its expected device-hours (nullopt keeps each).
+  // kNotFound; kFailedPrecondition for a job that ended; kInvalidArgument for an empty name.
+  Result<JobRecord> Modify(int64_t id, std::optional<std::string> name,
+                           std::optional<double> device_hours, double now_s);
+
+  // The agent's report on a job. kNotFound for an unknown id.
+  Status SetProgress(int64_t id, const JobProgress& progress);
+  Result<JobProgress> Progress(int64_t id) const;  // zeros before the first report
+
+  // Appends output of the job's processes; reads it back from byte `offset` (at most
+  // `max_bytes`). Logs live with the job in kcd's database.
+  Status AppendLog(int64_t id, std::string_view data);
+  Result<std::string> ReadLog(int64_t id, int64_t offset, int64_t max_bytes) const;
 
  private:
   struct Impl;

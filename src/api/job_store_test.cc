@@ -118,5 +118,48 @@ TEST(JobStoreTest, AcknowledgedJobsSurviveKillNine) {
   EXPECT_TRUE((*store)->Submit(Job("after"), 2).ok());
 }
 
+TEST(JobStoreTest, HistoryProgressRenamesAndLogsAreKept) {
+  testing::TempDir dir("kc_jobs");
+  Result<std::unique_ptr<JobStore>> store = JobStore::Open(dir.Path("kcd.db"));
+  ASSERT_TRUE(store.ok()) << store.status().message();
+  JobStore& s = **store;
+  Result<JobRecord> j = s.Submit(Job("train"), 100);
+  ASSERT_TRUE(j.ok());
+  ASSERT_TRUE(s.Transition(j->id, JobPhase::kQueued, "queued", 101).ok());
+  ASSERT_TRUE(s.Transition(j->id, JobPhase::kRunning, "running on h1", 103).ok());
+  // A refused transition leaves no trace in the history.
+  EXPECT_FALSE(s.Transition(j->id, JobPhase::kApprovalRequired, "no", 104).ok());
+  Result<std::vector<JobEvent>> h = s.History(j->id);
+  ASSERT_TRUE(h.ok());
+  ASSERT_EQ(h->size(), 3u);
+  EXPECT_EQ((*h)[0].phase, JobPhase::kPending);
+  EXPECT_EQ((*h)[2].reason, "running on h1");
+  EXPECT_EQ((*h)[2].time_s, 103);
+  EXPECT_EQ(s.History(999).status().code(), ErrorCode::kNotFound);
+
+  EXPECT_EQ(s.Progress(j->id)->step, 0);
+  ASSERT_TRUE(s.SetProgress(j->id, {.host = "h1", .step = 40, .checkpoint_step = 30}).ok());
+  EXPECT_EQ(s.Progress(j->id)->checkpoint_step, 30);
+  EXPECT_EQ(s.Progress(j->id)->host, "h1");
+
+  Result<JobRecord> renamed = s.Modify(j->id, "train-2", 8.0, 105);
+  ASSERT_TRUE(renamed.ok());
+  EXPECT_EQ(s.Get(j->id)->name, "train-2");
+  EXPECT_EQ(s.Get(j->id)->device_hours, 8.0);
+  EXPECT_EQ(s.Modify(j->id, std::string(), std::nullopt, 106).status().code(),
+            ErrorCode::kInvalidArgument);
+
+  // Logs append and read back from any offset, in pieces.
+  ASSERT_TRUE(s.AppendLog(j->id, "step 1\n").ok());
+  ASSERT_TRUE(s.AppendLog(j->id, std::string("step 2\n\0bin", 11)).ok());
+  EXPECT_EQ(*s.ReadLog(j->id, 0, 1 << 20), std::string("step 1\nstep 2\n\0bin", 18));
+  EXPECT_EQ(*s.ReadLog(j->id, 3, 6), "p 1\nst");
+  EXPECT_EQ(*s.ReadLog(j->id, 18, 100), "");
+
+  ASSERT_TRUE(s.Transition(j->id, JobPhase::kCancelled, "bye", 107).ok());
+  EXPECT_EQ(s.Modify(j->id, "late", std::nullopt, 108).status().code(),
+            ErrorCode::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace kc::api

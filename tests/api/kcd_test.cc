@@ -126,7 +126,6 @@ TEST(KcdTest, ServesOverTlsWithTheAdminsTokenAndAuditsItsLife) {
     ctx.AddMetadata("authorization", "Bearer " + token);
     kc::v1::SubmitJobRequest req;
     req.set_name("first");
-    req.set_spec("model: gpt-tiny");
     req.set_devices(2);
     kc::v1::JobInfo job;
     grpc::Status s = kc::v1::JobService::NewStub(channel)->Submit(&ctx, req, &job);

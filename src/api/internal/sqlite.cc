@@ -11,6 +11,8 @@ Status Database::Open(const std::string& path, std::string_view what, const char
       SQLITE_OK) {
     return Error("cannot open");
   }
+  // Other processes (kc token, kc audit) may hold the write lock for a moment: wait for it.
+  sqlite3_busy_timeout(db_, 10000);
   for (const char* sql : {"PRAGMA journal_mode=WAL;", "PRAGMA synchronous=FULL;", schema}) {
     if (sqlite3_exec(db_, sql, nullptr, nullptr, nullptr) != SQLITE_OK) {
       return Error(fmt::format("not a {}, or cannot be set up", what_));

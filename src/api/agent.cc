@@ -1,0 +1,449 @@
+#include "api/agent.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <thread>
+#include <vector>
+
+#include "api/internal/digest.h"
+#include "api/job_spec.h"
+#include "base/file.h"
+#include "base/log.h"
+#include "base/mutex.h"
+#include "kc/v1/agent.grpc.pb.h"
+#include "kc/v1/permission.grpc.pb.h"
+
+namespace kc::api {
+namespace {
+
+namespace fs = std::filesystem;
+using internal::WallSeconds;
+using Report = kc::v1::AgentJobReport;
+
+constexpr size_t kMaxLogPerReport = 64 << 10;
+
+// One job's processes on this host.
+struct Job {
+  kc::v1::StartOrder order;
+  JobSpec spec;
+  pid_t pid = -1;   // the process group's leader (kc train)
+  int out_fd = -1;  // its stdout and stderr
+  std::string log;  // output not yet delivered to kcd
+  std::string last_line;
+  std::string metrics_path;
+  int64_t metrics_offset = 0;
+  int64_t step = 0;
+  int64_t checkpoint_step = 0;
+  double next_check_s = 0;
+  bool stopping = false;
+  double kill_at_s = 0;
+  // Set once it ended, until kcd has the report.
+  bool ended = false;
+  Report::State end_state = Report::STATE_EXITED;
+  int exit_code = 0;
+  std::string end_reason;
+};
+
+std::string LastLine(const std::string& text) {
+  size_t end = text.find_last_not_of('\n');
+  if (end == std::string::npos) return "";
+  size_t start = text.rfind('\n', end);
+  return text.substr(start == std::string::npos ? 0 : start + 1,
+                     end - (start == std::string::npos ? 0 : start + 1) + 1);
+}
+
+}  // namespace
+
+struct Agent::Impl {
+  AgentOptions o;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<kc::v1::AgentService::Stub> agents;
+  std::unique_ptr<kc::v1::PermissionService::Stub> permissions;
+
+  mutable Mutex mu;
+  CondVar wake;
+  bool stopped KC_GUARDED_BY(mu) = false;
+  std::map<int64_t, Job> jobs KC_GUARDED_BY(mu);  // by job id
+  std::thread thread;
+
+  // Told by kcd at registration.
+  double heartbeat_period_s = 0.2;
+  double check_period_s = 1;
+  bool registered = false;  // only the agent's thread (and Start, before it) touches these
+  int failures = 0;         // heartbeats failed in a row
+
+  Status Connect() {
+    KC_ASSIGN_OR_RETURN(channel, ConnectToKcd(o.kcd));
+    agents = kc::v1::AgentService::NewStub(channel);
+    permissions = kc::v1::PermissionService::NewStub(channel);
+    return OkStatus();
+  }
+
+  Status Register() KC_REQUIRES(mu) {
+    kc::v1::RegisterAgentRequest req;
+    req.set_host(o.host);
+    req.set_devices(o.devices);
+    for (auto& [id, j] : jobs) {
+      if (j.ended) continue;
+      Report* r = req.add_jobs();
+      r->set_job(id);
+      r->set_run(j.order.run());
+      r->set_state(Report::STATE_RUNNING);
+    }
+    kc::v1::RegisterAgentResponse resp;
+    grpc::ClientContext ctx;
+    PrepareCall(o.kcd, &ctx, std::chrono::seconds(10));
+    KC_RETURN_IF_ERROR(FromGrpc(agents->Register(&ctx, req, &resp)));
+    heartbeat_period_s = resp.heartbeat_period_s() > 0 ? resp.heartbeat_period_s() : 1;
+    check_period_s = resp.check_period_s() > 0 ? resp.check_period_s() : 1;
+    registered = true;
+    KC_LOG(INFO) << "agent: registered host " << o.host << " with " << o.devices << " devices";
+    return OkStatus();
+  }
+
+  // The execution-time checks for job `j` with its owner's token. OK, or why it may not go on.
+  // kUnavailable when kcd could not be asked (the job goes on meanwhile).
+  Status ExecutionCheck(const Job& j) {
+    ClientConfig as_owner = o.kcd;
+    as_owner.token = j.order.token();
+    struct Ask {
+      const char* action;
+      std::string kind, id;
+    };
+    std::vector<Ask> asks = {
+        {"device.use", "device", fmt::format("{}:{}", o.host, fmt::join(j.order.devices(), ","))},
+        {"checkpoint.write", "path", CheckpointDir(j)}};
+    if (!j.spec.data.empty()) asks.push_back({"data.read", "path", j.spec.data});
+    for (const Ask& a : asks) {
+      kc::v1::PermissionCheckRequest req;
+      req.set_action(a.action);
+      req.mutable_resource()->set_kind(a.kind);
+      req.mutable_resource()->set_id(a.id);
+      req.mutable_resource()->set_owner(j.order.owner());
+      req.mutable_resource()->set_team(j.order.team());
+      kc::v1::PermissionCheckResponse resp;
+      grpc::ClientContext ctx;
+      PrepareCall(as_owner, &ctx, std::chrono::seconds(5));
+      const grpc::Status s = permissions->Check(&ctx, req, &resp);
+      // Only an answer stops a job: a denial, or a token kcd no longer takes. Anything else
+      // (kcd restarting, a call cut short, over the rate limit) means it could not be asked.
+      if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+          s.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+        return PermissionDeniedError(fmt::format("{}: {}", a.action, s.error_message()));
+      }
+      if (!s.ok()) return UnavailableError(fmt::format("{}: {}", a.action, s.error_message()));
+      if (!resp.allowed()) {
+        return PermissionDeniedError(fmt::format("{} {}: {}", a.action, a.id, resp.reason()));
+      }
+    }
+    return OkStatus();
+  }
+
+  std::string JobDir(int64_t job) const {
+    return (fs::path(o.work_dir) / "jobs" / std::to_string(job)).string();
+  }
+  std::string CheckpointDir(const Job& j) const {
+    return j.spec.checkpoint_dir.empty()
+               ? (fs::path(JobDir(j.order.job())) / "checkpoints").string()
+               : (fs::path(o.work_dir) / j.spec.checkpoint_dir).string();
+  }
+
+  // Starts `j`'s processes, or records why it could not.
+  void Launch(Job& j) {
+    auto fail = [&](std::string why) {
+      j.ended = true;
+      j.end_state = Report::STATE_FAILED_TO_START;
+      j.end_reason = std::move(why);
+    };
+    Result<JobSpec> spec = ParseJobSpec(j.order.spec(), fmt::format("job {} spec", j.order.job()));
+    if (!spec.ok()) return fail(std::string(spec.status().message()));
+    j.spec = *std::move(spec);
+    if (static_cast<int>(j.order.devices_size()) != j.spec.ranks) {
+      return fail(fmt::format("{} devices for {} ranks", j.order.devices_size(), j.spec.ranks));
+    }
+    if (Status s = ExecutionCheck(j); !s.ok()) {
+      j.ended = true;
+      j.end_state = s.code() == ErrorCode::kUnavailable ? Report::STATE_FAILED_TO_START
+                                                        : Report::STATE_REVOKED;
+      j.end_reason = std::string(s.message());
+      return;
+    }
+    j.next_check_s = WallSeconds() + check_period_s;
+    const std::string dir = JobDir(j.order.job());
+    const std::string out = (fs::path(dir) / fmt::format("run-{}", j.order.run())).string();
+    std::error_code ec;
+    fs::create_directories(out, ec);
+    if (ec) return fail(fmt::format("{}: cannot create: {}", out, ec.message()));
+    const std::string model = (fs::path(dir) / "model.yaml").string();
+    if (Status s = WriteFileDurably(model, j.spec.model_yaml); !s.ok()) {
+      return fail(std::string(s.message()));
+    }
+    std::vector<std::string> args = {o.kc_binary,
+                                     "train",
+                                     model,
+                                     "--ranks",
+                                     std::to_string(j.spec.ranks),
+                                     "--steps",
+                                     std::to_string(j.spec.steps),
+                                     "--out",
+                                     out,
+                                     "--checkpoint-dir",
+                                     CheckpointDir(j),
+                                     "--progress",
+                                     "lines"};
+    if (j.spec.checkpoint_every > 0) {
+      args.insert(args.end(), {"--checkpoint-every", std::to_string(j.spec.checkpoint_every)});
+    }
+    if (j.spec.global_batch > 0) {
+      args.insert(args.end(), {"--global-batch", std::to_string(j.spec.global_batch)});
+    }
+    {
+      // As kc train's own default (data/fortunes/manifest.json), with the data root for data/.
+      const fs::path root =
+          o.data_root.empty() ? fs::path(o.work_dir) / "data" : fs::path(o.data_root);
+      args.insert(
+          args.end(),
+          {"--data",
+           (root / (j.spec.data.empty() ? "fortunes/manifest.json" : j.spec.data)).string()});
+    }
+    j.metrics_path = (fs::path(out) / "metrics.jsonl").string();
+    int pipefd[2];
+    if (pipe2(pipefd, O_CLOEXEC) != 0) return fail(fmt::format("pipe: {}", strerror(errno)));
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const pid_t pid = fork();
+    if (pid < 0) {
+      close(pipefd[0]);
+      close(pipefd[1]);
+      return fail(fmt::format("fork: {}", strerror(errno)));
+    }
+    if (pid == 0) {
+      // The child: only async-signal-safe calls until exec.
+      setsid();
+      dup2(pipefd[1], 1);
+      dup2(pipefd[1], 2);
+      const int null = open("/dev/null", O_RDONLY);
+      if (null >= 0) dup2(null, 0);
+      if (chdir(dir.c_str()) != 0) _exit(127);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    close(pipefd[1]);
+    fcntl(pipefd[0], F_SETFL, O_NONBLOCK);
+    j.pid = pid;
+    j.out_fd = pipefd[0];
+    KC_LOG(INFO) << "agent: job " << j.order.job() << " run " << j.order.run() << " started (pid "
+                 << pid << ")";
+  }
+
+  void Signal(Job& j, int sig) {
+    if (j.pid > 0 && !j.ended) kill(-j.pid, sig);
+  }
+
+  // Output and progress since the last look; whether it ended.
+  void Poll(Job& j) {
+    if (j.out_fd >= 0) {
+      char buf[16384];
+      ssize_t n;
+      while ((n = read(j.out_fd, buf, sizeof buf)) > 0) {
+        if (j.log.size() < (16u << 20)) j.log.append(buf, static_cast<size_t>(n));
+        std::string line = LastLine(std::string(buf, static_cast<size_t>(n)));
+        if (!line.empty()) j.last_line = std::move(line);
+      }
+    }
+    if (!j.metrics_path.empty()) {
+      std::ifstream in(j.metrics_path);
+      if (in) {
+        in.seekg(j.metrics_offset);
+        std::string line;
+        while (std::getline(in, line)) {
+          if (in.eof()) break;  // a line still being written
+          j.metrics_offset += static_cast<int64_t>(line.size()) + 1;
+          nlohmann::json m = nlohmann::json::parse(line, nullptr, false);
+          if (!m.is_object()) continue;
+          const std::string type = m.value("type", "");
+          if (type == "step") j.step = m.value("step", j.step);
+          if (type == "checkpoint") j.checkpoint_step = m.value("step", j.checkpoint_step);
+        }
+      }
+    }
+    if (j.pid <= 0 || j.ended) return;
+    int status = 0;
+    if (waitpid(j.pid, &status, WNOHANG) != j.pid) return;
+    // Its group may still hold ranks: they go with it.
+    kill(-j.pid, SIGKILL);
+    j.ended = true;
+    if (j.end_state == Report::STATE_REVOKED) return;
+    j.end_state = Report::STATE_EXITED;
+    j.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    j.end_reason =
+        WIFEXITED(status) ? j.last_line : fmt::format("killed by signal {}", WTERMSIG(status));
+  }
+
+  void Close(Job& j) {
+    if (j.out_fd >= 0) close(j.out_fd);
+    j.out_fd = -1;
+  }
+
+  // One round: look at the jobs, check their rights, report, obey.
+  void Round() KC_REQUIRES(mu) {
+    const double now = WallSeconds();
+    for (auto& [id, j] : jobs) {
+      Poll(j);
+      if (j.stopping && !j.ended && now >= j.kill_at_s) Signal(j, SIGKILL);
+      if (!j.ended && !j.stopping && now >= j.next_check_s) {
+        j.next_check_s = now + check_period_s;
+        if (Status s = ExecutionCheck(j); !s.ok() && s.code() != ErrorCode::kUnavailable) {
+          KC_LOG(WARNING) << "agent: job " << id << ": execution check denied: " << s.message();
+          j.end_state = Report::STATE_REVOKED;
+          j.end_reason = std::string(s.message());
+          j.stopping = true;
+          j.kill_at_s = now + o.stop_grace_s;
+          Signal(j, SIGTERM);
+        }
+      }
+    }
+    if (!registered) {
+      Status s = Register();
+      if (!s.ok()) {
+        KC_LOG(WARNING) << "agent: cannot register: " << s.message();
+        if (++failures % 5 == 0) Connect().IgnoreError();  // as for heartbeats, below
+        return;
+      }
+    }
+    kc::v1::AgentHeartbeatRequest req;
+    req.set_host(o.host);
+    std::map<int64_t, size_t> sent_log;
+    for (auto& [id, j] : jobs) {
+      Report* r = req.add_jobs();
+      r->set_job(id);
+      r->set_run(j.order.run());
+      r->set_step(j.step);
+      r->set_checkpoint_step(j.checkpoint_step);
+      const size_t n = std::min(j.log.size(), kMaxLogPerReport);
+      r->set_log(j.log.substr(0, n));
+      sent_log[id] = n;
+      if (j.ended && j.log.size() <= n) {
+        r->set_state(j.end_state);
+        r->set_exit_code(j.exit_code);
+        r->set_reason(j.end_reason);
+      } else {
+        r->set_state(Report::STATE_RUNNING);
+      }
+    }
+    kc::v1::AgentHeartbeatResponse resp;
+    grpc::ClientContext ctx;
+    PrepareCall(o.kcd, &ctx, std::chrono::seconds(10));
+    const grpc::Status s = agents->Heartbeat(&ctx, req, &resp);
+    if (!s.ok()) {
+      if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) registered = false;
+      KC_LOG(WARNING) << "agent: heartbeat: " << s.error_message();
+      // A channel that keeps failing may be stuck on a dead connection (kcd restarted in the
+      // middle of a handshake): a fresh one connects at once.
+      if (++failures % 5 == 0) Connect().IgnoreError();  // the same config connected before
+      return;
+    }
+    failures = 0;
+    // Delivered: forget the log sent and the jobs whose end kcd now knows.
+    for (const Report& r : req.jobs()) {
+      Job& j = jobs[r.job()];
+      j.log.erase(0, sent_log[r.job()]);
+      if (r.state() != Report::STATE_RUNNING) {
+        Close(j);
+        jobs.erase(r.job());
+      }
+    }
+    for (const kc::v1::StopOrder& stop : resp.stop()) {
+      auto it = jobs.find(stop.job());
+      if (it == jobs.end() || it->second.order.run() != stop.run()) continue;
+      KC_LOG(INFO) << "agent: job " << stop.job() << ": stopping: " << stop.reason();
+      it->second.stopping = true;
+      it->second.kill_at_s = now + o.stop_grace_s;
+      Signal(it->second, SIGTERM);
+    }
+    for (const kc::v1::StartOrder& start : resp.start()) {
+      if (jobs.count(start.job()) != 0) {
+        KC_LOG(WARNING) << "agent: job " << start.job() << ": already running here";
+        continue;
+      }
+      Job& j = jobs[start.job()];
+      j.order = start;
+      Launch(j);
+    }
+  }
+
+  void Loop() {
+    MutexLock lock(&mu);
+    while (!stopped) {
+      Round();
+      const auto until = std::chrono::steady_clock::now() +
+                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                             std::chrono::duration<double>(registered ? heartbeat_period_s : 1.0));
+      while (!stopped && wake.WaitUntil(&mu, until)) {
+      }
+    }
+    // Stop every job: SIGTERM, then SIGKILL after the grace period. Waiting for a child to
+    // exit is polling its status: there is nothing to wait on but time.
+    for (auto& [id, j] : jobs) Signal(j, SIGTERM);
+    const double kill_at = WallSeconds() + o.stop_grace_s;
+    for (auto& [id, j] : jobs) {
+      while (j.pid > 0 && !j.ended) {
+        Poll(j);
+        if (j.ended) break;
+        if (WallSeconds() >= kill_at) Signal(j, SIGKILL);
+        wake.WaitUntil(&mu, std::chrono::steady_clock::now() + std::chrono::milliseconds(20));
+      }
+      Close(j);
+    }
+  }
+};
+
+Agent::Agent(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Agent::~Agent() {
+  {
+    MutexLock lock(&impl_->mu);
+    impl_->stopped = true;
+    impl_->wake.SignalAll();
+  }
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+int Agent::running_jobs() const {
+  MutexLock lock(&impl_->mu);
+  int n = 0;
+  for (const auto& [id, j] : impl_->jobs) n += j.ended ? 0 : 1;
+  return n;
+}
+
+Result<std::unique_ptr<Agent>> Agent::Start(AgentOptions o) {
+  if (o.host.empty()) return InvalidArgumentError("agent: host: must not be empty");
+  if (o.devices <= 0) return InvalidArgumentError("agent: devices: must be positive");
+  if (o.work_dir.empty()) return InvalidArgumentError("agent: work directory: must be set");
+  auto impl = std::make_unique<Impl>();
+  impl->o = o;
+  KC_RETURN_IF_ERROR(impl->Connect());
+  {
+    MutexLock lock(&impl->mu);
+    Status s = impl->Register();
+    if (!s.ok() && s.code() != ErrorCode::kUnavailable &&
+        s.code() != ErrorCode::kDeadlineExceeded) {
+      return s;
+    }
+  }
+  impl->thread = std::thread([p = impl.get()] { p->Loop(); });
+  return std::unique_ptr<Agent>(new Agent(std::move(impl)));
+}
+
+}  // namespace kc::api

@@ -1,0 +1,670 @@
+#include "api/dispatcher.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "api/internal/digest.h"
+#include "api/internal/sqlite.h"
+#include "api/job_spec.h"
+#include "api/permissions.h"
+#include "api/rpc_guard.h"
+#include "base/log.h"
+#include "base/mutex.h"
+#include "hal/inventory.h"
+#include "hal/topology.h"
+#include "sched/scheduler.h"
+
+namespace kc::api {
+namespace {
+
+namespace fs = std::filesystem;
+using internal::WallSeconds;
+
+// Runs: one start of a job on an agent. Recorded so that a restarted kcd knows which devices
+// its predecessor's jobs still hold.
+constexpr char kSchema[] = R"(
+CREATE TABLE IF NOT EXISTS runs (
+  run INTEGER PRIMARY KEY,
+  job INTEGER NOT NULL,
+  host TEXT NOT NULL,
+  devices TEXT NOT NULL,
+  started_s REAL NOT NULL,
+  ended INTEGER NOT NULL DEFAULT 0
+);
+)";
+
+// A job's ranks on one host.
+struct Run {
+  int64_t run = 0;
+  int64_t job = 0;
+  std::string sched_id;  // its submission to the scheduler; "" when adopted
+  bool adopted = false;  // left running by a previous kcd: the scheduler does not know it
+  std::string host;
+  std::vector<int> devices;     // indices into the topology
+  double started_s = 0;         // when the order went out
+  double running_since_s = -1;  // when the agent reported it up
+  double prior_running_s = 0;   // the job's running time in earlier runs
+  bool stopping = false;
+  int64_t checkpoint_step = 0;
+};
+
+struct Agent {
+  bool registered = false;
+  double last_seen_s = 0;
+  std::vector<kc::v1::StartOrder> starts;
+  std::vector<kc::v1::StopOrder> stops;
+};
+
+std::string DevicesText(const std::vector<int>& devices) {
+  return fmt::format("{}", fmt::join(devices, ","));
+}
+
+std::vector<int> ParseDevices(const std::string& text) {
+  std::vector<int> out;
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t comma = text.find(',', at);
+    if (comma == std::string::npos) comma = text.size();
+    out.push_back(std::stoi(text.substr(at, comma - at)));
+    at = comma + 1;
+  }
+  return out;
+}
+
+// The seconds job `id` has spent running, from its history.
+double RunningSeconds(const std::vector<JobEvent>& history) {
+  double total = 0, since = -1;
+  for (const JobEvent& e : history) {
+    if (e.phase == JobPhase::kRunning) {
+      if (since < 0) since = e.time_s;
+    } else if (since >= 0) {
+      total += e.time_s - since;
+      since = -1;
+    }
+  }
+  return total;
+}
+
+}  // namespace
+
+struct Dispatcher::Impl {
+  DispatcherOptions o;
+  std::unique_ptr<hal::Topology> topology;  // null: no topology yet
+  std::unique_ptr<sched::Scheduler> scheduler;
+  std::vector<std::vector<int>> host_devices;  // per host index: its devices, in order
+
+  Mutex mu;
+  CondVar wake;
+  bool stopped KC_GUARDED_BY(mu) = false;
+  bool woken KC_GUARDED_BY(mu) = false;
+  internal::Database db KC_GUARDED_BY(mu);
+  std::map<std::string, Agent> agents KC_GUARDED_BY(mu);        // by host name
+  std::map<int64_t, Run> runs KC_GUARDED_BY(mu);                // by job id: its live run
+  std::map<int64_t, std::string> queued KC_GUARDED_BY(mu);      // job id -> scheduler id, pending
+  std::map<std::string, int64_t> sched_jobs KC_GUARDED_BY(mu);  // scheduler id -> job id
+  std::vector<sched::Decision> deferred KC_GUARDED_BY(mu);      // starts waiting for victims
+  std::vector<char> up KC_GUARDED_BY(mu);                       // per device: up in the scheduler
+  int64_t submissions KC_GUARDED_BY(mu) = 0;
+  std::thread thread;
+
+  void Audit(std::string_view principal, std::string_view action, std::string_view resource,
+             std::string_view outcome, std::string_view reason) {
+    AuditNow(o.audit, principal, action, resource, outcome, reason).IgnoreError();  // logged
+  }
+
+  // Moves job `id` to `to`, auditing the change; a transition the lifecycle refuses (the job
+  // moved on meanwhile) is logged and ignored.
+  void Move(int64_t id, JobPhase to, const std::string& reason) {
+    Result<JobRecord> r = o.jobs->Transition(id, to, reason, WallSeconds());
+    if (!r.ok()) {
+      KC_LOG(INFO) << "dispatcher: job " << id << ": " << r.status().message();
+      return;
+    }
+    Audit("kcd", fmt::format("job.{}", JobPhaseName(to)), fmt::format("job/{}", id), "ok", reason);
+  }
+
+  std::optional<int> HostIndex(std::string_view host) const {
+    if (topology == nullptr) return std::nullopt;
+    for (size_t h = 0; h < topology->hosts().size(); ++h) {
+      if (topology->hosts()[h].name == host) return static_cast<int>(h);
+    }
+    return std::nullopt;
+  }
+
+  // Tells the scheduler which devices are up: a registered agent's, except those a run
+  // adopted from a previous kcd still holds (the scheduler does not know them).
+  void RefreshDevices(double now) KC_REQUIRES(mu) {
+    if (topology == nullptr) return;
+    std::vector<char> want(topology->num_devices(), 0);
+    for (size_t h = 0; h < host_devices.size(); ++h) {
+      auto a = agents.find(topology->hosts()[h].name);
+      if (a == agents.end() || !a->second.registered) continue;
+      for (int d : host_devices[h]) want[d] = 1;
+    }
+    for (const auto& [job, run] : runs) {
+      if (run.adopted) {
+        for (int d : run.devices) want[d] = 0;
+      }
+    }
+    std::vector<int> down, back;
+    for (int d = 0; d < topology->num_devices(); ++d) {
+      if (want[d] == up[d]) continue;
+      (want[d] ? back : down).push_back(d);
+      up[d] = want[d];
+    }
+    if (!down.empty()) scheduler->DevicesDown(down, now).IgnoreError();  // indices are valid
+    if (!back.empty()) scheduler->DevicesUp(back, now).IgnoreError();
+  }
+
+  // A run is over: forget it, and record it as ended.
+  void EndRun(int64_t job) KC_REQUIRES(mu) {
+    auto it = runs.find(job);
+    if (it == runs.end()) return;
+    Result<internal::Statement> st = db.Prepare("UPDATE runs SET ended = 1 WHERE run = ?");
+    if (st.ok()) {
+      st->Bind(1, it->second.run);
+      if (st->Step() != SQLITE_DONE) KC_LOG(WARNING) << db.Error("cannot end a run").message();
+    }
+    runs.erase(it);
+  }
+
+  // Orders the agent running `run` to stop it.
+  void OrderStop(Run& run, const std::string& reason) KC_REQUIRES(mu) {
+    if (run.stopping) return;
+    run.stopping = true;
+    kc::v1::StopOrder stop;
+    stop.set_job(run.job);
+    stop.set_run(run.run);
+    stop.set_reason(reason);
+    agents[run.host].stops.push_back(std::move(stop));
+  }
+
+  // Whether kcd has no record of the run `r` reports; one still running is then stopped.
+  bool StopIfUnknown(Agent& a, const kc::v1::AgentJobReport& r) KC_REQUIRES(mu) {
+    auto it = runs.find(r.job());
+    if (it != runs.end() && it->second.run == r.run()) return false;
+    if (r.state() == kc::v1::AgentJobReport::STATE_RUNNING) {
+      kc::v1::StopOrder stop;
+      stop.set_job(r.job());
+      stop.set_run(r.run());
+      stop.set_reason("kcd has no record of this run");
+      a.stops.push_back(std::move(stop));
+    }
+    return true;
+  }
+
+  // The scheduler is done with the job's current submission.
+  void Release(int64_t job, double now) KC_REQUIRES(mu) {
+    std::string id;
+    if (auto q = queued.find(job); q != queued.end()) {
+      id = q->second;
+      queued.erase(q);
+    } else if (auto r = runs.find(job); r != runs.end()) {
+      id = r->second.sched_id;
+    }
+    if (id.empty()) return;
+    scheduler->Finished(id, now).IgnoreError();  // the id is the scheduler's own
+    sched_jobs.erase(id);
+  }
+
+  // The job's run is gone with its processes (its agent was lost or restarted): the job
+  // waits in the queue again and resumes from its last checkpoint when it starts.
+  void Requeue(int64_t job, const std::string& reason, double now) KC_REQUIRES(mu) {
+    Release(job, now);
+    EndRun(job);
+    Move(job, JobPhase::kQueued, reason);
+  }
+
+  // The second of the three permission checks: may the owner still use devices?
+  Status ScheduleCheck(const JobRecord& j) {
+    std::optional<Principal> owner = o.roles->PrincipalFor(j.owner);
+    if (!owner) {
+      return PermissionDeniedError(fmt::format("{} is no longer a user of this cluster", j.owner));
+    }
+    CheckResult r =
+        Check(*owner, Action::kDeviceUse, {.kind = "device", .owner = j.owner, .team = j.team});
+    if (!r.allowed) return PermissionDeniedError(r.reason);
+    return OkStatus();
+  }
+
+  // Hands job `j` (pending, or queued without a scheduler submission) to the scheduler.
+  void Admit(const JobRecord& j, double now) KC_REQUIRES(mu) {
+    const std::string where = fmt::format("job/{}", j.id);
+    if (Status s = ScheduleCheck(j); !s.ok()) {
+      Audit("kcd", "job.schedule", where, "denied", s.message());
+      Move(j.id, JobPhase::kFailed, fmt::format("refused at scheduling: {}", s.message()));
+      return;
+    }
+    if (scheduler == nullptr) return;  // waits: there are no devices (no topology) yet
+    Result<JobSpec> spec = ParseJobSpec(j.spec, fmt::format("job {} spec", j.id));
+    if (!spec.ok()) {
+      Move(j.id, JobPhase::kFailed, fmt::format("cannot run: {}", spec.status().message()));
+      return;
+    }
+    const std::string id = fmt::format("job-{}.{}", j.id, ++submissions);
+    sched::JobRequest req{
+        .id = id,
+        .team = j.team,
+        .user = j.owner,
+        .job_class = sched::JobClassFromName(spec->job_class).value_or(sched::JobClass::kNormal),
+        .min_devices = spec->ranks,
+        .max_devices = spec->ranks,
+        .tp = spec->ranks,  // a job's ranks share one host
+        .duration_s = spec->expected_hours * 3600};
+    if (Status s = scheduler->Submit(req, now); !s.ok()) {
+      Move(j.id, JobPhase::kFailed, fmt::format("the scheduler refused it: {}", s.message()));
+      return;
+    }
+    queued[j.id] = id;
+    sched_jobs[id] = j.id;
+    if (j.phase == JobPhase::kPending) {
+      Move(j.id, JobPhase::kQueued, fmt::format("queued for {} devices", spec->ranks));
+    }
+  }
+
+  // A start decision: the order to the agent of the devices' host.
+  void Start(const sched::Decision& d, double now) KC_REQUIRES(mu) {
+    auto sj = sched_jobs.find(d.job);
+    if (sj == sched_jobs.end()) return;
+    const int64_t job = sj->second;
+    Result<JobRecord> j = o.jobs->Get(job);
+    if (!j.ok() || j->phase != JobPhase::kQueued || d.devices.empty()) {
+      scheduler->Finished(d.job, now).IgnoreError();
+      sched_jobs.erase(sj);
+      queued.erase(job);
+      return;
+    }
+    const int h = topology->host_of(d.devices.front());
+    const std::string& host = topology->hosts()[h].name;
+    Result<std::vector<JobEvent>> history = o.jobs->History(job);
+    // The owner's token for the execution-time checks, valid for the job's runtime and a day.
+    Result<JobSpec> spec = ParseJobSpec(j->spec, "spec");
+    const double ttl = (spec.ok() ? spec->expected_hours * 3600 : 0) + 86400;
+    Result<IssuedToken> token = o.tokens->Issue(j->owner, ttl, WallSeconds());
+    Result<internal::Statement> st =
+        db.Prepare("INSERT INTO runs (job, host, devices, started_s) VALUES (?,?,?,?)");
+    if (!token.ok() || !st.ok()) {
+      KC_LOG(WARNING) << "dispatcher: job " << job << ": cannot start: "
+                      << (token.ok() ? st.status() : token.status()).message();
+      return;
+    }
+    st->Bind(1, job);
+    st->Bind(2, host);
+    st->Bind(3, DevicesText(d.devices));
+    st->Bind(4, now);
+    if (st->Step() != SQLITE_DONE) {
+      KC_LOG(WARNING) << db.Error("cannot record a run").message();
+      return;
+    }
+    Run run{.run = sqlite3_last_insert_rowid(db.handle()),
+            .job = job,
+            .sched_id = d.job,
+            .host = host,
+            .devices = d.devices,
+            .started_s = now,
+            .prior_running_s = history.ok() ? RunningSeconds(*history) : 0};
+    queued.erase(job);
+    if (runs.count(job) != 0) EndRun(job);  // a preempted run not yet reported stopped
+    kc::v1::StartOrder order;
+    order.set_job(job);
+    order.set_run(run.run);
+    order.set_spec(j->spec);
+    for (int dev : d.devices) {
+      const auto& mine = host_devices[h];
+      order.add_devices(static_cast<int>(std::find(mine.begin(), mine.end(), dev) - mine.begin()));
+    }
+    order.set_token(token->token);
+    order.set_owner(j->owner);
+    order.set_team(j->team);
+    agents[host].starts.push_back(std::move(order));
+    Audit("kcd", "job.start", fmt::format("job/{}", job), "ok",
+          fmt::format("run {} on {} devices {}: {}", run.run, host, DevicesText(d.devices),
+                      d.reason));
+    runs[job] = std::move(run);
+  }
+
+  // One pass: lost agents, new jobs, jobs stopped in the store, the scheduler's decisions,
+  // runtimes used up.
+  void Pass() KC_REQUIRES(mu) {
+    const double now = WallSeconds();
+    // Agents silent too long: their runs are lost; the jobs go back to the queue.
+    for (auto& [host, a] : agents) {
+      if (now - a.last_seen_s <= o.lost_after_s) continue;
+      std::vector<int64_t> lost;
+      for (const auto& [job, run] : runs) {
+        if (run.host == host) lost.push_back(job);
+      }
+      if (!a.registered && lost.empty()) continue;
+      a.registered = false;
+      a.starts.clear();
+      a.stops.clear();
+      Audit("kcd", "agent.lost", "host/" + host, "ok",
+            fmt::format("no heartbeat for {:.0f} s", now - a.last_seen_s));
+      for (int64_t job : lost) {
+        Requeue(job, fmt::format("host {} lost; resumes from its last checkpoint", host), now);
+      }
+    }
+    RefreshDevices(now);
+    // New jobs, and queued ones the scheduler does not have (resumed, or left by a restart).
+    Result<std::vector<JobRecord>> waiting = o.jobs->List({.limit = 1 << 30});
+    if (waiting.ok()) {
+      for (const JobRecord& j : *waiting) {
+        const bool known = queued.count(j.id) != 0 || runs.count(j.id) != 0;
+        if (j.phase == JobPhase::kPending || (j.phase == JobPhase::kQueued && !known)) {
+          Admit(j, now);
+        } else if (j.phase == JobPhase::kRunning && !known) {
+          Move(j.id, JobPhase::kQueued,
+               "kcd has no record of its run; resumes from its last "
+               "checkpoint");
+        } else if (known && (IsTerminal(j.phase) || j.phase == JobPhase::kPaused)) {
+          // Cancelled or paused in the store (or failed): stop it here.
+          Release(j.id, now);
+          if (auto r = runs.find(j.id); r != runs.end()) OrderStop(r->second, j.reason);
+        }
+      }
+    }
+    if (scheduler == nullptr) return;
+    // Runs past their allowed runtime stop (their checkpoint stays) and wait for more hours.
+    for (auto& [job, run] : runs) {
+      if (run.running_since_s < 0 || run.stopping) continue;
+      Result<JobRecord> j = o.jobs->Get(job);
+      if (!j.ok() || j->devices <= 0) continue;
+      const double allowed_s = j->device_hours / static_cast<double>(j->devices) * 3600;
+      const double used_s = run.prior_running_s + (now - run.running_since_s);
+      if (used_s <= allowed_s) continue;
+      const std::string why = fmt::format(
+          "runtime quota exhausted: ran {:.2f} h of its {:.2f} h; stopped at its last "
+          "checkpoint (step {}); raise expected_hours with kc job modify, then resume",
+          used_s / 3600, allowed_s / 3600, run.checkpoint_step);
+      Move(job, JobPhase::kPaused, why);
+      Release(job, now);
+      OrderStop(run, why);
+    }
+    std::vector<sched::Decision> decisions = std::move(deferred);
+    deferred.clear();
+    for (sched::Decision& d : scheduler->Schedule(now)) decisions.push_back(std::move(d));
+    for (sched::Decision& d : decisions) {
+      switch (d.kind) {
+        case sched::DecisionKind::kStart: {
+          // Wait until the victims whose devices it takes have stopped.
+          const bool waiting_for_victims = std::any_of(
+              d.after.begin(), d.after.end(), [&](const std::string& victim) KC_REQUIRES(mu) {
+                auto v = sched_jobs.find(victim);
+                return v != sched_jobs.end() && runs.count(v->second) != 0;
+              });
+          if (waiting_for_victims) {
+            deferred.push_back(std::move(d));
+          } else {
+            Start(d, now);
+          }
+          break;
+        }
+        case sched::DecisionKind::kPreempt: {
+          auto sj = sched_jobs.find(d.job);
+          if (sj == sched_jobs.end()) break;
+          const int64_t job = sj->second;
+          // The scheduler has it pending again under the same id.
+          if (auto r = runs.find(job); r != runs.end()) OrderStop(r->second, d.reason);
+          queued[job] = d.job;
+          Move(job, JobPhase::kQueued, d.reason);
+          break;
+        }
+        default:  // shrink, grow: jobs here are not elastic; demote, interval: advice only
+          KC_LOG(INFO) << "dispatcher: " << DecisionKindName(d.kind) << " " << d.job << ": "
+                       << d.reason;
+          break;
+      }
+    }
+  }
+
+  void Loop() {
+    MutexLock lock(&mu);
+    while (!stopped) {
+      Pass();
+      woken = false;
+      const auto until = std::chrono::steady_clock::now() +
+                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                             std::chrono::duration<double>(o.pass_period_s));
+      while (!stopped && !woken && wake.WaitUntil(&mu, until)) {
+      }
+    }
+  }
+};
+
+Dispatcher::Dispatcher(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Dispatcher::~Dispatcher() {
+  {
+    MutexLock lock(&impl_->mu);
+    impl_->stopped = true;
+    impl_->wake.SignalAll();
+  }
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+Result<std::unique_ptr<Dispatcher>> Dispatcher::Start(DispatcherOptions o) {
+  auto impl = std::make_unique<Impl>();
+  Impl& m = *impl;
+  m.o = o;
+  const fs::path dir(o.dir);
+  if (fs::exists(dir / "topology.yaml")) {
+    KC_ASSIGN_OR_RETURN(hal::TopologySpec spec,
+                        hal::LoadInventory((dir / "topology.yaml").string()));
+    KC_ASSIGN_OR_RETURN(hal::Topology topo, hal::Topology::Build(std::move(spec)));
+    m.topology = std::make_unique<hal::Topology>(std::move(topo));
+    sched::PoolConfig pools;
+    if (fs::exists(dir / "pools.yaml")) {
+      KC_ASSIGN_OR_RETURN(pools, sched::LoadPoolConfig((dir / "pools.yaml").string()));
+    } else {
+      pools.pools.push_back({.name = "all",
+                             .classes = {sched::JobClass::kHigh, sched::JobClass::kNormal,
+                                         sched::JobClass::kPreemptible},
+                             .rest = true});
+    }
+    KC_ASSIGN_OR_RETURN(m.scheduler, sched::Scheduler::Create(m.topology.get(), pools, {}));
+    m.host_devices.resize(m.topology->hosts().size());
+    for (int d = 0; d < m.topology->num_devices(); ++d) {
+      m.host_devices[m.topology->host_of(d)].push_back(d);
+    }
+  }
+  {
+    MutexLock lock(&m.mu);
+    KC_RETURN_IF_ERROR(m.db.Open((dir / "kcd.db").string(), "dispatcher", kSchema));
+    if (m.topology != nullptr) {
+      // Every device starts down: its agent brings it up by registering.
+      m.up.assign(m.topology->num_devices(), 1);
+      m.RefreshDevices(WallSeconds());
+    }
+    // Adopt the runs a previous kcd left: their jobs keep their devices until they end.
+    KC_ASSIGN_OR_RETURN(internal::Statement st,
+                        m.db.Prepare("SELECT run, job, host, devices, started_s FROM runs "
+                                     "WHERE ended = 0"));
+    std::vector<Run> open;
+    while (st.Step() == SQLITE_ROW) {
+      open.push_back({.run = st.Int(0),
+                      .job = st.Int(1),
+                      .host = st.Text(2),
+                      .devices = ParseDevices(st.Text(3)),
+                      .started_s = st.Double(4)});
+    }
+    for (Run& r : open) {
+      Result<JobRecord> j = o.jobs->Get(r.job);
+      const bool alive =
+          j.ok() && (j->phase == JobPhase::kRunning || j->phase == JobPhase::kQueued);
+      if (!alive || m.topology == nullptr || !m.HostIndex(r.host)) {
+        m.runs[r.job] = r;
+        m.EndRun(r.job);
+        continue;
+      }
+      Result<std::vector<JobEvent>> history = o.jobs->History(r.job);
+      r.adopted = true;
+      r.prior_running_s = history.ok() ? RunningSeconds(*history) : 0;
+      if (j->phase == JobPhase::kRunning && history.ok() && !history->empty()) {
+        r.running_since_s = history->back().time_s;  // its open running interval
+      }
+      m.runs[r.job] = r;
+      // Its agent has `lost_after_s` to report back, like any agent.
+      m.agents[r.host].last_seen_s = WallSeconds();
+    }
+    m.RefreshDevices(WallSeconds());
+  }
+  m.thread = std::thread([p = impl.get()] { p->Loop(); });
+  return std::unique_ptr<Dispatcher>(new Dispatcher(std::move(impl)));
+}
+
+void Dispatcher::Wake() {
+  MutexLock lock(&impl_->mu);
+  impl_->woken = true;
+  impl_->wake.SignalAll();
+}
+
+Result<kc::v1::RegisterAgentResponse> Dispatcher::Register(
+    const kc::v1::RegisterAgentRequest& req) {
+  Impl& m = *impl_;
+  if (m.topology == nullptr) {
+    return NotFoundError(fmt::format(
+        "host {}: the cluster has no topology yet ({}/topology.yaml); kc init --inventory "
+        "or kc up writes one",
+        req.host(), m.o.dir));
+  }
+  std::optional<int> h = m.HostIndex(req.host());
+  if (!h) {
+    return NotFoundError(fmt::format("host {}: not in the cluster's topology ({} hosts: {}...)",
+                                     req.host(), m.topology->hosts().size(),
+                                     m.topology->hosts().front().name));
+  }
+  const int want = static_cast<int>(m.host_devices[*h].size());
+  if (req.devices() != want) {
+    return InvalidArgumentError(
+        fmt::format("host {}: devices: the agent found {}, the topology has {}", req.host(),
+                    req.devices(), want));
+  }
+  MutexLock lock(&m.mu);
+  Agent& a = m.agents[req.host()];
+  const bool again = a.registered;
+  a.registered = true;
+  a.last_seen_s = WallSeconds();
+  a.starts.clear();
+  a.stops.clear();
+  // Runs on this host it does not report died with a previous agent: back to the queue.
+  std::set<int64_t> reported;
+  for (const kc::v1::AgentJobReport& r : req.jobs()) reported.insert(r.run());
+  std::vector<int64_t> gone;
+  for (const auto& [job, run] : m.runs) {
+    if (run.host == req.host() && reported.count(run.run) == 0) gone.push_back(job);
+  }
+  for (int64_t job : gone) {
+    m.Requeue(job,
+              fmt::format("the agent on {} restarted without it; resumes from its last checkpoint",
+                          req.host()),
+              WallSeconds());
+  }
+  // Runs it reports that kcd does not know (any more) are stopped.
+  for (const kc::v1::AgentJobReport& r : req.jobs()) m.StopIfUnknown(a, r);
+  m.Audit("kcd", "agent.register", "host/" + req.host(), "ok",
+          fmt::format("{} devices{}", req.devices(), again ? " (again)" : ""));
+  m.RefreshDevices(WallSeconds());
+  m.woken = true;
+  m.wake.SignalAll();
+  kc::v1::RegisterAgentResponse out;
+  out.set_heartbeat_period_s(m.o.heartbeat_period_s);
+  out.set_lost_after_s(m.o.lost_after_s);
+  out.set_check_period_s(m.o.check_period_s);
+  return out;
+}
+
+Result<kc::v1::AgentHeartbeatResponse> Dispatcher::Heartbeat(
+    const kc::v1::AgentHeartbeatRequest& req) {
+  Impl& m = *impl_;
+  MutexLock lock(&m.mu);
+  auto ai = m.agents.find(req.host());
+  if (ai == m.agents.end() || !ai->second.registered) {
+    return FailedPreconditionError(
+        fmt::format("host {}: not registered (kcd restarted, or the agent was declared lost); "
+                    "register again",
+                    req.host()));
+  }
+  Agent& a = ai->second;
+  const double now = WallSeconds();
+  a.last_seen_s = now;
+  bool changed = false;
+  for (const kc::v1::AgentJobReport& r : req.jobs()) {
+    if (!r.log().empty()) m.o.jobs->AppendLog(r.job(), r.log()).IgnoreError();  // unknown: no log
+    if (m.StopIfUnknown(a, r)) continue;
+    Run& run = m.runs[r.job()];
+    const std::string where = fmt::format("job/{}", run.job);
+    m.o.jobs
+        ->SetProgress(run.job,
+                      {.host = run.host, .step = r.step(), .checkpoint_step = r.checkpoint_step()})
+        .IgnoreError();  // the job exists: it has a run
+    if (r.checkpoint_step() > run.checkpoint_step && !run.adopted) {
+      m.scheduler->Checkpointed(run.sched_id, now).IgnoreError();
+    }
+    run.checkpoint_step = std::max(run.checkpoint_step, r.checkpoint_step());
+    switch (r.state()) {
+      case kc::v1::AgentJobReport::STATE_RUNNING:
+        if (run.running_since_s < 0) {
+          run.running_since_s = now;
+          if (!run.stopping) {
+            m.Move(run.job, JobPhase::kRunning, fmt::format("running on {}", run.host));
+          }
+        }
+        break;
+      case kc::v1::AgentJobReport::STATE_EXITED:
+      case kc::v1::AgentJobReport::STATE_FAILED_TO_START: {
+        changed = true;
+        if (run.stopping) {  // its phase was set, and the scheduler told, when it was decided
+          m.EndRun(run.job);
+          break;
+        }
+        m.Release(run.job, now);
+        m.EndRun(run.job);
+        if (r.state() == kc::v1::AgentJobReport::STATE_EXITED && r.exit_code() == 0) {
+          m.Move(r.job(), JobPhase::kSucceeded, fmt::format("finished on {}", req.host()));
+        } else {
+          m.Move(r.job(), JobPhase::kFailed,
+                 r.state() == kc::v1::AgentJobReport::STATE_FAILED_TO_START
+                     ? fmt::format("could not start on {}: {}", req.host(), r.reason())
+                     : fmt::format("exited with code {} on {}: {}", r.exit_code(), req.host(),
+                                   r.reason()));
+        }
+        break;
+      }
+      case kc::v1::AgentJobReport::STATE_REVOKED: {
+        changed = true;
+        m.Audit("kcd", "job.execution_check", where, "denied", r.reason());
+        if (run.stopping) {
+          m.EndRun(run.job);
+          break;
+        }
+        m.Release(run.job, now);
+        m.EndRun(run.job);
+        m.Move(r.job(), JobPhase::kPaused,
+               fmt::format("stopped at its execution-time check: {}", r.reason()));
+        break;
+      }
+      default:
+        break;
+    }
+  }
+  if (changed) {
+    m.RefreshDevices(now);
+    m.woken = true;
+    m.wake.SignalAll();
+  }
+  kc::v1::AgentHeartbeatResponse out;
+  for (kc::v1::StartOrder& s : a.starts) *out.add_start() = std::move(s);
+  for (kc::v1::StopOrder& s : a.stops) *out.add_stop() = std::move(s);
+  a.starts.clear();
+  a.stops.clear();
+  return out;
+}
+
+}  // namespace kc::api

@@ -1,0 +1,121 @@
+#include "api/job_spec.h"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "base/config.h"
+#include "base/file.h"
+#include "parallel/model_spec.h"
+
+namespace kc::api {
+namespace {
+
+namespace fs = std::filesystem;
+
+// What is wrong with a job-supplied path, if anything.
+std::optional<std::string> PathProblem(std::string_view path) {
+  const fs::path p(path);
+  if (path.empty()) return "expected a path";
+  if (p.is_absolute()) return "expected a relative path (job paths are under the agent's roots)";
+  for (const fs::path& part : p) {
+    if (part == "..")
+      return "expected a path without \"..\" (job paths stay under the agent's roots)";
+  }
+  return std::nullopt;
+}
+
+// The keys both forms share; `model` (a path) or `model_yaml` (its text) is read by the
+// caller.
+JobSpec ReadCommon(config::Map root) {
+  JobSpec s;
+  s.name = root.String("name");
+  if (s.name.empty()) root.Reject("name", "expected a non-empty name");
+  s.team = root.OptionalString("team", "");
+  s.job_class = root.OptionalChoice("class", "normal", {"high", "normal", "preemptible"});
+  s.ranks = static_cast<int>(root.OptionalInt("ranks", 1, config::InRange(1, 4096)));
+  s.steps = root.OptionalInt("steps", 100, config::Positive());
+  s.global_batch = root.OptionalInt("global_batch", 0, config::NonNegative());
+  s.checkpoint_every = root.OptionalInt("checkpoint_every", 0, config::NonNegative());
+  s.expected_hours = root.OptionalDouble("expected_hours", 1, config::Positive());
+  s.storage_gb = root.OptionalDouble("storage_gb", 0, config::NonNegative());
+  for (auto [key, out] : {std::pair{"data", &s.data}, {"checkpoint_dir", &s.checkpoint_dir}}) {
+    *out = root.OptionalString(key, "");
+    if (!out->empty()) {
+      if (std::optional<std::string> why = PathProblem(*out)) root.Reject(key, *why);
+    }
+  }
+  return s;
+}
+
+// The model text must be a valid model: checked here so a bad one is refused at submission.
+Status CheckModel(const JobSpec& s, std::string_view where) {
+  Result<parallel::ModelSpec> m = parallel::LoadModelSpecFromString(s.model_yaml, "model");
+  if (!m.ok()) return InvalidArgumentError(fmt::format("{}: {}", where, m.status().message()));
+  return OkStatus();
+}
+
+}  // namespace
+
+Status CheckRelativePath(std::string_view key, std::string_view path) {
+  if (std::optional<std::string> why = PathProblem(path)) {
+    return InvalidArgumentError(fmt::format("{}: {}, got \"{}\"", key, *why, path));
+  }
+  return OkStatus();
+}
+
+Result<JobSpec> LoadJobFile(const std::string& path) {
+  KC_ASSIGN_OR_RETURN(config::Document doc, config::Document::LoadFile(path));
+  config::Map root = doc.root();
+  JobSpec s = ReadCommon(root);
+  const std::string model = root.String("model");
+  std::optional<std::string> model_error;
+  if (!model.empty()) {
+    const fs::path model_path = fs::path(path).parent_path() / model;
+    Result<std::string> text = ReadWholeFile(model_path.string());
+    if (!text.ok()) {
+      root.Reject("model", fmt::format("cannot read the model file {}", model_path.string()));
+    } else {
+      s.model_yaml = *std::move(text);
+      Result<parallel::ModelSpec> m =
+          parallel::LoadModelSpecFromString(s.model_yaml, model_path.string());
+      if (!m.ok()) model_error = m.status().message();
+    }
+  }
+  KC_RETURN_IF_ERROR(doc.Finish());
+  if (model_error) {
+    return InvalidArgumentError(fmt::format("{}: model: {}", path, *model_error));
+  }
+  return s;
+}
+
+std::string JobSpecText(const JobSpec& s) {
+  nlohmann::ordered_json j = {{"name", s.name},
+                              {"team", s.team},
+                              {"class", s.job_class},
+                              {"ranks", s.ranks},
+                              {"steps", s.steps},
+                              {"global_batch", s.global_batch},
+                              {"checkpoint_every", s.checkpoint_every},
+                              {"expected_hours", s.expected_hours},
+                              {"storage_gb", s.storage_gb},
+                              {"data", s.data},
+                              {"checkpoint_dir", s.checkpoint_dir},
+                              {"model_yaml", s.model_yaml}};
+  return j.dump();
+}
+
+Result<JobSpec> ParseJobSpec(std::string_view text, std::string display_name) {
+  // JSON is YAML: the same strict reader checks both forms.
+  KC_ASSIGN_OR_RETURN(config::Document doc, config::Document::LoadString(text, display_name));
+  config::Map root = doc.root();
+  JobSpec s = ReadCommon(root);
+  s.model_yaml = root.String("model_yaml");
+  KC_RETURN_IF_ERROR(doc.Finish());
+  KC_RETURN_IF_ERROR(CheckModel(s, display_name + ": model_yaml"));
+  return s;
+}
+
+}  // namespace kc::api

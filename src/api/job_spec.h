@@ -1,0 +1,50 @@
+// What `kc submit` sends: a job file (YAML) naming a model file and how to train it. The
+// model's text travels inside the spec, so agents on other hosts need no shared filesystem.
+// Paths a job names (data, checkpoints) are relative to the agent's own roots and may not
+// climb out of them. Reference: docs/user-guide/jobs.md.
+//
+//   name: gpt-tiny
+//   model: ../models/gpt-tiny.yaml   # relative to the job file
+//   ranks: 2
+//   steps: 200
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/status.h"
+
+namespace kc::api {
+
+struct JobSpec {
+  std::string name;
+  std::string team;                  // "" = the submitter's first team
+  std::string job_class = "normal";  // "high", "normal" or "preemptible"
+  std::string model_yaml;            // the model file's text
+  int ranks = 1;                     // worker processes, one device each, on one host
+  int64_t steps = 100;
+  int64_t global_batch = 0;      // 0: kc train's default
+  int64_t checkpoint_every = 0;  // steps; 0: kc train's (after the last step only)
+  double expected_hours = 1;     // runtime allowed, for the device-hours quota
+  double storage_gb = 0;
+  std::string data;            // a manifest under the agent's data root; "" = its default
+  std::string checkpoint_dir;  // under the agent's work root; "" = the job's own directory
+};
+
+// Reads a job file. Errors are `FILE:LINE: key: ...`; a model file that is missing or
+// invalid is named with the job file's key; a path that is absolute or climbs out with ".."
+// is refused naming its key.
+Result<JobSpec> LoadJobFile(const std::string& path);
+
+// The spec as kcd stores it and agents receive it (JSON, the model inline), and back.
+// ParseJobSpec checks it as LoadJobFile does; `display_name` stands for it in errors.
+std::string JobSpecText(const JobSpec& spec);
+Result<JobSpec> ParseJobSpec(std::string_view text, std::string display_name);
+
+// kInvalidArgument, naming `key`, for a path that is absolute, empty where it must not be, or
+// that has a ".." component: job-supplied paths stay under the roots the agent chooses.
+Status CheckRelativePath(std::string_view key, std::string_view path);
+
+}  // namespace kc::api

@@ -1,0 +1,77 @@
+#include "api/job_spec.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tests/support/repo_root.h"
+#include "tests/support/temp_dir.h"
+
+namespace kc::api {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(JobSpecTest, TheExampleJobLoadsAndTravelsAsText) {
+  Result<JobSpec> s = LoadJobFile(testing::RepoRoot() + "/examples/jobs/gpt-tiny.yaml");
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_EQ(s->name, "gpt-tiny");
+  EXPECT_EQ(s->ranks, 2);
+  EXPECT_THAT(s->model_yaml, HasSubstr("hidden: 256"));
+  Result<JobSpec> back = ParseJobSpec(JobSpecText(*s), "spec");
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->model_yaml, s->model_yaml);
+  EXPECT_EQ(back->steps, s->steps);
+  EXPECT_EQ(back->data, s->data);
+  EXPECT_EQ(JobSpecText(*back), JobSpecText(*s));
+}
+
+TEST(JobSpecTest, BadJobFilesAreRefusedNamingFileLineAndKey) {
+  testing::TempDir dir("kc_job_spec");
+  const std::string model = testing::RepoRoot() + "/examples/models/gpt-tiny.yaml";
+  struct Case {
+    std::string text, want;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"model: " + model + "\n", "name: required key is missing"},
+           {"name: x\nmodel: nope.yaml\n", "job.yaml:2: model: cannot read the model file"},
+           {"name: x\nmodel: " + model + "\nranks: 0\n", "job.yaml:3: ranks"},
+           {"name: x\nmodel: " + model + "\nstepz: 3\n", "job.yaml:3: stepz: unknown key"},
+           {"name: x\nmodel: " + model + "\nclass: urgent\n", "job.yaml:3: class"},
+           {"name: x\nmodel: " + model + "\ndata: /etc/passwd\n",
+            "job.yaml:3: data: expected a relative path"},
+           {"name: x\nmodel: " + model + "\ncheckpoint_dir: a/../../b\n",
+            "job.yaml:3: checkpoint_dir: expected a path without \"..\""},
+       }) {
+    Result<JobSpec> s = LoadJobFile(dir.Write("job.yaml", c.text));
+    ASSERT_FALSE(s.ok()) << c.text;
+    EXPECT_THAT(s.status().message(), HasSubstr(c.want)) << c.text;
+  }
+  // A model file that is not a model is named through the job file's key.
+  const std::string bad_model = dir.Write("m.yaml", "name: m\nlayers: -1\n");
+  Result<JobSpec> s = LoadJobFile(dir.Write("job.yaml", "name: x\nmodel: m.yaml\n"));
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.status().message(), HasSubstr("job.yaml: model:"));
+}
+
+TEST(JobSpecTest, SpecsFromTheWireAreCheckedAsJobFilesAre) {
+  JobSpec s{.name = "x",
+            .model_yaml =
+                "name: m\nlayers: 1\nhidden: 64\nheads: 2\nvocab: 257\n"
+                "seq_len: 32\nbatch_per_rank: 4\n"};
+  ASSERT_TRUE(ParseJobSpec(JobSpecText(s), "spec").ok());
+  s.checkpoint_dir = "/var/lib/secrets";
+  Result<JobSpec> bad = ParseJobSpec(JobSpecText(s), "spec");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("checkpoint_dir: expected a relative path"));
+  s.checkpoint_dir = "";
+  s.model_yaml = "name: m\n";
+  bad = ParseJobSpec(JobSpecText(s), "spec");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("spec: model_yaml:"));
+  EXPECT_FALSE(ParseJobSpec("not json {", "spec").ok());
+  EXPECT_TRUE(CheckRelativePath("data", "a/b/c.json").ok());
+  EXPECT_THAT(CheckRelativePath("data", "../x").message(), HasSubstr("data: expected a path"));
+}
+
+}  // namespace
+}  // namespace kc::api

@@ -1,0 +1,306 @@
+// A cluster as its users run it, every piece in its own process: `kc up` (kcd and an agent)
+// trains a job end to end and `kc jobs` / `kc job show` follow it; pause, resume and cancel;
+// a right revoked while a job runs stops it at its next execution-time check, keeping its
+// checkpoint; job paths that climb out of the agent's roots are refused.
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "api/audit_log.h"
+#include "tests/support/daemon.h"
+#include "tests/support/kc_run.h"
+#include "tests/support/temp_dir.h"
+
+namespace kc::api {
+namespace {
+
+using kc::testing::Daemon;
+using kc::testing::KcRun;
+using kc::testing::TempDir;
+using ::testing::HasSubstr;
+
+// A model that steps in milliseconds on two cores.
+constexpr char kMicroModel[] = R"(name: micro
+layers: 1
+hidden: 64
+heads: 2
+vocab: 257
+seq_len: 32
+batch_per_rank: 4
+)";
+
+// Two hosts of two CPU devices each.
+constexpr char kTwoHosts[] = R"(name: test
+models:
+  cpu-slice: {kind: cpu, memory_gb: 4, peak_tflops_fp32: 0.1, peak_tflops_bf16: 0,
+              memory_bandwidth_gbs: 10}
+hosts:
+  - {name: h1, model: cpu-slice, count: 2, network: {bandwidth_gbs: 1, latency_us: 50}}
+  - {name: h2, model: cpu-slice, count: 2, network: {bandwidth_gbs: 1, latency_us: 50}}
+)";
+
+std::string Read(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+class ClusterTest : public ::testing::Test {
+ protected:
+  // The training data every test's agents read: a small corpus, prepared once.
+  static void SetUpTestSuite() {
+    data_ = new TempDir("kc_cluster_data");
+    std::mt19937 rng(1);
+    const char* words[] = {"the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog"};
+    std::string text;
+    for (int line = 0; line < 3000; ++line) {
+      for (int w = 0; w < 12; ++w) text += std::string(words[rng() % 9]) + (w < 11 ? " " : "\n");
+    }
+    const std::string corpus = data_->Write("corpus.txt", text);
+    KcRun r = kc::testing::RunKc(KC_BINARY,
+                                 "data prepare --out " + data_->Path("fortunes") + " " + corpus);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+  static void TearDownTestSuite() {
+    delete data_;
+    data_ = nullptr;
+  }
+
+  ClusterTest() : dir_("kc_cluster") { model_ = dir_.Write("micro.yaml", kMicroModel); }
+
+  // Runs kc with this test's configuration directory (its login).
+  KcRun Kc(const std::string& args) {
+    return kc::testing::RunKc(fmt::format("XDG_CONFIG_HOME={} {}", dir_.Path("config"), KC_BINARY),
+                              args);
+  }
+
+  // A job file for the micro model.
+  std::string JobFile(const std::string& name, int64_t steps, const std::string& extra = "") {
+    return dir_.Write(name + ".yaml", fmt::format("name: {}\nmodel: {}\nranks: 2\nsteps: {}\n{}",
+                                                  name, model_, steps, extra));
+  }
+
+  // `kc up` on this test's directory; returns once it serves.
+  std::unique_ptr<Daemon> Up() {
+    auto up = std::make_unique<Daemon>(fmt::format(
+        "env XDG_CONFIG_HOME={} {} up --dir {} --listen 127.0.0.1:0 --devices 2 --data-root {}",
+        dir_.Path("config"), KC_BINARY, dir_.Path("cluster"), data_->path()));
+    EXPECT_THAT(up->WaitForLine("kc up: kcd on"), HasSubstr("agent on")) << up->output();
+    return up;
+  }
+
+  // The job as `kc job show --json` prints it.
+  nlohmann::json Show(int64_t id, const std::string& login = "") {
+    KcRun r = Kc(fmt::format("job show {} --json{}", id, login.empty() ? "" : " --login " + login));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return nlohmann::json::parse(r.out, nullptr, false);
+  }
+
+  // Polls the job until `done` holds for it (a remote phase: nothing local to wait on), for
+  // at most two minutes; returns the last view.
+  nlohmann::json Await(int64_t id, const std::function<bool(const nlohmann::json&)>& done,
+                       const std::string& login = "") {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(2);
+    nlohmann::json j;
+    while (std::chrono::steady_clock::now() < deadline) {
+      j = Show(id, login);
+      if (j.is_object() && done(j)) return j;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    ADD_FAILURE() << "job " << id << " never got there: " << j.dump();
+    return j;
+  }
+
+  static int64_t Int(const nlohmann::json& j, const char* key) {
+    // Protobuf's JSON writes 64-bit integers as strings.
+    const nlohmann::json& v = j.at(key);
+    return v.is_string() ? std::stoll(v.get<std::string>()) : v.get<int64_t>();
+  }
+
+  static TempDir* data_;
+  TempDir dir_;
+  std::string model_;
+};
+
+TempDir* ClusterTest::data_ = nullptr;
+
+TEST_F(ClusterTest, UpTrainsASubmittedJobEndToEnd) {
+  std::unique_ptr<Daemon> up = Up();
+  KcRun submit = Kc("submit " + JobFile("first", 6, "checkpoint_every: 3\n") + " --wait --json");
+  ASSERT_EQ(submit.exit_code, 0) << submit.err << submit.out;
+  nlohmann::json done = nlohmann::json::parse(submit.out);
+  EXPECT_EQ(done["phase"], "succeeded");
+  EXPECT_EQ(done["owner"], "admin");
+
+  nlohmann::json j = Show(Int(done, "id"));
+  EXPECT_EQ(Int(j, "step"), 6);
+  EXPECT_EQ(Int(j, "checkpoint_step"), 6);
+  EXPECT_FALSE(j["host"].get<std::string>().empty());
+  std::vector<std::string> phases;
+  for (const nlohmann::json& e : j["history"]) phases.push_back(e["phase"]);
+  EXPECT_THAT(phases, ::testing::ElementsAre("pending", "queued", "running", "succeeded"));
+
+  KcRun jobs = Kc("jobs");
+  ASSERT_EQ(jobs.exit_code, 0) << jobs.err;
+  EXPECT_THAT(jobs.out, HasSubstr("first"));
+  EXPECT_THAT(jobs.out, HasSubstr("succeeded"));
+  KcRun logs = Kc(fmt::format("job logs {}", Int(done, "id")));
+  ASSERT_EQ(logs.exit_code, 0) << logs.err;
+  EXPECT_THAT(logs.out, HasSubstr("checkpoints     2 (steps 3, 6)"));
+
+  EXPECT_EQ(up->Stop(SIGTERM), 0);
+  // Who did what is in the audit log: the submission, kcd's start of it and its end.
+  Result<std::unique_ptr<AuditLog>> audit = AuditLog::Open(dir_.Path("cluster/audit.db"));
+  ASSERT_TRUE(audit.ok());
+  Result<std::vector<AuditRecord>> records = (*audit)->Query({.limit = 1000});
+  ASSERT_TRUE(records.ok());
+  std::vector<std::string> actions;
+  for (const AuditRecord& r : *records) actions.push_back(r.action);
+  EXPECT_THAT(actions, ::testing::IsSupersetOf({"job.submit", "agent.register", "job.start",
+                                                "job.running", "job.succeeded"}));
+  EXPECT_TRUE((*audit)->Verify("")->ok);
+}
+
+TEST_F(ClusterTest, PauseResumeAndCancelAJob) {
+  std::unique_ptr<Daemon> up = Up();
+  KcRun submit = Kc("submit " + JobFile("long", 1000000, "checkpoint_every: 100\n") + " --json");
+  ASSERT_EQ(submit.exit_code, 0) << submit.err;
+  const int64_t id = Int(nlohmann::json::parse(submit.out), "id");
+  Await(id, [](const nlohmann::json& j) {
+    return j["phase"] == "running" && Int(j, "checkpoint_step") >= 100;
+  });
+
+  KcRun pause = Kc(fmt::format("job pause {} --reason 'make room'", id));
+  ASSERT_EQ(pause.exit_code, 0) << pause.err;
+  EXPECT_THAT(pause.out, HasSubstr("paused: paused by admin: make room"));
+  // Its devices are free again: another job of both devices runs to the end.
+  KcRun other = Kc("submit " + JobFile("short", 3) + " --wait");
+  EXPECT_EQ(other.exit_code, 0) << other.err;
+  EXPECT_EQ(Show(id)["phase"], "paused");
+
+  KcRun resume = Kc(fmt::format("job resume {}", id));
+  ASSERT_EQ(resume.exit_code, 0) << resume.err;
+  nlohmann::json j = Await(id, [](const nlohmann::json& x) {
+    return x["phase"] == "running" && x["history"].size() >= 6;
+  });
+  // It went on from its checkpoint, not from step 0.
+  const auto logs_show_resume = [&] {
+    return Kc(fmt::format("job logs {}", id)).out.find("kc train: resuming from") !=
+           std::string::npos;
+  };
+  Await(id, [&](const nlohmann::json&) { return logs_show_resume(); });
+
+  KcRun cancel = Kc(fmt::format("job cancel {}", id));
+  ASSERT_EQ(cancel.exit_code, 0) << cancel.err;
+  EXPECT_EQ(Show(id)["phase"], "cancelled");
+  // Cancelled twice: the annotated error, FAILED_PRECONDITION, as a failure.
+  EXPECT_EQ(Kc(fmt::format("job cancel {}", id)).exit_code, 1);
+  // And the devices are free again.
+  EXPECT_EQ(Kc("submit " + JobFile("after", 3) + " --wait").exit_code, 0);
+  EXPECT_EQ(up->Stop(SIGTERM), 0);
+}
+
+TEST_F(ClusterTest, ARightRevokedWhileRunningStopsTheJobAtItsNextCheck) {
+  // kcd and an agent apart, as on a real cluster: kcd is restarted, the agent is not.
+  const std::string cluster = dir_.Path("cluster");
+  ASSERT_EQ(Kc(fmt::format("init {} --inventory {}", cluster, dir_.Write("inv.yaml", kTwoHosts)))
+                .exit_code,
+            0);
+  const std::string roles = Read(cluster + "/roles.yaml");
+  const std::string users = "users:\n  - {name: admin, role: system_admin}\n";
+  ASSERT_NE(roles.find(users), std::string::npos) << roles;
+  std::string with_alice = roles;
+  with_alice.replace(with_alice.find(users), users.size(),
+                     users + "  - {name: alice, role: submitter}\n");
+  dir_.Write("cluster/roles.yaml", with_alice);
+
+  auto kcd = std::make_unique<Daemon>(
+      fmt::format("{} --dir {} --listen 127.0.0.1:0 --check-period 0.2", KCD_BINARY, cluster));
+  const std::string line = kcd->WaitForLine("listening on");
+  const std::string port =
+      line.substr(line.rfind(':') + 1, line.find(' ', line.rfind(':')) - line.rfind(':') - 1);
+  ASSERT_FALSE(port.empty()) << kcd->output();
+  const std::string server = "--server localhost:" + port + " --ca " + cluster + "/tls/ca.pem";
+  ASSERT_EQ(Kc(fmt::format("login {} --token-file {}/admin.token", server, cluster)).exit_code, 0);
+  const std::string alice_login = dir_.Path("alice.json");
+  ASSERT_EQ(
+      Kc(fmt::format("token issue alice --dir {} --out {}", cluster, dir_.Path("alice.token")))
+          .exit_code,
+      0);
+  KcRun login = Kc(fmt::format("login {} --token-file {} --login {}", server,
+                               dir_.Path("alice.token"), alice_login));
+  ASSERT_EQ(login.exit_code, 0) << login.err;
+  EXPECT_THAT(login.out, HasSubstr("as alice (submitter)"));
+
+  Daemon agent(
+      fmt::format("env XDG_CONFIG_HOME={} {} agent --host h1 --devices 2 --work {} "
+                  "--data-root {}",
+                  dir_.Path("config"), KC_BINARY, dir_.Path("work"), data_->path()));
+  ASSERT_THAT(agent.WaitForLine("kc agent:"), HasSubstr("host h1 with 2 devices"));
+
+  KcRun submit = Kc("submit " + JobFile("alices", 1000000, "checkpoint_every: 100\n") +
+                    " --json --login " + alice_login);
+  ASSERT_EQ(submit.exit_code, 0) << submit.err;
+  const int64_t id = Int(nlohmann::json::parse(submit.out), "id");
+  Await(id, [](const nlohmann::json& j) {
+    return j["phase"] == "running" && Int(j, "checkpoint_step") >= 100;
+  });
+
+  // A system admin makes alice an observer and restarts kcd on the same address; the agent
+  // reconnects, and kcd adopts the job still running there.
+  std::string demoted = with_alice;
+  demoted.replace(demoted.find("{name: alice, role: submitter}"), 30,
+                  "{name: alice, role: observer}");
+  dir_.Write("cluster/roles.yaml", demoted);
+  EXPECT_EQ(kcd->Stop(SIGTERM), 0);
+  kcd = std::make_unique<Daemon>(fmt::format("{} --dir {} --listen 127.0.0.1:{} --check-period 0.2",
+                                             KCD_BINARY, cluster, port));
+  ASSERT_THAT(kcd->WaitForLine("listening on"), HasSubstr(port));
+
+  nlohmann::json j = Await(id, [](const nlohmann::json& x) { return x["phase"] == "paused"; });
+  EXPECT_THAT(j["reason"].get<std::string>(), HasSubstr("stopped at its execution-time check"));
+  EXPECT_THAT(j["reason"].get<std::string>(), HasSubstr("observer"));
+  EXPECT_GE(Int(j, "checkpoint_step"), 100);  // what it had done is kept
+
+  // Alice may no longer submit either: the first of the three checks.
+  KcRun again = Kc("submit " + JobFile("again", 3) + " --login " + alice_login);
+  EXPECT_EQ(again.exit_code, 1);
+  EXPECT_THAT(again.err, HasSubstr("observer"));
+
+  EXPECT_EQ(agent.Stop(SIGTERM), 0);
+  EXPECT_EQ(kcd->Stop(SIGTERM), 0);
+  Result<std::unique_ptr<AuditLog>> audit = AuditLog::Open(cluster + "/audit.db");
+  ASSERT_TRUE(audit.ok());
+  Result<std::vector<AuditRecord>> denied =
+      (*audit)->Query({.action = "job.execution_check", .limit = 10});
+  ASSERT_TRUE(denied.ok());
+  ASSERT_EQ(denied->size(), 1u);
+  EXPECT_EQ((*denied)[0].outcome, "denied");
+  Result<std::vector<AuditRecord>> starts = (*audit)->Query({.action = "kcd.start", .limit = 10});
+  ASSERT_TRUE(starts.ok());
+  ASSERT_EQ(starts->size(), 2u);
+  EXPECT_EQ((*starts)[1].outcome, "roles changed");
+}
+
+TEST_F(ClusterTest, JobPathsThatClimbOutOfTheAgentsRootsAreRefused) {
+  for (const char* bad :
+       {"data: ../../etc/shadow", "checkpoint_dir: /etc/cron.d", "data: fortunes/../../../x"}) {
+    KcRun r = Kc("submit " + JobFile("bad", 3, std::string(bad) + "\n"));
+    EXPECT_EQ(r.exit_code, 2) << bad;
+    EXPECT_THAT(r.err, HasSubstr(std::string(bad).substr(0, std::string(bad).find(':'))));
+    EXPECT_THAT(r.err, HasSubstr("bad.yaml:5"));
+  }
+}
+
+}  // namespace
+}  // namespace kc::api
