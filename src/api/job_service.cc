@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "api/internal/digest.h"
+#include "api/quota_usage.h"
 
 namespace kc::api {
 namespace {
@@ -65,24 +66,15 @@ grpc::Status JobServiceImpl::Submit(grpc::ServerContext* context,
     KC_RETURN_IF_ERROR(Allowed(caller, Action::kJobSubmit, j));
     // Quotas: the submitter's and the team's, against their jobs that have not ended.
     KC_ASSIGN_OR_RETURN(std::vector<JobRecord> all, jobs_->List({.limit = 1 << 30}));
-    QuotaUsage mine, team;
-    for (const JobRecord& o : all) {
-      QuotaUsage* u[2] = {o.owner == j.owner ? &mine : nullptr,
-                          !j.team.empty() && o.team == j.team ? &team : nullptr};
-      for (QuotaUsage* x : u) {
-        if (x == nullptr) continue;
-        if (!IsTerminal(o.phase)) x->devices += o.devices;
-        x->device_hours += o.device_hours;
-        x->storage_gb += o.storage_gb;
-      }
-    }
     const QuotaAsk ask{
         .devices = j.devices, .device_hours = j.device_hours, .storage_gb = j.storage_gb};
     KC_ASSIGN_OR_RETURN(Quota user_quota, quotas_->Get(QuotaSubject::kUser, j.owner));
-    Status over = CheckQuota("user " + j.owner, user_quota, mine, ask);
+    Status over =
+        CheckQuota("user " + j.owner, user_quota, UsageOf(all, QuotaSubject::kUser, j.owner), ask);
     if (over.ok() && !j.team.empty()) {
       KC_ASSIGN_OR_RETURN(Quota team_quota, quotas_->Get(QuotaSubject::kTeam, j.team));
-      over = CheckQuota("team " + j.team, team_quota, team, ask);
+      over =
+          CheckQuota("team " + j.team, team_quota, UsageOf(all, QuotaSubject::kTeam, j.team), ask);
     }
     if (!over.ok()) {
       AuditNow(audit_, caller.user, "job.submit", "job/new", "denied", over.message())
