@@ -9,7 +9,8 @@
 //   DIR/admin.token       the first admin's bearer token (0600)
 //   DIR/kcd.db            kcd's state: tokens, jobs, quotas (SQLite, WAL)
 //   DIR/audit.db          the hash-chained audit log
-//   DIR/topology.yaml     the cluster's inventory, when given
+//   DIR/topology.yaml     the cluster's inventory, when given (TopologyService replaces it)
+//   DIR/pools.yaml        the pools over it, when set (PoolService replaces it)
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -47,8 +48,8 @@ struct KcdOptions {
   bool insecure_loopback = false;
 };
 
-// The control-plane server: Health, the permission service and the job service today. Safe for
-// concurrent use; gRPC serves calls on its own threads.
+// The control-plane server: Health, the permission, job, quota, audit, topology and pool
+// services. Safe for concurrent use; gRPC serves calls on its own threads.
 class Kcd {
  public:
   // Reads the roles file, opens the databases, records the start in the audit log (with the
