@@ -138,13 +138,15 @@ Result<std::vector<AuditRecord>> AuditLog::Query(const AuditQuery& q) const {
       m.db.Prepare(fmt::format(
           "SELECT {} FROM audit WHERE seq > ?1 AND time_s >= ?2 AND (?3 = '' OR principal = ?3) "
           "AND (?4 = '' OR action = ?4 OR (substr(?4, -1) = '.' AND "
-          "substr(action, 1, length(?4)) = ?4)) ORDER BY seq LIMIT ?5",
+          "substr(action, 1, length(?4)) = ?4)) "
+          "AND substr(resource, 1, length(?6)) = ?6 ORDER BY seq LIMIT ?5",
           kColumns)));
   st.Bind(1, q.after_seq);
   st.Bind(2, q.since_s);
   st.Bind(3, q.principal);
   st.Bind(4, q.action);
   st.Bind(5, static_cast<int64_t>(q.limit));
+  st.Bind(6, q.resource_prefix);
   std::vector<AuditRecord> out;
   int rc;
   while ((rc = st.Step()) == SQLITE_ROW) out.push_back(Row(st));

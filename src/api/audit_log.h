@@ -26,8 +26,9 @@ struct AuditRecord {
 };
 
 struct AuditQuery {
-  std::string principal;  // "" = any
-  std::string action;     // "" = any; a prefix ending in '.' ("job.") matches a family
+  std::string principal;        // "" = any
+  std::string action;           // "" = any; a prefix ending in '.' ("job.") matches a family
+  std::string resource_prefix;  // "" = any; else resources starting with it ("job/")
   double since_s = 0;
   int64_t after_seq = 0;  // records with seq > after_seq (paging)
   int limit = 1000;

@@ -86,6 +86,10 @@ TEST_F(AuditLogTest, QueriesFilterByPrincipalActionAndPage) {
   EXPECT_EQ((*log)->Query({.action = "job."})->size(), 4u);
   EXPECT_EQ((*log)->Query({.after_seq = 4})->size(), 2u);
   EXPECT_EQ((*log)->Query({.limit = 2})->size(), 2u);
+  EXPECT_EQ((*log)->Query({.resource_prefix = "job/"})->size(), 6u);
+  EXPECT_EQ((*log)->Query({.resource_prefix = "job/1"})->size(), 6u);
+  EXPECT_EQ((*log)->Query({.resource_prefix = "job/2"})->size(), 0u);
+  EXPECT_EQ((*log)->Query({.principal = "ann", .resource_prefix = "job/"})->size(), 3u);
 }
 
 TEST_F(AuditLogTest, TheDatabaseRefusesUpdatesAndDeletes) {

@@ -3,15 +3,19 @@
 #include <fmt/format.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 
 #include "api/agent_service.h"
 #include "api/audit_log.h"
+#include "api/audit_service.h"
+#include "api/cluster_config_service.h"
 #include "api/dispatcher.h"
 #include "api/internal/digest.h"
 #include "api/job_service.h"
 #include "api/permission_service.h"
+#include "api/quota_service.h"
 #include "api/roles_file.h"
 #include "api/rpc_guard.h"
 #include "api/tls.h"
@@ -42,16 +46,16 @@ bool IsLoopback(const std::string& listen) {
   return host == "127.0.0.1" || host == "localhost" || host == "[::1]";
 }
 
-// Health: public (no token), for liveness probes.
+// Health: public (no token), for liveness probes. Knows the services kcd registered.
 class HealthService final : public kc::v1::Health::Service {
  public:
-  explicit HealthService(RpcGuard* guard) : guard_(guard) {}
+  HealthService(RpcGuard* guard, std::vector<std::string> served)
+      : guard_(guard), served_(std::move(served)) {}
   grpc::Status Check(grpc::ServerContext* context, const kc::v1::HealthCheckRequest* request,
                      kc::v1::HealthCheckResponse* response) override {
     return guard_->Serve(context, "kc.v1.Health.Check", [&](const Principal&) -> Status {
       const std::string& name = request->service();
-      if (!name.empty() && name != "kc.v1.PermissionService" && name != "kc.v1.JobService" &&
-          name != "kc.v1.AgentService" && name != "kc.v1.Health") {
+      if (!name.empty() && std::find(served_.begin(), served_.end(), name) == served_.end()) {
         return NotFoundError(fmt::format("service {}: not served here", request->service()));
       }
       response->set_status(kc::v1::HealthCheckResponse::SERVING);
@@ -60,7 +64,8 @@ class HealthService final : public kc::v1::Health::Service {
   }
 
  private:
-  RpcGuard* guard_;  // not owned; the Kcd that owns both outlives the service
+  RpcGuard* guard_;                        // not owned; the Kcd that owns both outlives the service
+  const std::vector<std::string> served_;  // full names, kc.v1.Health included
 };
 
 }  // namespace
@@ -114,6 +119,12 @@ struct Kcd::Impl {
   std::unique_ptr<AgentServiceImpl> agent_service;
   std::unique_ptr<PermissionServiceImpl> permission;
   std::unique_ptr<JobServiceImpl> job_service;
+  // The admin services (issue 10): quotas, audit, the topology and pools files.
+  std::unique_ptr<ClusterDir> cluster_dir;
+  std::unique_ptr<QuotaServiceImpl> quota_service;
+  std::unique_ptr<AuditServiceImpl> audit_service;
+  std::unique_ptr<TopologyServiceImpl> topology_service;
+  std::unique_ptr<PoolServiceImpl> pool_service;
   std::unique_ptr<HealthService> health;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
@@ -167,7 +178,28 @@ Result<std::unique_ptr<Kcd>> Kcd::Start(const KcdOptions& o) {
   impl->job_service =
       std::make_unique<JobServiceImpl>(impl->guard.get(), impl->jobs.get(), impl->quotas.get(),
                                        impl->audit.get(), impl->dispatcher.get());
-  impl->health = std::make_unique<HealthService>(impl->guard.get());
+  impl->cluster_dir = std::make_unique<ClusterDir>(o.dir);
+  impl->quota_service = std::make_unique<QuotaServiceImpl>(
+      impl->guard.get(), &impl->roles, impl->quotas.get(), impl->jobs.get(), impl->audit.get());
+  impl->audit_service =
+      std::make_unique<AuditServiceImpl>(impl->guard.get(), &impl->roles, impl->audit.get());
+  impl->topology_service = std::make_unique<TopologyServiceImpl>(
+      impl->guard.get(), impl->cluster_dir.get(), impl->audit.get());
+  impl->pool_service = std::make_unique<PoolServiceImpl>(impl->guard.get(), impl->cluster_dir.get(),
+                                                         impl->audit.get());
+  // Everything kcd serves, by full name; Health answers for exactly these.
+  const std::pair<const char*, grpc::Service*> services[] = {
+      {kc::v1::PermissionService::service_full_name(), impl->permission.get()},
+      {kc::v1::JobService::service_full_name(), impl->job_service.get()},
+      {kc::v1::AgentService::service_full_name(), impl->agent_service.get()},
+      {kc::v1::QuotaService::service_full_name(), impl->quota_service.get()},
+      {kc::v1::AuditService::service_full_name(), impl->audit_service.get()},
+      {kc::v1::TopologyService::service_full_name(), impl->topology_service.get()},
+      {kc::v1::PoolService::service_full_name(), impl->pool_service.get()},
+  };
+  std::vector<std::string> served = {kc::v1::Health::service_full_name()};
+  for (const auto& [name, service] : services) served.emplace_back(name);
+  impl->health = std::make_unique<HealthService>(impl->guard.get(), served);
   std::shared_ptr<grpc::ServerCredentials> creds;
   if (o.insecure_loopback) {
     creds = grpc::InsecureServerCredentials();
@@ -180,9 +212,7 @@ Result<std::unique_ptr<Kcd>> Kcd::Start(const KcdOptions& o) {
   }
   grpc::ServerBuilder b;
   b.AddListeningPort(o.listen, creds, &impl->port);
-  b.RegisterService(impl->permission.get());
-  b.RegisterService(impl->job_service.get());
-  b.RegisterService(impl->agent_service.get());
+  for (const auto& [name, service] : services) b.RegisterService(service);
   b.RegisterService(impl->health.get());
   b.SetMaxReceiveMessageSize(4 << 20);
   impl->server = b.BuildAndStart();

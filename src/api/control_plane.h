@@ -9,7 +9,8 @@
 //   DIR/admin.token       the first admin's bearer token (0600)
 //   DIR/kcd.db            kcd's state: tokens, jobs, quotas (SQLite, WAL)
 //   DIR/audit.db          the hash-chained audit log
-//   DIR/topology.yaml     the cluster's inventory, when given
+//   DIR/topology.yaml     the cluster's inventory, when given (TopologyService replaces it)
+//   DIR/pools.yaml        the pools over it, when set (PoolService replaces it)
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -52,9 +53,9 @@ struct KcdOptions {
   double check_period_s = 1;
 };
 
-// The control-plane server: Health, the permission, job and agent services, and the dispatcher
-// that runs the L4 scheduler over the agents' devices. Safe for
-// concurrent use; gRPC serves calls on its own threads.
+// The control-plane server: Health, the permission, job, agent, quota, audit, topology and
+// pool services, and the dispatcher that runs the L4 scheduler over the agents' devices. Safe
+// for concurrent use; gRPC serves calls on its own threads.
 class Kcd {
  public:
   // Reads the roles file, opens the databases, records the start in the audit log (with the

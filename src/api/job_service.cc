@@ -6,6 +6,7 @@
 
 #include "api/internal/digest.h"
 #include "api/job_spec.h"
+#include "api/quota_usage.h"
 
 namespace kc::api {
 namespace {
@@ -38,20 +39,6 @@ Status FillDetail(const JobStore& jobs, const JobRecord& j, kc::v1::JobInfo* out
     x->set_time_s(e.time_s);
   }
   return OkStatus();
-}
-
-// What the jobs of `owner` (or, with owner "", of `team`) use: devices of those that have not
-// ended, device-hours and storage of all.
-QuotaUsage UsageOf(const std::vector<JobRecord>& all, std::string_view owner,
-                   std::string_view team) {
-  QuotaUsage u;
-  for (const JobRecord& o : all) {
-    if (owner.empty() ? (team.empty() || o.team != team) : o.owner != owner) continue;
-    if (!IsTerminal(o.phase)) u.devices += o.devices;
-    u.device_hours += o.device_hours;
-    u.storage_gb += o.storage_gb;
-  }
-  return u;
 }
 
 Resource JobResource(const JobRecord& j) {
@@ -106,15 +93,15 @@ grpc::Status JobServiceImpl::Submit(grpc::ServerContext* context,
     KC_RETURN_IF_ERROR(Allowed(caller, Action::kJobSubmit, j));
     // Quotas: the submitter's and the team's, against their jobs that have not ended.
     KC_ASSIGN_OR_RETURN(std::vector<JobRecord> all, jobs_->List({.limit = 1 << 30}));
-    const QuotaUsage mine = UsageOf(all, j.owner, "");
-    const QuotaUsage team = UsageOf(all, "", j.team);
     const QuotaAsk ask{
         .devices = j.devices, .device_hours = j.device_hours, .storage_gb = j.storage_gb};
     KC_ASSIGN_OR_RETURN(Quota user_quota, quotas_->Get(QuotaSubject::kUser, j.owner));
-    Status over = CheckQuota("user " + j.owner, user_quota, mine, ask);
+    Status over =
+        CheckQuota("user " + j.owner, user_quota, UsageOf(all, QuotaSubject::kUser, j.owner), ask);
     if (over.ok() && !j.team.empty()) {
       KC_ASSIGN_OR_RETURN(Quota team_quota, quotas_->Get(QuotaSubject::kTeam, j.team));
-      over = CheckQuota("team " + j.team, team_quota, team, ask);
+      over =
+          CheckQuota("team " + j.team, team_quota, UsageOf(all, QuotaSubject::kTeam, j.team), ask);
     }
     if (!over.ok()) {
       AuditNow(audit_, caller.user, "job.submit", "job/new", "denied", over.message())
@@ -190,12 +177,13 @@ grpc::Status JobServiceImpl::Modify(grpc::ServerContext* context,
       const double more = *device_hours - j.device_hours;
       if (more > 0) {
         KC_ASSIGN_OR_RETURN(std::vector<JobRecord> all, jobs_->List({.limit = 1 << 30}));
-        QuotaUsage mine = UsageOf(all, j.owner, "");
+        const QuotaUsage mine = UsageOf(all, QuotaSubject::kUser, j.owner);
         KC_ASSIGN_OR_RETURN(Quota q, quotas_->Get(QuotaSubject::kUser, j.owner));
         Status over = CheckQuota("user " + j.owner, q, mine, {.device_hours = more});
         if (over.ok() && !j.team.empty()) {
           KC_ASSIGN_OR_RETURN(Quota tq, quotas_->Get(QuotaSubject::kTeam, j.team));
-          over = CheckQuota("team " + j.team, tq, UsageOf(all, "", j.team), {.device_hours = more});
+          over = CheckQuota("team " + j.team, tq, UsageOf(all, QuotaSubject::kTeam, j.team),
+                            {.device_hours = more});
         }
         if (!over.ok()) {
           AuditNow(audit_, caller.user, "job.modify", fmt::format("job/{}", j.id), "denied",
