@@ -15,6 +15,8 @@
 #include "api/internal/digest.h"
 #include "api/job_service.h"
 #include "api/permission_service.h"
+#include "api/plan_service.h"
+#include "api/plan_store.h"
 #include "api/quota_service.h"
 #include "api/roles_file.h"
 #include "api/rpc_guard.h"
@@ -125,6 +127,8 @@ struct Kcd::Impl {
   std::unique_ptr<AuditServiceImpl> audit_service;
   std::unique_ptr<TopologyServiceImpl> topology_service;
   std::unique_ptr<PoolServiceImpl> pool_service;
+  std::unique_ptr<PlanStore> plans;
+  std::unique_ptr<PlanServiceImpl> plan_service;
   std::unique_ptr<HealthService> health;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
@@ -152,6 +156,7 @@ Result<std::unique_ptr<Kcd>> Kcd::Start(const KcdOptions& o) {
   KC_ASSIGN_OR_RETURN(impl->tokens, TokenStore::Open((dir / "kcd.db").string()));
   KC_ASSIGN_OR_RETURN(impl->jobs, JobStore::Open((dir / "kcd.db").string()));
   KC_ASSIGN_OR_RETURN(impl->quotas, QuotaStore::Open((dir / "kcd.db").string()));
+  KC_ASSIGN_OR_RETURN(impl->plans, PlanStore::Open((dir / "kcd.db").string()));
   KC_ASSIGN_OR_RETURN(impl->audit, AuditLog::Open((dir / "audit.db").string()));
   // A change of the roles file between starts is recorded as such.
   const std::string roles_hash = Sha256Hex(roles_text);
@@ -170,6 +175,7 @@ Result<std::unique_ptr<Kcd>> Kcd::Start(const KcdOptions& o) {
                                          .tokens = impl->tokens.get(),
                                          .audit = impl->audit.get(),
                                          .roles = &impl->roles,
+                                         .plans = impl->plans.get(),
                                          .heartbeat_period_s = o.heartbeat_period_s,
                                          .lost_after_s = o.agent_lost_after_s,
                                          .check_period_s = o.check_period_s}));
@@ -178,6 +184,9 @@ Result<std::unique_ptr<Kcd>> Kcd::Start(const KcdOptions& o) {
   impl->job_service =
       std::make_unique<JobServiceImpl>(impl->guard.get(), impl->jobs.get(), impl->quotas.get(),
                                        impl->audit.get(), impl->dispatcher.get());
+  impl->plan_service =
+      std::make_unique<PlanServiceImpl>(impl->guard.get(), impl->jobs.get(), impl->plans.get(),
+                                        impl->audit.get(), impl->dispatcher.get());
   impl->cluster_dir = std::make_unique<ClusterDir>(o.dir);
   impl->quota_service = std::make_unique<QuotaServiceImpl>(
       impl->guard.get(), &impl->roles, impl->quotas.get(), impl->jobs.get(), impl->audit.get());
@@ -192,6 +201,7 @@ Result<std::unique_ptr<Kcd>> Kcd::Start(const KcdOptions& o) {
       {kc::v1::PermissionService::service_full_name(), impl->permission.get()},
       {kc::v1::JobService::service_full_name(), impl->job_service.get()},
       {kc::v1::AgentService::service_full_name(), impl->agent_service.get()},
+      {kc::v1::PlanService::service_full_name(), impl->plan_service.get()},
       {kc::v1::QuotaService::service_full_name(), impl->quota_service.get()},
       {kc::v1::AuditService::service_full_name(), impl->audit_service.get()},
       {kc::v1::TopologyService::service_full_name(), impl->topology_service.get()},

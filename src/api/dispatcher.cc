@@ -19,6 +19,11 @@
 #include "base/mutex.h"
 #include "hal/inventory.h"
 #include "hal/topology.h"
+#include "parallel/model_spec.h"
+#include "parallel/plan.h"
+#include "parallel/planner/approval.h"
+#include "parallel/planner/cluster.h"
+#include "parallel/planner/search.h"
 #include "sched/scheduler.h"
 
 namespace kc::api {
@@ -99,6 +104,7 @@ struct Dispatcher::Impl {
   std::unique_ptr<hal::Topology> topology;  // null: no topology yet
   std::unique_ptr<sched::Scheduler> scheduler;
   std::vector<std::vector<int>> host_devices;  // per host index: its devices, in order
+  parallel::planner::ApprovalLimits limits;    // zeros: none
 
   Mutex mu;
   CondVar wake;
@@ -234,6 +240,47 @@ struct Dispatcher::Impl {
     return OkStatus();
   }
 
+  // The planner's plan for job `j` on its devices (data-parallel, as the engine runs on CPU
+  // slices), with its estimates, checked against the approval limits.
+  PlanRecord PlanJob(const JobRecord& j, const JobSpec& spec) const {
+    namespace pl = parallel::planner;
+    PlanRecord rec{.job = j.id};
+    Result<parallel::ModelSpec> model = parallel::LoadModelSpecFromString(spec.model_yaml, "model");
+    Result<pl::PlannerCluster> cluster = pl::ClusterFromTopology(*topology);
+    if (!model.ok() || !cluster.ok()) {
+      rec.summary = fmt::format("not planned: {}",
+                                (model.ok() ? cluster.status() : model.status()).message());
+      return rec;
+    }
+    cluster->spec.devices = spec.ranks;
+    cluster->spec.devices_per_node = std::min(cluster->spec.devices_per_node, spec.ranks);
+    pl::SearchConstraints c;
+    c.fixed_t = 1;
+    c.max_p = 1;
+    c.allow_recompute = false;
+    c.max_zero_stage = 1;
+    const int64_t batch =
+        spec.global_batch > 0 ? spec.global_batch : model->batch_per_rank * spec.ranks;
+    Result<pl::SearchResult> found =
+        pl::SearchPlans(*model, cluster->spec, batch, c, cluster->options, 1);
+    if (!found.ok() || found->ranked.empty()) {
+      rec.summary =
+          fmt::format("no plan found: {}", found.ok() ? "none fits" : found.status().message());
+      return rec;
+    }
+    const pl::RankedPlan& best = found->ranked.front();
+    const pl::ApprovalVerdict v = pl::CheckApproval(best.plan, best.estimate, spec.steps, limits);
+    rec.plan_yaml = parallel::PlanToYaml(best.plan);
+    rec.summary = fmt::format(
+        "{} devices; {:.3f} s a step predicted ({:.2f} h for {} steps); {:.2f} GB per device; "
+        "{:.3f} GB sent a step",
+        v.devices, best.estimate.step_time_s, v.runtime_s / 3600, v.steps,
+        v.memory_bytes_per_device / 1e9, v.comm_bytes_per_step / 1e9);
+    rec.approval_required = v.required;
+    rec.reasons = v.reasons;
+    return rec;
+  }
+
   // Hands job `j` (pending, or queued without a scheduler submission) to the scheduler.
   void Admit(const JobRecord& j, double now) KC_REQUIRES(mu) {
     const std::string where = fmt::format("job/{}", j.id);
@@ -247,6 +294,16 @@ struct Dispatcher::Impl {
     if (!spec.ok()) {
       Move(j.id, JobPhase::kFailed, fmt::format("cannot run: {}", spec.status().message()));
       return;
+    }
+    if (j.phase == JobPhase::kPending && o.plans != nullptr) {
+      // The planner's plan; past the approval limits the job waits for a resource admin.
+      const PlanRecord plan = PlanJob(j, *spec);
+      if (Status s = o.plans->Put(plan); !s.ok()) KC_LOG(WARNING) << s.message();
+      if (plan.approval_required) {
+        Move(j.id, JobPhase::kApprovalRequired,
+             fmt::format("approval required: {}", fmt::join(plan.reasons, "; ")));
+        return;
+      }
     }
     const std::string id = fmt::format("job-{}.{}", j.id, ++submissions);
     sched::JobRequest req{
@@ -469,6 +526,10 @@ Result<std::unique_ptr<Dispatcher>> Dispatcher::Start(DispatcherOptions o) {
                              .rest = true});
     }
     KC_ASSIGN_OR_RETURN(m.scheduler, sched::Scheduler::Create(m.topology.get(), pools, {}));
+    if (fs::exists(dir / "plan-approval.yaml")) {
+      KC_ASSIGN_OR_RETURN(
+          m.limits, parallel::planner::LoadApprovalLimits((dir / "plan-approval.yaml").string()));
+    }
     m.host_devices.resize(m.topology->hosts().size());
     for (int d = 0; d < m.topology->num_devices(); ++d) {
       m.host_devices[m.topology->host_of(d)].push_back(d);

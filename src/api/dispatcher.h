@@ -12,6 +12,7 @@
 
 #include "api/audit_log.h"
 #include "api/job_store.h"
+#include "api/plan_store.h"
 #include "api/roles_file.h"
 #include "api/tokens.h"
 #include "base/status.h"
@@ -26,6 +27,7 @@ struct DispatcherOptions {
   TokenStore* tokens = nullptr;
   AuditLog* audit = nullptr;
   const RolesConfig* roles = nullptr;
+  PlanStore* plans = nullptr;       // null: jobs are not planned
   double heartbeat_period_s = 0.2;  // what agents are told
   double lost_after_s = 10;         // silence after which an agent's jobs go back to the queue
   double check_period_s = 1;        // execution-time permission checks, per running job
@@ -36,9 +38,11 @@ struct DispatcherOptions {
 // thread runs the passes.
 class Dispatcher {
  public:
-  // Reads DIR/topology.yaml (without one, jobs wait with the reason "no topology") and
-  // DIR/pools.yaml (default: one pool of every device), adopts the runs recorded by a previous
-  // kcd, and starts passing. kInvalidArgument naming the file for a bad topology or pools file.
+  // Reads DIR/topology.yaml (without one, jobs wait with the reason "no topology"),
+  // DIR/pools.yaml (default: one pool of every device) and DIR/plan-approval.yaml (default: no
+  // limits; a new job whose plan passes them waits in approval_required), adopts the runs recorded
+  // by a previous kcd, and starts passing. kInvalidArgument naming the file for a bad topology or
+  // pools file.
   static Result<std::unique_ptr<Dispatcher>> Start(DispatcherOptions options);
   ~Dispatcher();  // stops the passes
   Dispatcher(const Dispatcher&) = delete;
