@@ -229,7 +229,12 @@ struct Agent::Impl {
       return fail(fmt::format("fork: {}", strerror(errno)));
     }
     if (pid == 0) {
-      // The child: only async-signal-safe calls until exec.
+      // The child: only async-signal-safe calls until exec. Its signal mask is the agent
+      // thread's, inherited through exec: a caller that blocked SIGTERM for sigwait (kc agent,
+      // kc up) would leave the job deaf to its stop order until the SIGKILL.
+      sigset_t none;
+      sigemptyset(&none);
+      pthread_sigmask(SIG_SETMASK, &none, nullptr);
       setsid();
       dup2(pipefd[1], 1);
       dup2(pipefd[1], 2);

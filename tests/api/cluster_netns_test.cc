@@ -21,6 +21,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "tests/support/daemon.h"
 #include "tests/support/kc_run.h"
@@ -160,6 +161,26 @@ class ClusterNetnsTest : public ::testing::Test {
     return n;
   }
 
+  // Whether a process whose command line names `path` (a host's work directory) blocks
+  // SIGTERM, and whether there is one.
+  static std::pair<bool, bool> SomeProcessOfBlocksSigterm(const std::string& path) {
+    bool found = false, blocked = false;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+      std::ifstream in(e.path() / "cmdline");
+      const std::string cmdline((std::istreambuf_iterator<char>(in)),
+                                std::istreambuf_iterator<char>());
+      if (cmdline.find(path + "/") == std::string::npos) continue;
+      std::ifstream status(e.path() / "status");
+      for (std::string line; std::getline(status, line);) {
+        if (line.rfind("SigBlk:", 0) != 0) continue;
+        found = true;
+        blocked |= (std::stoull(line.substr(7), nullptr, 16) >> (SIGTERM - 1)) & 1;
+      }
+    }
+    return {found, blocked};
+  }
+
   // Runs kc inside namespace `ns` (the host namespace has no route to kcd) with this test's
   // configuration directory (its login).
   KcRun Kc(const std::string& ns, const std::string& args) {
@@ -234,6 +255,10 @@ TEST_F(ClusterNetnsTest, AgentsInTwoNamespacesRunJobsSideBySide) {
   EXPECT_EQ(Show(first)["phase"], "running");  // still, while the second runs
   const std::set<std::string> hosts = {a["host"].get<std::string>(), b["host"].get<std::string>()};
   EXPECT_EQ(hosts, (std::set<std::string>{"h1", "h2"}));
+  // Their processes hear the SIGTERM a stop order sends (the agent blocks it for itself).
+  for (const std::string& work : {w1_, w2_}) {
+    EXPECT_EQ(SomeProcessOfBlocksSigterm(work), std::make_pair(true, false)) << work;
+  }
 
   for (int64_t id : {first, second}) {
     KcRun cancel = Kc(hosts_.b(), fmt::format("job cancel {}", id));
