@@ -93,8 +93,9 @@ struct Agent::Impl {
     kc::v1::RegisterAgentRequest req;
     req.set_host(o.host);
     req.set_devices(o.devices);
+    // Every run kcd has not heard the end of, ended ones too: left out, kcd would take one
+    // for lost with a previous agent and queue it again before its end is reported.
     for (auto& [id, j] : jobs) {
-      if (j.ended) continue;
       Report* r = req.add_jobs();
       r->set_job(id);
       r->set_run(j.order.run());
