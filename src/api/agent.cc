@@ -93,8 +93,9 @@ struct Agent::Impl {
     kc::v1::RegisterAgentRequest req;
     req.set_host(o.host);
     req.set_devices(o.devices);
+    // Every run kcd has not heard the end of, ended ones too: left out, kcd would take one
+    // for lost with a previous agent and queue it again before its end is reported.
     for (auto& [id, j] : jobs) {
-      if (j.ended) continue;
       Report* r = req.add_jobs();
       r->set_job(id);
       r->set_run(j.order.run());
@@ -229,7 +230,12 @@ struct Agent::Impl {
       return fail(fmt::format("fork: {}", strerror(errno)));
     }
     if (pid == 0) {
-      // The child: only async-signal-safe calls until exec.
+      // The child: only async-signal-safe calls until exec. Its signal mask is the agent
+      // thread's, inherited through exec: a caller that blocked SIGTERM for sigwait (kc agent,
+      // kc up) would leave the job deaf to its stop order until the SIGKILL.
+      sigset_t none;
+      sigemptyset(&none);
+      pthread_sigmask(SIG_SETMASK, &none, nullptr);
       setsid();
       dup2(pipefd[1], 1);
       dup2(pipefd[1], 2);

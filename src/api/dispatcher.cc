@@ -685,6 +685,11 @@ Result<kc::v1::AgentHeartbeatResponse> Dispatcher::Heartbeat(
           m.EndRun(run.job);
           break;
         }
+        // A run that ended within one heartbeat was never reported running: it ran, and only
+        // a running job may succeed.
+        if (r.state() == kc::v1::AgentJobReport::STATE_EXITED && run.running_since_s < 0) {
+          m.Move(run.job, JobPhase::kRunning, fmt::format("running on {}", run.host));
+        }
         m.Release(run.job, now);
         m.EndRun(run.job);
         if (r.state() == kc::v1::AgentJobReport::STATE_EXITED && r.exit_code() == 0) {

@@ -1,0 +1,320 @@
+// A cluster across two hosts made of Linux network namespaces joined by a veth pair: kcd and
+// the agent of host h1 in one, the agent of host h2 in the other, every kc command through a
+// namespace. Jobs run side by side on both hosts; a job on a host whose agent dies goes back to
+// the queue and resumes on the other host from its last checkpoint (the hosts' work
+// directories share a checkpoint directory, as hosts share a file system). Needs root and
+// iproute2; skips itself otherwise. Every namespace and process it makes, it removes.
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "tests/support/daemon.h"
+#include "tests/support/kc_run.h"
+#include "tests/support/netns.h"
+#include "tests/support/temp_dir.h"
+
+namespace kc::api {
+namespace {
+
+using kc::testing::Daemon;
+using kc::testing::KcRun;
+using kc::testing::TempDir;
+using kc::testing::TwoHosts;
+using ::testing::HasSubstr;
+
+// A model that steps in milliseconds on two cores.
+constexpr char kMicroModel[] = R"(name: micro
+layers: 1
+hidden: 64
+heads: 2
+vocab: 257
+seq_len: 32
+batch_per_rank: 4
+)";
+
+// Two hosts of two CPU devices each.
+constexpr char kTwoHosts[] = R"(name: test
+models:
+  cpu-slice: {kind: cpu, memory_gb: 4, peak_tflops_fp32: 0.1, peak_tflops_bf16: 0,
+              memory_bandwidth_gbs: 10}
+hosts:
+  - {name: h1, model: cpu-slice, count: 2, network: {bandwidth_gbs: 1, latency_us: 50}}
+  - {name: h2, model: cpu-slice, count: 2, network: {bandwidth_gbs: 1, latency_us: 50}}
+)";
+
+class ClusterNetnsTest : public ::testing::Test {
+ protected:
+  // The training data both hosts' agents read: a small corpus, prepared once.
+  static void SetUpTestSuite() {
+    data_ = new TempDir("kc_netns_data");
+    std::mt19937 rng(1);
+    const char* words[] = {"the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog"};
+    std::string text;
+    for (int line = 0; line < 3000; ++line) {
+      for (int w = 0; w < 12; ++w) text += std::string(words[rng() % 9]) + (w < 11 ? " " : "\n");
+    }
+    const std::string corpus = data_->Write("corpus.txt", text);
+    KcRun r = kc::testing::RunKc(KC_BINARY,
+                                 "data prepare --out " + data_->Path("fortunes") + " " + corpus);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+  static void TearDownTestSuite() {
+    delete data_;
+    data_ = nullptr;
+  }
+
+  ClusterNetnsTest() : dir_("kc_netns_cluster") {}
+
+  // kc init with kcd's certificate for ip_a, kcd in namespace a, a login, and the agents of
+  // h1 (namespace a) and h2 (namespace b).
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root for network namespaces";
+    if (!hosts_.ok()) GTEST_SKIP() << "cannot create network namespaces and veth here";
+    model_ = dir_.Write("micro.yaml", kMicroModel);
+    cluster_ = dir_.Path("cluster");
+    w1_ = dir_.Path("w1");
+    w2_ = dir_.Path("w2");
+    // Both hosts' `shared` is one directory, where the jobs keep their checkpoints.
+    std::filesystem::create_directories(dir_.Path("shared"));
+    std::filesystem::create_directories(w1_);
+    std::filesystem::create_directories(w2_);
+    std::filesystem::create_directory_symlink(dir_.Path("shared"), w1_ + "/shared");
+    std::filesystem::create_directory_symlink(dir_.Path("shared"), w2_ + "/shared");
+
+    KcRun init = kc::testing::RunKc(KC_BINARY,
+                                    fmt::format("init {} --inventory {} --host {}", cluster_,
+                                                dir_.Write("inv.yaml", kTwoHosts), hosts_.ip_a()));
+    ASSERT_EQ(init.exit_code, 0) << init.err;
+
+    kcd_ = std::make_unique<Daemon>(
+        fmt::format("ip netns exec {} {} --dir {} --listen {}:0 --agent-lost-after 2", hosts_.a(),
+                    KCD_BINARY, cluster_, hosts_.ip_a()));
+    const std::string line = kcd_->WaitForLine("listening on");
+    const size_t colon = line.rfind(':');
+    ASSERT_NE(colon, std::string::npos) << kcd_->output();
+    const std::string port = line.substr(colon + 1, line.find(' ', colon) - colon - 1);
+    ASSERT_FALSE(port.empty()) << kcd_->output();
+
+    KcRun login = Kc(hosts_.b(), fmt::format("login --server {}:{} --ca {}/tls/ca.pem "
+                                             "--token-file {}/admin.token",
+                                             hosts_.ip_a(), port, cluster_, cluster_));
+    ASSERT_EQ(login.exit_code, 0) << login.err;
+    EXPECT_THAT(login.out, HasSubstr("as admin"));
+
+    agent1_ = StartAgent(hosts_.a(), "h1", w1_);
+    agent2_ = StartAgent(hosts_.b(), "h2", w2_);
+    ASSERT_THAT(agent1_->WaitForLine("kc agent:"), HasSubstr("host h1 with 2 devices"));
+    ASSERT_THAT(agent2_->WaitForLine("kc agent:"), HasSubstr("host h2 with 2 devices"));
+  }
+
+  // Stops the agents (which stop their jobs) and kcd, then whatever a killed agent left behind.
+  void TearDown() override {
+    for (std::unique_ptr<Daemon>* d : {&agent1_, &agent2_, &kcd_}) {
+      if (*d != nullptr) (*d)->Stop(SIGTERM);
+    }
+    KillProcessGroupsOf(w1_);
+    KillProcessGroupsOf(w2_);
+  }
+
+  std::unique_ptr<Daemon> StartAgent(const std::string& ns, const std::string& host,
+                                     const std::string& work) {
+    return std::make_unique<Daemon>(fmt::format(
+        "ip netns exec {} env XDG_CONFIG_HOME={} {} agent --host {} --devices 2 --work {} "
+        "--data-root {}",
+        ns, dir_.Path("config"), KC_BINARY, host, work, data_->path()));
+  }
+
+  // Kills the process groups of every process whose command line names `path` (a host's work
+  // directory): the `kc train` sessions an agent started. Returns how many processes named it.
+  static int KillProcessGroupsOf(const std::string& path) {
+    if (path.empty()) return 0;
+    int n = 0;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+      const pid_t pid = std::stoi(name);
+      std::ifstream in(e.path() / "cmdline");
+      const std::string cmdline((std::istreambuf_iterator<char>(in)),
+                                std::istreambuf_iterator<char>());
+      if (pid == getpid() || cmdline.find(path + "/") == std::string::npos) continue;
+      const pid_t group = getpgid(pid);
+      if (group > 1 && group != getpgrp()) kill(-group, SIGKILL);
+      kill(pid, SIGKILL);
+      ++n;
+    }
+    return n;
+  }
+
+  // Whether a process whose command line names `path` (a host's work directory) blocks
+  // SIGTERM, and whether there is one.
+  static std::pair<bool, bool> SomeProcessOfBlocksSigterm(const std::string& path) {
+    bool found = false, blocked = false;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+      std::ifstream in(e.path() / "cmdline");
+      const std::string cmdline((std::istreambuf_iterator<char>(in)),
+                                std::istreambuf_iterator<char>());
+      if (cmdline.find(path + "/") == std::string::npos) continue;
+      std::ifstream status(e.path() / "status");
+      for (std::string line; std::getline(status, line);) {
+        if (line.rfind("SigBlk:", 0) != 0) continue;
+        found = true;
+        blocked |= (std::stoull(line.substr(7), nullptr, 16) >> (SIGTERM - 1)) & 1;
+      }
+    }
+    return {found, blocked};
+  }
+
+  // Runs kc inside namespace `ns` (the host namespace has no route to kcd) with this test's
+  // configuration directory (its login).
+  KcRun Kc(const std::string& ns, const std::string& args) {
+    return kc::testing::RunKc(fmt::format("ip netns exec {} env XDG_CONFIG_HOME={} {}", ns,
+                                          dir_.Path("config"), KC_BINARY),
+                              args);
+  }
+  KcRun Kc(const std::string& args) { return Kc(hosts_.a(), args); }
+
+  // A job file for the micro model, keeping its checkpoints in the hosts' shared directory.
+  std::string JobFile(const std::string& name, int64_t steps) {
+    return dir_.Write(name + ".yaml",
+                      fmt::format("name: {}\nmodel: {}\nranks: 2\nsteps: {}\ncheckpoint_every: "
+                                  "100\ncheckpoint_dir: shared/{}\n",
+                                  name, model_, steps, name));
+  }
+
+  int64_t Submit(const std::string& name, int64_t steps) {
+    KcRun r = Kc("submit " + JobFile(name, steps) + " --json");
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+    return j.is_object() ? Int(j, "id") : -1;
+  }
+
+  // The job as `kc job show --json` prints it.
+  nlohmann::json Show(int64_t id) {
+    KcRun r = Kc(fmt::format("job show {} --json", id));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return nlohmann::json::parse(r.out, nullptr, false);
+  }
+
+  // Polls the job until `done` holds for it (a remote phase: nothing local to wait on), for
+  // at most two minutes; returns the last view.
+  nlohmann::json Await(int64_t id, const std::function<bool(const nlohmann::json&)>& done) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(2);
+    nlohmann::json j;
+    while (std::chrono::steady_clock::now() < deadline) {
+      j = Show(id);
+      if (j.is_object() && done(j)) return j;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    ADD_FAILURE() << "job " << id << " never got there: " << j.dump();
+    return j;
+  }
+
+  static int64_t Int(const nlohmann::json& j, const char* key) {
+    // Protobuf's JSON writes 64-bit integers as strings.
+    const nlohmann::json& v = j.at(key);
+    return v.is_string() ? std::stoll(v.get<std::string>()) : v.get<int64_t>();
+  }
+
+  static bool RunningWithCheckpoint(const nlohmann::json& j) {
+    return j["phase"] == "running" && Int(j, "checkpoint_step") >= 100;
+  }
+
+  static TempDir* data_;
+  // Declared first: the namespaces go last, after every process in them.
+  TwoHosts hosts_;
+  TempDir dir_;
+  std::string model_, cluster_, w1_, w2_;
+  std::unique_ptr<Daemon> kcd_, agent1_, agent2_;
+};
+
+TempDir* ClusterNetnsTest::data_ = nullptr;
+
+TEST_F(ClusterNetnsTest, AgentsInTwoNamespacesRunJobsSideBySide) {
+  // Each job needs both devices of a host: the two run at once only on two hosts.
+  const int64_t first = Submit("first", 1000000);
+  const int64_t second = Submit("second", 1000000);
+  const nlohmann::json a = Await(first, RunningWithCheckpoint);
+  const nlohmann::json b = Await(second, RunningWithCheckpoint);
+  EXPECT_EQ(Show(first)["phase"], "running");  // still, while the second runs
+  const std::set<std::string> hosts = {a["host"].get<std::string>(), b["host"].get<std::string>()};
+  EXPECT_EQ(hosts, (std::set<std::string>{"h1", "h2"}));
+  // Their processes hear the SIGTERM a stop order sends (the agent blocks it for itself).
+  for (const std::string& work : {w1_, w2_}) {
+    EXPECT_EQ(SomeProcessOfBlocksSigterm(work), std::make_pair(true, false)) << work;
+  }
+
+  for (int64_t id : {first, second}) {
+    KcRun cancel = Kc(hosts_.b(), fmt::format("job cancel {}", id));
+    ASSERT_EQ(cancel.exit_code, 0) << cancel.err;
+    EXPECT_EQ(Show(id)["phase"], "cancelled");
+  }
+  // The devices are free again: a short job runs to the end.
+  KcRun short_job = Kc("submit " + JobFile("short", 3) + " --wait --json");
+  ASSERT_EQ(short_job.exit_code, 0) << short_job.err << short_job.out;
+  EXPECT_EQ(nlohmann::json::parse(short_job.out)["phase"], "succeeded");
+
+  EXPECT_EQ(agent2_->Stop(SIGTERM), 0);
+  EXPECT_EQ(agent1_->Stop(SIGTERM), 0);
+  EXPECT_EQ(kcd_->Stop(SIGTERM), 0);
+}
+
+TEST_F(ClusterNetnsTest, AJobOnALostHostResumesOnTheOtherHost) {
+  const int64_t first = Submit("first", 1000000);
+  const int64_t second = Submit("second", 1000000);
+  const nlohmann::json a = Await(first, RunningWithCheckpoint);
+  const nlohmann::json b = Await(second, RunningWithCheckpoint);
+  // Keep the job on h2; cancel the other, freeing h1.
+  const bool first_on_h2 = a["host"] == "h2";
+  const int64_t on_h2 = first_on_h2 ? first : second;
+  const int64_t on_h1 = first_on_h2 ? second : first;
+  ASSERT_EQ((first_on_h2 ? b : a)["host"], "h1");
+  ASSERT_EQ(Kc(fmt::format("job cancel {}", on_h1)).exit_code, 0);
+  Await(on_h1, [](const nlohmann::json& j) { return j["phase"] == "cancelled"; });
+
+  // h2's agent dies. Its job's processes keep running in their own session (an agent killed
+  // outright does not take them along); a host lost takes them with it, so the test kills
+  // them too.
+  agent2_->Stop(SIGKILL);
+  const int orphans = KillProcessGroupsOf(w2_);
+  std::cerr << "killed " << orphans << " process(es) left behind by h2's dead agent\n";
+
+  const nlohmann::json j = Await(
+      on_h2, [](const nlohmann::json& x) { return x["phase"] == "running" && x["host"] == "h1"; });
+  bool requeued = false;
+  for (const nlohmann::json& e : j["history"]) {
+    requeued |= e["phase"] == "queued" &&
+                e["reason"].get<std::string>().find("host h2 lost") != std::string::npos;
+  }
+  EXPECT_TRUE(requeued) << j.dump();
+  // It went on from its checkpoint in the shared directory, not from step 0.
+  Await(on_h2, [&](const nlohmann::json&) {
+    return Kc(fmt::format("job logs {}", on_h2)).out.find("kc train: resuming from") !=
+           std::string::npos;
+  });
+
+  KcRun cancel = Kc(fmt::format("job cancel {}", on_h2));
+  ASSERT_EQ(cancel.exit_code, 0) << cancel.err;
+  EXPECT_EQ(Show(on_h2)["phase"], "cancelled");
+  EXPECT_EQ(agent1_->Stop(SIGTERM), 0);
+  EXPECT_EQ(kcd_->Stop(SIGTERM), 0);
+}
+
+}  // namespace
+}  // namespace kc::api
