@@ -5,11 +5,13 @@
 #include <google/protobuf/message.h>
 #include <grpcpp/grpcpp.h>
 
+#include <iostream>
 #include <memory>
 #include <string>
 #include <string_view>
 
 #include "api/client.h"
+#include "apps/kc/command.h"
 #include "base/status.h"
 
 namespace kc::app {
@@ -44,5 +46,24 @@ struct Session {
     return api::FromGrpc((stub.*method)(&ctx, req, resp));
   }
 };
+
+// A whole command that makes one call: opens the session of `login`, calls `method` with
+// `req` and prints the reply, as JSON with `json`, else with `print(reply)`. Returns the exit
+// code; a failure is reported as `kc: WHAT: message` (Fail).
+template <typename Stub, typename Req, typename Resp, typename Print>
+int CallAndPrint(std::string_view what, const std::string& login, bool json,
+                 grpc::Status (Stub::*method)(grpc::ClientContext*, const Req&, Resp*),
+                 const Req& req, Print print) {
+  Result<Session> s = Session::Open(login);
+  if (!s.ok()) return Fail(what, s.status());
+  Resp resp;
+  if (Status st = s->Call(method, req, &resp); !st.ok()) return Fail(what, st);
+  if (json) {
+    std::cout << ToJson(resp) << "\n";
+  } else {
+    print(resp);
+  }
+  return kExitOk;
+}
 
 }  // namespace kc::app
