@@ -17,6 +17,7 @@
 
 #include "api/audit_log.h"
 #include "tests/support/daemon.h"
+#include "tests/support/inventories.h"
 #include "tests/support/kc_run.h"
 #include "tests/support/temp_dir.h"
 
@@ -25,6 +26,7 @@ namespace {
 
 using kc::testing::Daemon;
 using kc::testing::KcRun;
+using kc::testing::kTwoCpuHosts;
 using kc::testing::TempDir;
 using ::testing::HasSubstr;
 
@@ -36,16 +38,6 @@ heads: 2
 vocab: 257
 seq_len: 32
 batch_per_rank: 4
-)";
-
-// Two hosts of two CPU devices each.
-constexpr char kTwoHosts[] = R"(name: test
-models:
-  cpu-slice: {kind: cpu, memory_gb: 4, peak_tflops_fp32: 0.1, peak_tflops_bf16: 0,
-              memory_bandwidth_gbs: 10}
-hosts:
-  - {name: h1, model: cpu-slice, count: 2, network: {bandwidth_gbs: 1, latency_us: 50}}
-  - {name: h2, model: cpu-slice, count: 2, network: {bandwidth_gbs: 1, latency_us: 50}}
 )";
 
 std::string Read(const std::string& path) {
@@ -213,7 +205,7 @@ TEST_F(ClusterTest, PauseResumeAndCancelAJob) {
 TEST_F(ClusterTest, ARightRevokedWhileRunningStopsTheJobAtItsNextCheck) {
   // kcd and an agent apart, as on a real cluster: kcd is restarted, the agent is not.
   const std::string cluster = dir_.Path("cluster");
-  ASSERT_EQ(Kc(fmt::format("init {} --inventory {}", cluster, dir_.Write("inv.yaml", kTwoHosts)))
+  ASSERT_EQ(Kc(fmt::format("init {} --inventory {}", cluster, dir_.Write("inv.yaml", kTwoCpuHosts)))
                 .exit_code,
             0);
   const std::string roles = Read(cluster + "/roles.yaml");
