@@ -1,4 +1,5 @@
-// `kc audit verify|show`: check and read an audit log (docs/operations/roles.md).
+// `kc audit verify|show|query`: check and read an audit log, a file or kcd's
+// (docs/operations/roles.md).
 #pragma once
 
 #include <CLI/CLI.hpp>

@@ -2,7 +2,6 @@
 #include "apps/kc/cluster_commands.h"
 
 #include <fmt/format.h>
-#include <google/protobuf/util/json_util.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -22,6 +21,7 @@
 #include "api/roles_file.h"
 #include "api/rpc_guard.h"
 #include "api/tokens.h"
+#include "apps/kc/kcd_client.h"
 #include "base/file.h"
 #include "hal/cpu_devices.h"
 #include "hal/host_probe.h"
@@ -34,48 +34,6 @@ namespace kc::app {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string LoginPath(const std::string& flag) {
-  return flag.empty() ? UserConfigPath("login.json") : flag;
-}
-
-// Prints `s` as `kc: WHAT: message` and returns the exit code for it.
-int Fail(std::string_view what, const Status& s) {
-  std::cerr << "kc: " << what << ": " << s.message() << "\n";
-  return s.code() == ErrorCode::kInvalidArgument || s.code() == ErrorCode::kNotFound ? kExitBadInput
-                                                                                     : kExitFailure;
-}
-
-// A connection to kcd as the logged-in user.
-struct Session {
-  api::ClientConfig config;
-  std::unique_ptr<kc::v1::JobService::Stub> jobs;
-
-  static Result<Session> Open(const std::string& login) {
-    Session s;
-    KC_ASSIGN_OR_RETURN(s.config, api::LoadClientConfig(LoginPath(login)));
-    KC_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel, api::ConnectToKcd(s.config));
-    s.jobs = kc::v1::JobService::NewStub(channel);
-    return s;
-  }
-
-  // Calls `method` on the job service with the user's token.
-  template <typename Req, typename Resp, typename Method>
-  Status Call(Method method, const Req& req, Resp* resp) {
-    grpc::ClientContext ctx;
-    api::PrepareCall(config, &ctx);
-    return api::FromGrpc(((*jobs).*method)(&ctx, req, resp));
-  }
-};
-
-std::string ToJson(const google::protobuf::Message& m) {
-  std::string out;
-  google::protobuf::util::JsonPrintOptions o;
-  o.preserve_proto_field_names = true;
-  o.always_print_primitive_fields = true;
-  (void)google::protobuf::util::MessageToJsonString(m, &out, o);  // our own messages: cannot fail
-  return out;
-}
 
 std::string Age(double since_s) {
   const double s = static_cast<double>(std::time(nullptr)) - since_s;

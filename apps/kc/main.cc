@@ -4,6 +4,7 @@
 #include <iostream>
 #include <string>
 
+#include "apps/kc/admin_commands.h"
 #include "apps/kc/audit_command.h"
 #include "apps/kc/bench_command.h"
 #include "apps/kc/ckpt_command.h"
@@ -75,6 +76,7 @@ int main(int argc, char** argv) {
   AddAuditCommand(app, &action);
   AddInitCommand(app, &action);
   AddClusterCommands(app, &action);
+  AddAdminCommands(app, &action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {

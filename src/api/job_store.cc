@@ -97,7 +97,7 @@ bool AllowedTransition(JobPhase from, JobPhase to) {
     case P::kApprovalRequired:
       return to == P::kQueued;
     case P::kQueued:
-      return to == P::kRunning;
+      return to == P::kRunning || to == P::kPaused;
     case P::kRunning:
       return to == P::kPaused || to == P::kSucceeded || to == P::kQueued;
     case P::kPaused:

@@ -32,7 +32,8 @@ std::string_view JobPhaseName(JobPhase p);  // "pending", "approval_required", .
 std::optional<JobPhase> JobPhaseFromName(std::string_view name);
 bool IsTerminal(JobPhase p);  // succeeded, failed, cancelled
 // Whether a job may go from `from` to `to` (the diagram above, plus cancelled and failed from
-// any phase that is not terminal, and running back to queued when its devices are lost).
+// any phase that is not terminal, running back to queued when its devices are lost, and
+// queued to paused: a job paused before it started).
 bool AllowedTransition(JobPhase from, JobPhase to);
 
 struct JobRecord {

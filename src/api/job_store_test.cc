@@ -68,7 +68,8 @@ TEST(JobStoreTest, TheLifecycleAllowsOnlyItsTransitions) {
   EXPECT_TRUE(AllowedTransition(P::kRunning, P::kQueued));  // devices lost: back to the queue
   EXPECT_TRUE(AllowedTransition(P::kPaused, P::kCancelled));
   EXPECT_FALSE(AllowedTransition(P::kPending, P::kRunning));
-  EXPECT_FALSE(AllowedTransition(P::kQueued, P::kPaused));
+  EXPECT_TRUE(AllowedTransition(P::kQueued, P::kPaused));  // paused before it started
+  EXPECT_FALSE(AllowedTransition(P::kQueued, P::kSucceeded));
   for (P t : {P::kSucceeded, P::kFailed, P::kCancelled}) {
     for (int to = 0; to < 8; ++to) EXPECT_FALSE(AllowedTransition(t, static_cast<P>(to)));
   }

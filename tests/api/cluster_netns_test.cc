@@ -24,6 +24,7 @@
 #include <utility>
 
 #include "tests/support/daemon.h"
+#include "tests/support/inventories.h"
 #include "tests/support/kc_run.h"
 #include "tests/support/netns.h"
 #include "tests/support/temp_dir.h"
@@ -37,40 +38,12 @@ using kc::testing::TempDir;
 using kc::testing::TwoHosts;
 using ::testing::HasSubstr;
 
-// A model that steps in milliseconds on two cores.
-constexpr char kMicroModel[] = R"(name: micro
-layers: 1
-hidden: 64
-heads: 2
-vocab: 257
-seq_len: 32
-batch_per_rank: 4
-)";
-
-// Two hosts of two CPU devices each.
-constexpr char kTwoHosts[] = R"(name: test
-models:
-  cpu-slice: {kind: cpu, memory_gb: 4, peak_tflops_fp32: 0.1, peak_tflops_bf16: 0,
-              memory_bandwidth_gbs: 10}
-hosts:
-  - {name: h1, model: cpu-slice, count: 2, network: {bandwidth_gbs: 1, latency_us: 50}}
-  - {name: h2, model: cpu-slice, count: 2, network: {bandwidth_gbs: 1, latency_us: 50}}
-)";
-
 class ClusterNetnsTest : public ::testing::Test {
  protected:
   // The training data both hosts' agents read: a small corpus, prepared once.
   static void SetUpTestSuite() {
     data_ = new TempDir("kc_netns_data");
-    std::mt19937 rng(1);
-    const char* words[] = {"the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog"};
-    std::string text;
-    for (int line = 0; line < 3000; ++line) {
-      for (int w = 0; w < 12; ++w) text += std::string(words[rng() % 9]) + (w < 11 ? " " : "\n");
-    }
-    const std::string corpus = data_->Write("corpus.txt", text);
-    KcRun r = kc::testing::RunKc(KC_BINARY,
-                                 "data prepare --out " + data_->Path("fortunes") + " " + corpus);
+    KcRun r = kc::testing::PrepareMicroData(KC_BINARY, *data_);
     ASSERT_EQ(r.exit_code, 0) << r.err;
   }
   static void TearDownTestSuite() {
@@ -85,7 +58,7 @@ class ClusterNetnsTest : public ::testing::Test {
   void SetUp() override {
     if (geteuid() != 0) GTEST_SKIP() << "needs root for network namespaces";
     if (!hosts_.ok()) GTEST_SKIP() << "cannot create network namespaces and veth here";
-    model_ = dir_.Write("micro.yaml", kMicroModel);
+    model_ = dir_.Write("micro.yaml", kc::testing::kMicroModel);
     cluster_ = dir_.Path("cluster");
     w1_ = dir_.Path("w1");
     w2_ = dir_.Path("w2");
@@ -96,9 +69,9 @@ class ClusterNetnsTest : public ::testing::Test {
     std::filesystem::create_directory_symlink(dir_.Path("shared"), w1_ + "/shared");
     std::filesystem::create_directory_symlink(dir_.Path("shared"), w2_ + "/shared");
 
-    KcRun init = kc::testing::RunKc(KC_BINARY,
-                                    fmt::format("init {} --inventory {} --host {}", cluster_,
-                                                dir_.Write("inv.yaml", kTwoHosts), hosts_.ip_a()));
+    KcRun init = kc::testing::RunKc(
+        KC_BINARY, fmt::format("init {} --inventory {} --host {}", cluster_,
+                               dir_.Write("inv.yaml", kc::testing::kTwoCpuHosts), hosts_.ip_a()));
     ASSERT_EQ(init.exit_code, 0) << init.err;
 
     kcd_ = std::make_unique<Daemon>(

@@ -17,6 +17,7 @@
 
 #include "api/audit_log.h"
 #include "tests/support/daemon.h"
+#include "tests/support/inventories.h"
 #include "tests/support/kc_run.h"
 #include "tests/support/temp_dir.h"
 
@@ -25,28 +26,9 @@ namespace {
 
 using kc::testing::Daemon;
 using kc::testing::KcRun;
+using kc::testing::kTwoCpuHosts;
 using kc::testing::TempDir;
 using ::testing::HasSubstr;
-
-// A model that steps in milliseconds on two cores.
-constexpr char kMicroModel[] = R"(name: micro
-layers: 1
-hidden: 64
-heads: 2
-vocab: 257
-seq_len: 32
-batch_per_rank: 4
-)";
-
-// Two hosts of two CPU devices each.
-constexpr char kTwoHosts[] = R"(name: test
-models:
-  cpu-slice: {kind: cpu, memory_gb: 4, peak_tflops_fp32: 0.1, peak_tflops_bf16: 0,
-              memory_bandwidth_gbs: 10}
-hosts:
-  - {name: h1, model: cpu-slice, count: 2, network: {bandwidth_gbs: 1, latency_us: 50}}
-  - {name: h2, model: cpu-slice, count: 2, network: {bandwidth_gbs: 1, latency_us: 50}}
-)";
 
 std::string Read(const std::string& path) {
   std::ifstream in(path);
@@ -60,15 +42,7 @@ class ClusterTest : public ::testing::Test {
   // The training data every test's agents read: a small corpus, prepared once.
   static void SetUpTestSuite() {
     data_ = new TempDir("kc_cluster_data");
-    std::mt19937 rng(1);
-    const char* words[] = {"the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog"};
-    std::string text;
-    for (int line = 0; line < 3000; ++line) {
-      for (int w = 0; w < 12; ++w) text += std::string(words[rng() % 9]) + (w < 11 ? " " : "\n");
-    }
-    const std::string corpus = data_->Write("corpus.txt", text);
-    KcRun r = kc::testing::RunKc(KC_BINARY,
-                                 "data prepare --out " + data_->Path("fortunes") + " " + corpus);
+    KcRun r = kc::testing::PrepareMicroData(KC_BINARY, *data_);
     ASSERT_EQ(r.exit_code, 0) << r.err;
   }
   static void TearDownTestSuite() {
@@ -76,7 +50,9 @@ class ClusterTest : public ::testing::Test {
     data_ = nullptr;
   }
 
-  ClusterTest() : dir_("kc_cluster") { model_ = dir_.Write("micro.yaml", kMicroModel); }
+  ClusterTest() : dir_("kc_cluster") {
+    model_ = dir_.Write("micro.yaml", kc::testing::kMicroModel);
+  }
 
   // Runs kc with this test's configuration directory (its login).
   KcRun Kc(const std::string& args) {
@@ -213,7 +189,7 @@ TEST_F(ClusterTest, PauseResumeAndCancelAJob) {
 TEST_F(ClusterTest, ARightRevokedWhileRunningStopsTheJobAtItsNextCheck) {
   // kcd and an agent apart, as on a real cluster: kcd is restarted, the agent is not.
   const std::string cluster = dir_.Path("cluster");
-  ASSERT_EQ(Kc(fmt::format("init {} --inventory {}", cluster, dir_.Write("inv.yaml", kTwoHosts)))
+  ASSERT_EQ(Kc(fmt::format("init {} --inventory {}", cluster, dir_.Write("inv.yaml", kTwoCpuHosts)))
                 .exit_code,
             0);
   const std::string roles = Read(cluster + "/roles.yaml");
