@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "api/internal/authorize.h"
 #include "api/quota_usage.h"
 
@@ -11,14 +13,25 @@ namespace {
 using internal::Authorized;
 
 // The subject and name a request names; "" names the caller.
-Result<std::pair<QuotaSubject, std::string>> Subject(const Principal& caller,
+// The quota's subject, which the roles file must name. kInvalidArgument otherwise.
+Result<std::pair<QuotaSubject, std::string>> Subject(const RolesConfig& roles,
+                                                     const Principal& caller,
                                                      const std::string& subject,
                                                      const std::string& name) {
   if (subject == "user") {
-    return std::pair{QuotaSubject::kUser, name.empty() ? caller.user : name};
+    const std::string user = name.empty() ? caller.user : name;
+    if (!roles.PrincipalFor(user)) {
+      return InvalidArgumentError(fmt::format("name: no user \"{}\" in the roles file", user));
+    }
+    return std::pair{QuotaSubject::kUser, user};
   }
   if (subject == "team") {
     if (name.empty()) return InvalidArgumentError("name: a team must be named");
+    const bool known = std::any_of(roles.teams.begin(), roles.teams.end(),
+                                   [&](const TeamSpec& t) { return t.name == name; });
+    if (!known) {
+      return InvalidArgumentError(fmt::format("name: no team \"{}\" in the roles file", name));
+    }
     return std::pair{QuotaSubject::kTeam, name};
   }
   return InvalidArgumentError(
@@ -69,7 +82,7 @@ CheckResult QuotaServiceImpl::CheckQuotaAccess(const Principal& caller, Action a
 grpc::Status QuotaServiceImpl::Get(grpc::ServerContext* context, const kc::v1::GetQuotaRequest* req,
                                    kc::v1::QuotaInfo* response) {
   return guard_->Serve(context, "kc.v1.QuotaService.Get", [&](const Principal& caller) -> Status {
-    KC_ASSIGN_OR_RETURN(auto subject, Subject(caller, req->subject(), req->name()));
+    KC_ASSIGN_OR_RETURN(auto subject, Subject(*roles_, caller, req->subject(), req->name()));
     const auto& [kind, name] = subject;
     KC_RETURN_IF_ERROR(Authorized(audit_, caller, Action::kQuotaGet, QuotaPath(kind, name),
                                   CheckQuotaAccess(caller, Action::kQuotaGet, kind, name)));
@@ -91,7 +104,7 @@ grpc::Status QuotaServiceImpl::RequestIncrease(grpc::ServerContext* context,
                                                kc::v1::QuotaRequestInfo* response) {
   return guard_->Serve(
       context, "kc.v1.QuotaService.RequestIncrease", [&](const Principal& caller) -> Status {
-        KC_ASSIGN_OR_RETURN(auto subject, Subject(caller, req->subject(), req->name()));
+        KC_ASSIGN_OR_RETURN(auto subject, Subject(*roles_, caller, req->subject(), req->name()));
         const auto& [kind, name] = subject;
         if (req->reason().empty()) return InvalidArgumentError("reason: must not be empty");
         KC_RETURN_IF_ERROR(Authorized(audit_, caller, Action::kQuotaRequest, QuotaPath(kind, name),

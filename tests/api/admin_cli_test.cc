@@ -174,6 +174,10 @@ TEST_F(AdminCliTest, OnlyTheTeamsAdminsDecideAndBadInputIsNamed) {
   ExpectRefused(As("rob", "quota approve 999"), 2, "999");  // NOT_FOUND
   ExpectRefused(As("alice", "quota request --devices 4 --reason x"), 2, "--user or --team");
   ExpectRefused(As("admin", "audit query --since yesterday"), 2, "--since");
+  // Quotas of users and teams the roles file does not name do not exist.
+  ExpectRefused(As("admin", "quota show --team nope"), 2, "no team \"nope\"");
+  ExpectRefused(As("admin", "quota request --user ghost --devices 4 --reason x"), 2,
+                "no user \"ghost\"");
   // Submitters may not verify the chain.
   EXPECT_EQ(As("alice", "audit verify").exit_code, 1);
 }
