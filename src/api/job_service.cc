@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "api/internal/authorize.h"
 #include "api/internal/digest.h"
 #include "api/job_spec.h"
 #include "api/quota_usage.h"
@@ -48,11 +49,8 @@ Resource JobResource(const JobRecord& j) {
 }  // namespace
 
 Status JobServiceImpl::Allowed(const Principal& caller, Action action, const JobRecord& j) {
-  const CheckResult r = Check(caller, action, JobResource(j));
-  if (r.allowed) return OkStatus();
-  AuditNow(audit_, caller.user, ActionName(action), fmt::format("job/{}", j.id), "denied", r.reason)
-      .IgnoreError();  // logged by AuditNow; the denial stands
-  return PermissionDeniedError(r.reason);
+  return internal::Authorized(audit_, caller, action, fmt::format("job/{}", j.id),
+                              Check(caller, action, JobResource(j)));
 }
 
 grpc::Status JobServiceImpl::Submit(grpc::ServerContext* context,

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "api/internal/authorize.h"
 #include "api/internal/digest.h"
 
 namespace kc::api {
@@ -21,13 +22,10 @@ void Fill(const PlanRecord& p, kc::v1::PlanInfo* out) {
 
 // The job's plan as the permission table sees it: the job's owner's and team's.
 Status Allowed(AuditLog* audit, const Principal& caller, Action action, const JobRecord& j) {
-  const CheckResult r =
+  return internal::Authorized(
+      audit, caller, action, fmt::format("plan/{}", j.id),
       Check(caller, action,
-            {.kind = "plan", .id = std::to_string(j.id), .owner = j.owner, .team = j.team});
-  if (r.allowed) return OkStatus();
-  AuditNow(audit, caller.user, ActionName(action), fmt::format("plan/{}", j.id), "denied", r.reason)
-      .IgnoreError();  // logged by AuditNow; the denial stands
-  return PermissionDeniedError(r.reason);
+            {.kind = "plan", .id = std::to_string(j.id), .owner = j.owner, .team = j.team}));
 }
 
 }  // namespace
