@@ -29,6 +29,7 @@
 #include "hal/measure.h"
 #include "kc/v1/jobs.grpc.pb.h"
 #include "kc/v1/permission.grpc.pb.h"
+#include "kc/v1/plans.grpc.pb.h"
 
 namespace kc::app {
 namespace {
@@ -61,6 +62,19 @@ void PrintJob(const kc::v1::JobInfo& j) {
                                e.reason());
     }
   }
+}
+
+void PrintPlan(const kc::v1::PlanInfo& p) {
+  std::cout << fmt::format("job {}: {}\n", p.job(), p.summary().empty() ? "no plan" : p.summary());
+  if (p.approval_required()) {
+    std::cout << "  approval required:\n";
+    for (const std::string& r : p.reasons()) std::cout << "    " << r << "\n";
+  }
+  if (!p.decision().empty()) {
+    std::cout << fmt::format("  {} by {}{}\n", p.decision(), p.decided_by(),
+                             p.note().empty() ? "" : ": " + p.note());
+  }
+  if (!p.plan_yaml().empty()) std::cout << "  plan\n" << p.plan_yaml();
 }
 
 bool Ended(const std::string& phase) {
@@ -263,6 +277,44 @@ void AddJob(CLI::App& app, Action* action) {
           PrintJob(j);
         }
         return kExitOk;
+      };
+    });
+  }
+  {
+    auto added = add("plan", "The parallel layout kcd planned for a job, and its approval");
+    CLI::App* c = added.first;
+    std::shared_ptr<Args> a = added.second;
+    c->add_flag("--json", a->json, "Print JSON");
+    c->callback([action, a] {
+      *action = [a]() -> int {
+        kc::v1::GetPlanRequest req;
+        req.set_job(a->id);
+        return CallAndPrint("job plan", a->login, a->json, &kc::v1::PlanService::Stub::Get, req,
+                            PrintPlan);
+      };
+    });
+  }
+  // A resource admin's decision on a plan waiting for approval.
+  for (const bool approve : {true, false}) {
+    auto added = add(approve ? "approve" : "deny",
+                     approve ? "Approve a job's plan: the job goes to the queue (resource admins)"
+                             : "Deny a job's plan: the job is cancelled (resource admins)");
+    CLI::App* c = added.first;
+    std::shared_ptr<Args> a = added.second;
+    CLI::Option* note = c->add_option("--note,--reason", a->reason,
+                                      "Why, for the submitter and "
+                                      "the audit log");
+    if (!approve) note->required();
+    c->add_flag("--json", a->json, "Print the plan as JSON");
+    c->callback([action, a, approve] {
+      *action = [a, approve]() -> int {
+        kc::v1::DecidePlanRequest req;
+        req.set_job(a->id);
+        req.set_note(a->reason);
+        return CallAndPrint(
+            approve ? "job approve" : "job deny", a->login, a->json,
+            approve ? &kc::v1::PlanService::Stub::Approve : &kc::v1::PlanService::Stub::Deny, req,
+            PrintPlan);
       };
     });
   }

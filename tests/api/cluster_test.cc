@@ -1,7 +1,8 @@
 // A cluster as its users run it, every piece in its own process: `kc up` (kcd and an agent)
 // trains a job end to end and `kc jobs` / `kc job show` follow it; pause, resume and cancel;
 // a right revoked while a job runs stops it at its next execution-time check, keeping its
-// checkpoint; job paths that climb out of the agent's roots are refused.
+// checkpoint; a plan past the cluster's approval limits waits for a resource admin's decision;
+// job paths that climb out of the agent's roots are refused.
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -29,6 +30,10 @@ using kc::testing::KcRun;
 using kc::testing::kTwoCpuHosts;
 using kc::testing::TempDir;
 using ::testing::HasSubstr;
+
+bool Ended(const nlohmann::json& phase) {
+  return phase == "succeeded" || phase == "failed" || phase == "cancelled";
+}
 
 std::string Read(const std::string& path) {
   std::ifstream in(path);
@@ -184,6 +189,57 @@ TEST_F(ClusterTest, PauseResumeAndCancelAJob) {
   // And the devices are free again.
   EXPECT_EQ(Kc("submit " + JobFile("after", 3) + " --wait").exit_code, 0);
   EXPECT_EQ(up->Stop(SIGTERM), 0);
+}
+
+TEST_F(ClusterTest, APlanPastTheApprovalLimitsWaitsForAResourceAdmin) {
+  // The cluster's limit: a plan of more than one device needs approval.
+  dir_.Write("cluster/plan-approval.yaml", "max_devices: 1\n");
+  std::unique_ptr<Daemon> up = Up();
+  const auto submit = [&](const std::string& name) {
+    KcRun r = Kc("submit " + JobFile(name, 3) + " --json");
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return Int(nlohmann::json::parse(r.out), "id");
+  };
+  const auto waiting = [](const nlohmann::json& j) { return j["phase"] == "approval_required"; };
+
+  const int64_t approved = submit("approved");
+  Await(approved, waiting);
+  KcRun plan = Kc(fmt::format("job plan {}", approved));
+  ASSERT_EQ(plan.exit_code, 0) << plan.err;
+  EXPECT_THAT(plan.out, HasSubstr("approval required"));
+  EXPECT_THAT(plan.out, HasSubstr("devices"));
+  // A reason is required to deny.
+  EXPECT_EQ(Kc(fmt::format("job deny {}", approved)).exit_code, 2);
+  KcRun approve = Kc(fmt::format("job approve {} --note 'fits this week' --json", approved));
+  ASSERT_EQ(approve.exit_code, 0) << approve.err;
+  nlohmann::json decided = nlohmann::json::parse(approve.out);
+  EXPECT_EQ(decided["decision"], "approved");
+  EXPECT_EQ(decided["decided_by"], "admin");
+  EXPECT_EQ(decided["note"], "fits this week");
+  nlohmann::json j = Await(approved, [](const nlohmann::json& x) { return Ended(x["phase"]); });
+  EXPECT_EQ(j["phase"], "succeeded") << j.dump();
+  // Decided once: a second decision is FAILED_PRECONDITION, a failure.
+  EXPECT_EQ(Kc(fmt::format("job deny {} --reason late", approved)).exit_code, 1);
+
+  const int64_t denied = submit("denied");
+  Await(denied, waiting);
+  KcRun deny = Kc(fmt::format("job deny {} --reason 'too big for now'", denied));
+  ASSERT_EQ(deny.exit_code, 0) << deny.err;
+  EXPECT_THAT(deny.out, HasSubstr("denied by admin: too big for now"));
+  j = Show(denied);
+  EXPECT_EQ(j["phase"], "cancelled");
+  EXPECT_THAT(j["reason"].get<std::string>(), HasSubstr("too big for now"));
+  EXPECT_EQ(up->Stop(SIGTERM), 0);
+
+  Result<std::unique_ptr<AuditLog>> audit = AuditLog::Open(dir_.Path("cluster/audit.db"));
+  ASSERT_TRUE(audit.ok());
+  Result<std::vector<AuditRecord>> records = (*audit)->Query({.limit = 1000});
+  ASSERT_TRUE(records.ok());
+  std::vector<std::string> decisions;
+  for (const AuditRecord& r : *records) {
+    if (r.action.starts_with("plan.")) decisions.push_back(r.action + " " + r.outcome);
+  }
+  EXPECT_THAT(decisions, ::testing::IsSupersetOf({"plan.approve ok", "plan.deny ok"}));
 }
 
 TEST_F(ClusterTest, ARightRevokedWhileRunningStopsTheJobAtItsNextCheck) {
