@@ -985,7 +985,9 @@ class Monitor {
   void OnMetricsLine(const std::string& line) {
     Json j = Json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded() || !j.is_object()) return;
-    *metrics_ << line << "\n";
+    // A line at a time: whoever follows the file (kc agent reports a job's progress from it)
+    // sees each record as it happens.
+    *metrics_ << line << "\n" << std::flush;
     const std::string type = j.value("type", "");
     if (type == "step") {
       StepRecord r;
@@ -1387,7 +1389,8 @@ int RunLauncher(TrainArgs a) {
                   {"plan", a.plan.empty() ? Json() : Json(a.plan)},
                   {"predicted_step_s", p.predicted_step_s ? Json(*p.predicted_step_s) : Json()}}
                  .dump()
-          << "\n";
+          << "\n"
+          << std::flush;
 
   std::unique_ptr<comm::TcpStoreServer> server;
   std::string store;

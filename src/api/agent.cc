@@ -302,8 +302,9 @@ struct Agent::Impl {
     j.out_fd = -1;
   }
 
-  // One round: look at the jobs, check their rights, report, obey.
-  void Round() KC_REQUIRES(mu) {
+  // One round: look at the jobs, check their rights, report, obey. Returns whether it started
+  // a job (whose start is then reported at once, not a heartbeat period later).
+  bool Round() KC_REQUIRES(mu) {
     const double now = WallSeconds();
     for (auto& [id, j] : jobs) {
       Poll(j);
@@ -325,7 +326,7 @@ struct Agent::Impl {
       if (!s.ok()) {
         KC_LOG(WARNING) << "agent: cannot register: " << s.message();
         if (++failures % 5 == 0) Connect().IgnoreError();  // as for heartbeats, below
-        return;
+        return false;
       }
     }
     kc::v1::AgentHeartbeatRequest req;
@@ -358,7 +359,7 @@ struct Agent::Impl {
       // A channel that keeps failing may be stuck on a dead connection (kcd restarted in the
       // middle of a handshake): a fresh one connects at once.
       if (++failures % 5 == 0) Connect().IgnoreError();  // the same config connected before
-      return;
+      return false;
     }
     failures = 0;
     // Delivered: forget the log sent and the jobs whose end kcd now knows.
@@ -378,6 +379,7 @@ struct Agent::Impl {
       it->second.kill_at_s = now + o.stop_grace_s;
       Signal(it->second, SIGTERM);
     }
+    bool started = false;
     for (const kc::v1::StartOrder& start : resp.start()) {
       if (jobs.count(start.job()) != 0) {
         KC_LOG(WARNING) << "agent: job " << start.job() << ": already running here";
@@ -386,13 +388,15 @@ struct Agent::Impl {
       Job& j = jobs[start.job()];
       j.order = start;
       Launch(j);
+      started = true;
     }
+    return started;
   }
 
   void Loop() {
     MutexLock lock(&mu);
     while (!stopped) {
-      Round();
+      if (Round()) continue;
       const auto until = std::chrono::steady_clock::now() +
                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                              std::chrono::duration<double>(registered ? heartbeat_period_s : 1.0));
