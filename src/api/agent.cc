@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -60,6 +61,23 @@ std::string LastLine(const std::string& text) {
   size_t start = text.rfind('\n', end);
   return text.substr(start == std::string::npos ? 0 : start + 1,
                      end - (start == std::string::npos ? 0 : start + 1) + 1);
+}
+
+// When process `pid` started (clock ticks since boot, /proc/PID/stat field 22): with the pid,
+// it names one process, not whichever later reuses the number. -1 when there is none.
+int64_t ProcessStartTime(pid_t pid) {
+  Result<std::string> stat = ReadWholeFile(fmt::format("/proc/{}/stat", pid));
+  if (!stat.ok()) return -1;
+  // Field 2, the command, is in parentheses and may hold anything; count from after it.
+  const size_t close = stat->rfind(')');
+  if (close == std::string::npos) return -1;
+  std::istringstream rest(stat->substr(close + 1));
+  std::string field;
+  for (int i = 3; i <= 22 && rest >> field; ++i) {
+    if (i == 3 && field == "Z") return -1;  // a zombie: it has ended
+    if (i == 22) return std::strtoll(field.c_str(), nullptr, 10);
+  }
+  return -1;
 }
 
 }  // namespace
@@ -159,6 +177,45 @@ struct Agent::Impl {
                : (fs::path(o.work_dir) / j.spec.checkpoint_dir).string();
   }
 
+  // Each running job's process group, recorded as "PID START_TIME" in WORK/agent/JOB.pid
+  // while it runs: an agent killed without its stop (SIGKILL, a crash) leaves them running,
+  // and the next agent on this work directory stops them before it registers, so that a job
+  // kcd starts again does not run twice on the same devices and checkpoints.
+  std::string PidFile(int64_t job) const {
+    return (fs::path(o.work_dir) / "agent" / fmt::format("{}.pid", job)).string();
+  }
+  void RecordProcess(int64_t job, pid_t pid) {
+    std::error_code ec;
+    fs::create_directories(fs::path(PidFile(job)).parent_path(), ec);
+    if (Status s =
+            WriteFileDurably(PidFile(job), fmt::format("{} {}\n", pid, ProcessStartTime(pid)));
+        !s.ok()) {
+      KC_LOG(WARNING) << "agent: job " << job << ": " << s.message();
+    }
+  }
+  void ForgetProcess(int64_t job) {
+    std::error_code ec;
+    fs::remove(PidFile(job), ec);
+  }
+  // Stops the process groups a previous agent on this work directory left running.
+  void StopLeftovers() {
+    std::error_code ec;
+    for (const fs::directory_entry& e :
+         fs::directory_iterator(fs::path(o.work_dir) / "agent", ec)) {
+      if (e.path().extension() != ".pid") continue;
+      Result<std::string> text = ReadWholeFile(e.path().string());
+      std::istringstream in(text.ok() ? *text : "");
+      pid_t pid = -1;
+      int64_t start = -1;
+      if (in >> pid >> start && pid > 1 && start >= 0 && ProcessStartTime(pid) == start) {
+        KC_LOG(WARNING) << "agent: stopping job " << e.path().stem().string()
+                        << ", left running by a previous agent (process group " << pid << ")";
+        kill(-pid, SIGKILL);
+      }
+      fs::remove(e.path(), ec);
+    }
+  }
+
   // Starts `j`'s processes, or records why it could not.
   void Launch(Job& j) {
     auto fail = [&](std::string why) {
@@ -249,6 +306,7 @@ struct Agent::Impl {
     fcntl(pipefd[0], F_SETFL, O_NONBLOCK);
     j.pid = pid;
     j.out_fd = pipefd[0];
+    RecordProcess(j.order.job(), pid);
     KC_LOG(INFO) << "agent: job " << j.order.job() << " run " << j.order.run() << " started (pid "
                  << pid << ")";
   }
@@ -289,6 +347,7 @@ struct Agent::Impl {
     if (waitpid(j.pid, &status, WNOHANG) != j.pid) return;
     // Its group may still hold ranks: they go with it.
     kill(-j.pid, SIGKILL);
+    ForgetProcess(j.order.job());
     j.ended = true;
     if (j.end_state == Report::STATE_REVOKED) return;
     j.end_state = Report::STATE_EXITED;
@@ -441,8 +500,13 @@ Result<std::unique_ptr<Agent>> Agent::Start(AgentOptions o) {
   if (o.host.empty()) return InvalidArgumentError("agent: host: must not be empty");
   if (o.devices <= 0) return InvalidArgumentError("agent: devices: must be positive");
   if (o.work_dir.empty()) return InvalidArgumentError("agent: work directory: must be set");
+  // A job runs in its own directory: every path it is given must not depend on ours.
+  std::error_code ec;
+  o.work_dir = fs::absolute(o.work_dir, ec).lexically_normal().string();
+  if (!o.data_root.empty()) o.data_root = fs::absolute(o.data_root, ec).lexically_normal().string();
   auto impl = std::make_unique<Impl>();
   impl->o = o;
+  impl->StopLeftovers();
   KC_RETURN_IF_ERROR(impl->Connect());
   {
     MutexLock lock(&impl->mu);

@@ -2,12 +2,14 @@
 // trains a job end to end and `kc jobs` / `kc job show` follow it; pause, resume and cancel;
 // a right revoked while a job runs stops it at its next execution-time check, keeping its
 // checkpoint; a plan past the cluster's approval limits waits for a resource admin's decision;
-// job paths that climb out of the agent's roots are refused.
+// an agent killed without its stop leaves no job running twice; job paths that climb out of the
+// agent's roots are refused.
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -71,11 +73,13 @@ class ClusterTest : public ::testing::Test {
                                                   name, model_, steps, extra));
   }
 
-  // `kc up` on this test's directory; returns once it serves.
+  // `kc up` on this test's directory (named relative to it, as users do); returns once it
+  // serves.
   std::unique_ptr<Daemon> Up() {
-    auto up = std::make_unique<Daemon>(fmt::format(
-        "env XDG_CONFIG_HOME={} {} up --dir {} --listen 127.0.0.1:0 --devices 2 --data-root {}",
-        dir_.Path("config"), KC_BINARY, dir_.Path("cluster"), data_->path()));
+    auto up = std::make_unique<Daemon>(
+        fmt::format("env --chdir {} XDG_CONFIG_HOME={} {} up --dir cluster --listen "
+                    "127.0.0.1:0 --devices 2 --data-root {}",
+                    dir_.path(), dir_.Path("config"), KC_BINARY, data_->path()));
     EXPECT_THAT(up->WaitForLine("kc up: kcd on"), HasSubstr("agent on")) << up->output();
     return up;
   }
@@ -322,6 +326,50 @@ TEST_F(ClusterTest, ARightRevokedWhileRunningStopsTheJobAtItsNextCheck) {
   ASSERT_TRUE(starts.ok());
   ASSERT_EQ(starts->size(), 2u);
   EXPECT_EQ((*starts)[1].outcome, "roles changed");
+}
+
+// Whether the process `pid` is still there, and not a zombie waiting for its parent.
+bool Alive(pid_t pid) {
+  const std::string stat = Read(fmt::format("/proc/{}/stat", pid));
+  const size_t close = stat.rfind(')');
+  return close != std::string::npos && stat.substr(close + 2, 1) != "Z";
+}
+
+TEST_F(ClusterTest, AnAgentKilledWithoutItsStopLeavesNoJobRunningTwice) {
+  std::unique_ptr<Daemon> up = Up();
+  KcRun submit = Kc("submit " + JobFile("long", 1000000, "checkpoint_every: 20\n") + " --json");
+  ASSERT_EQ(submit.exit_code, 0) << submit.err;
+  const int64_t id = Int(nlohmann::json::parse(submit.out), "id");
+  Await(id, [](const nlohmann::json& j) {
+    return j["phase"] == "running" && Int(j, "checkpoint_step") >= 20;
+  });
+  // The agent keeps each job's process group while it runs.
+  std::istringstream record(Read(dir_.Path(fmt::format("cluster/work/agent/{}.pid", id))));
+  pid_t pid = -1;
+  ASSERT_TRUE(record >> pid) << "no record of job " << id << "'s processes";
+  ASSERT_TRUE(Alive(pid));
+
+  // kcd and the agent die at once; the job's processes do not, having no one to stop them.
+  EXPECT_EQ(up->Stop(SIGKILL), -1);
+  EXPECT_TRUE(Alive(pid));
+  // The next agent on the same directory stops them before it registers; kcd, which lost
+  // the run, starts the job again from its checkpoint, on the devices now free.
+  up = Up();
+  // SIGKILL is sent before the agent registers; the process's end is the kernel's to finish.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (Alive(pid) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_FALSE(Alive(pid));
+  nlohmann::json j = Await(id, [&](const nlohmann::json& x) {
+    return x["phase"] == "running" &&
+           Kc(fmt::format("job logs {}", id)).out.find("kc train: resuming from") !=
+               std::string::npos;
+  });
+  EXPECT_EQ(Kc(fmt::format("job cancel {}", id)).exit_code, 0);
+  EXPECT_EQ(up->Stop(SIGTERM), 0);
+  // Stopped in order this time: nothing of it is left.
+  EXPECT_FALSE(std::filesystem::exists(dir_.Path(fmt::format("cluster/work/agent/{}.pid", id))));
 }
 
 TEST_F(ClusterTest, JobPathsThatClimbOutOfTheAgentsRootsAreRefused) {
