@@ -390,7 +390,7 @@ void AddJob(CLI::App& app, Action* action) {
     req.set_reason(a.reason);
     return s.Call(&kc::v1::JobService::Stub::Cancel, req, j);
   });
-  change("pause", "Stop a job, keeping its last checkpoint, and free its devices",
+  change("pause", "Stop a job with a checkpoint of its last step, and free its devices",
          [](Session& s, const Args& a, kc::v1::JobInfo* j) {
            kc::v1::PauseJobRequest req;
            req.set_id(a.id);
@@ -443,6 +443,9 @@ void AddAgent(CLI::App& app, Action* action) {
   c->add_option("--work", o->work_dir, "Jobs' directories and checkpoints")->required();
   c->add_option("--data-root", o->data_root,
                 "What jobs' data paths are relative to (default WORK/data)");
+  c->add_option("--stop-grace", o->stop_grace_s,
+                "Seconds a stopped job has to save its checkpoint before SIGKILL (default 30)")
+      ->check(CLI::PositiveNumber);
   c->add_option(
       "--login", *login,
       "Login file with kcd's address and a system admin's token (default CONFIG/kc/login.json)");

@@ -60,6 +60,20 @@ using Json = nlohmann::json;
 namespace fs = std::filesystem;
 
 constexpr int kMetricsFd = 3;  // rank 0's step reports, in the worker
+// The launcher's exit code when SIGTERM stopped the run short (128 + SIGTERM, as a shell
+// reports a process SIGTERM ended).
+constexpr int kExitStopped = 128 + SIGTERM;
+
+// SIGTERM asks a run to stop: the workers stop after a step they all agree on, with a
+// checkpoint of it, and the launcher, which passes the request on to them, reports the stop.
+volatile sig_atomic_t g_stop_requested = 0;
+extern "C" void OnStopRequest(int) { g_stop_requested = 1; }
+void CatchStopRequests() {
+  struct sigaction sa {};
+  sa.sa_handler = OnStopRequest;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+}
 
 struct TrainArgs {
   std::string config;
@@ -502,7 +516,8 @@ Status RunWorkerRank(const TrainArgs& a, const Plan& p) {
   const bool elastic = p.elastic;
   // Store connections, each for one user (a call blocks its connection): the communicators,
   // the heartbeats, checkpoints, and the watch for the next generation.
-  std::unique_ptr<comm::TcpStoreClient> store, heartbeat_store, checkpoint_store, watch_store;
+  std::unique_ptr<comm::TcpStoreClient> store, heartbeat_store, checkpoint_store, watch_store,
+      stop_store;
   std::unique_ptr<fault::Heartbeat> heartbeat;
   if (a.ranks > 1) {
     std::string host;
@@ -523,7 +538,14 @@ Status RunWorkerRank(const TrainArgs& a, const Plan& p) {
     if (elastic) {
       KC_ASSIGN_OR_RETURN(watch_store, connect());
     }
+    KC_ASSIGN_OR_RETURN(stop_store, connect());
   }
+  // A stop asked for (SIGTERM, see CatchStopRequests): the step every rank stops after, once
+  // known. Generation rank 0 names it, the step after the one it has just done: every other
+  // rank is then at most inside that step (it cannot end it without rank 0), so each one,
+  // asking after every step once it too was asked to stop, finds it in time.
+  int64_t stop_after = -1;
+  const std::string stop_key = a.group + "/stop-after";
   const fault::ElasticShape shape = ShapeOf(a, p);
   fault::Generation gen = fault::FirstGeneration(shape, a.ranks);
   if (a.elastic_join) {
@@ -780,6 +802,24 @@ Status RunWorkerRank(const TrainArgs& a, const Plan& p) {
                        {"chunks_written", c.chunks_written},
                        {"chunks_reused", c.chunks_reused}});
       };
+      callbacks.stop_after = [&](int64_t done) -> bool {
+        if (g_stop_requested == 0) return false;
+        if (world == 1) return true;
+        if (stop_after < 0 && rank == 0) {
+          stop_after = done + 1;
+          if (Status s = stop_store->Set(stop_key, std::to_string(stop_after)); !s.ok()) {
+            std::cerr << "kc train: rank 0: cannot ask the others to stop: " << s << std::endl;
+          }
+        } else if (stop_after < 0) {
+          const std::string keys[1] = {stop_key};
+          Result<bool> named = stop_store->Check(keys);
+          if (named.ok() && *named) {
+            Result<std::string> v = stop_store->Get(stop_key, Clock::Real()->Now() + timeout);
+            if (v.ok()) stop_after = std::stoll(*v);
+          }
+        }
+        return stop_after >= 0 && done >= stop_after;
+      };
       callbacks.on_interval = [&](int64_t steps, double cost_s, double interval_s) {
         metrics.Write({{"type", "checkpoint_interval"},
                        {"step", trainer->steps_done()},
@@ -797,7 +837,7 @@ Status RunWorkerRank(const TrainArgs& a, const Plan& p) {
       return runner->Run(callbacks);
     };
     Status s = run_generation();
-    if (s.ok() || !elastic) {
+    if (s.ok() || !elastic || s.code() == ErrorCode::kCancelled) {  // kCancelled: stopped
       if (s.ok() && timeline != nullptr && !a.trace.empty()) {
         const std::string events = timeline->ChromeTraceEvents(rank);
         KC_RETURN_IF_ERROR(WriteFile(TracePart(a.trace, rank), events.data(), events.size()));
@@ -825,7 +865,10 @@ Status RunWorkerRank(const TrainArgs& a, const Plan& p) {
 }
 
 int RunWorker(const TrainArgs& a, const Plan& p) {
-  if (Status s = RunWorkerRank(a, p); !s.ok()) {
+  CatchStopRequests();
+  if (Status s = RunWorkerRank(a, p); s.code() == ErrorCode::kCancelled) {
+    return kExitOk;  // stopped on request, as the launcher reports
+  } else if (!s.ok()) {
     std::cerr << "kc train: rank " << a.worker_rank << ": " << s << "\n";
     return kExitFailure;
   }
@@ -1412,6 +1455,8 @@ int RunLauncher(TrainArgs a) {
   }
   // A worker that dies must not take the launcher with it when its pipe closes.
   signal(SIGPIPE, SIG_IGN);
+  CatchStopRequests();
+  bool stop_passed_on = false;
   std::vector<Child> children;
   for (int r = 0; r < a.ranks; ++r) {
     Result<Child> c = Spawn(a, p, r, store, group, mpipe[1]);
@@ -1645,6 +1690,17 @@ int RunLauncher(TrainArgs a) {
     // The timeout matters for heartbeats and for escalating to SIGKILL.
     poll(fds.data(), fds.size(),
          static_cast<int>(std::clamp<double>(a.heartbeat_period_s * 500, 1, 500)));
+    if (g_stop_requested != 0 && !stop_passed_on) {  // a SIGTERM ended the poll
+      stop_passed_on = true;
+      std::cerr << "kc train: stopping on request (SIGTERM): every rank stops after the same "
+                   "step"
+                << (a.checkpoint_dir.empty() ? " (no --checkpoint-dir: nothing is saved)"
+                                             : ", with a checkpoint of it")
+                << "\n";
+      for (Child& c : children) {
+        if (!c.exited) kill(c.pid, SIGTERM);
+      }
+    }
     for (size_t k = 0; k < fds.size(); ++k) {
       if ((fds[k].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
       const auto [index, is_pid] = owner[k];
@@ -1746,6 +1802,17 @@ int RunLauncher(TrainArgs a) {
     std::cerr << "kc train: " << *failure
               << (stopped_cleanly ? "\n" : "; the other ranks were stopped\n");
     return kExitFailure;
+  }
+  if (stop_passed_on) {
+    const int64_t step = monitor.steps().empty() ? 0 : monitor.steps().back().step;
+    metrics.close();
+    std::cerr << fmt::format("kc train: stopped on request after step {} of {}{}\n", step, a.steps,
+                             a.checkpoint_dir.empty()
+                                 ? ""
+                                 : fmt::format("; its checkpoint is in {}; the same command "
+                                               "resumes from it",
+                                               a.checkpoint_dir));
+    return kExitStopped;
   }
   // A resumed run takes the steps after its checkpoint's.
   const int64_t expected = a.steps - std::max<int64_t>(0, monitor.resumed_from());

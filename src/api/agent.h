@@ -4,7 +4,7 @@
 // after a grace period). Before a job starts and every check period while it runs, the agent
 // asks the permission service, with the job owner's token, whether the job may still use its
 // devices, write its checkpoints and read its data (the third of the three checks); a denial
-// stops the job, which keeps its last checkpoint. Job-supplied paths stay under the agent's
+// stops the job, which saves a checkpoint as it stops. Job-supplied paths stay under the agent's
 // roots. Docs: docs/operations/agents.md.
 #pragma once
 
@@ -24,8 +24,9 @@ struct AgentOptions {
   // What a job's `data` path is relative to ("" = WORK/data); a job naming none reads
   // DATA_ROOT/fortunes/manifest.json, as `kc train` reads data/fortunes/manifest.json.
   std::string data_root;
-  std::string kc_binary;     // the kc executable that runs `kc train`
-  double stop_grace_s = 10;  // SIGTERM to SIGKILL
+  std::string kc_binary;  // the kc executable that runs `kc train`
+  // SIGTERM to SIGKILL: the time a stopped job has to save a checkpoint of its last step.
+  double stop_grace_s = 30;
 };
 
 // Safe for concurrent use; one thread of its own does the work.

@@ -437,9 +437,9 @@ struct Dispatcher::Impl {
       const double used_s = run.prior_running_s + (now - run.running_since_s);
       if (used_s <= allowed_s) continue;
       const std::string why = fmt::format(
-          "runtime quota exhausted: ran {:.2f} h of its {:.2f} h; stopped at its last "
-          "checkpoint (step {}); raise expected_hours with kc job modify, then resume",
-          used_s / 3600, allowed_s / 3600, run.checkpoint_step);
+          "runtime quota exhausted: ran {:.2f} h of its {:.2f} h; stopped with a checkpoint "
+          "of its last step; raise expected_hours with kc job modify, then resume",
+          used_s / 3600, allowed_s / 3600);
       Move(job, JobPhase::kPaused, why);
       Release(job, now);
       OrderStop(run, why);

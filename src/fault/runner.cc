@@ -1,5 +1,7 @@
 #include "fault/runner.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -161,7 +163,8 @@ Status ResilientRunner::Run(const RunnerCallbacks& callbacks) {
   KC_LAYER_ENTRY(Layer::kFault, "runner");
   if (writer_ != nullptr) writer_->Prepare(trainer_->StateTensors(), Owner());
   next_checkpoint_ = trainer_->steps_done() + 1;
-  while (trainer_->steps_done() < options_.steps) {
+  bool stopped = false;
+  while (!stopped && trainer_->steps_done() < options_.steps) {
     const bool busy = writer_ != nullptr && writer_->persisting();
     KC_ASSIGN_OR_RETURN(parallel::StepStats stats, trainer_->Step());
     std::vector<double>& times = busy ? busy_steps_ : clean_steps_;
@@ -169,7 +172,8 @@ Status ResilientRunner::Run(const RunnerCallbacks& callbacks) {
     if (times.size() > 32) times.erase(times.begin());
     if (callbacks.on_step) KC_RETURN_IF_ERROR(callbacks.on_step(stats));
     const int64_t done = trainer_->steps_done();
-    const bool due = done == options_.steps ||
+    stopped = callbacks.stop_after && done < options_.steps && callbacks.stop_after(done);
+    const bool due = stopped || done == options_.steps ||
                      (options_.mtbf_s > 0
                           ? done >= next_checkpoint_
                           : options_.checkpoint_every > 0 && done % options_.checkpoint_every == 0);
@@ -188,6 +192,11 @@ Status ResilientRunner::Run(const RunnerCallbacks& callbacks) {
     if (last.step >= 0 && last.step > reported_ && callbacks.on_checkpoint) {
       callbacks.on_checkpoint(last);
     }
+  }
+  if (stopped) {
+    return CancelledError(fmt::format(
+        "stopped on request after step {}{}", trainer_->steps_done(),
+        writer_ != nullptr ? ", with a checkpoint of it" : " (no checkpoint directory)"));
   }
   return OkStatus();
 }

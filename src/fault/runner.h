@@ -48,6 +48,11 @@ struct RunnerCallbacks {
   std::function<Status(int64_t done)> after_step;
   // When a checkpoint has been persisted (on this rank; committed too on rank 0).
   std::function<void(const SaveStats&)> on_checkpoint;
+  // After every step's statistics: whether the run stops after it, short of options.steps (a
+  // stop asked for from outside: the job's host is being freed). Every rank must answer true
+  // for the same step. The run then saves a checkpoint of that step (with a checkpoint
+  // directory), waits until it is persisted, and returns kCancelled.
+  std::function<bool(int64_t done)> stop_after;
   // With mtbf_s: each new interval, its steps, and the cost and interval in seconds behind it.
   std::function<void(int64_t steps, double cost_s, double interval_s)> on_interval;
 };
@@ -63,7 +68,8 @@ class ResilientRunner {
   Result<int64_t> Restore();
 
   // Steps until options.steps are done, checkpointing on the cadence and after the last step,
-  // and waits for the last checkpoint to be persisted.
+  // and waits for the last checkpoint to be persisted. kCancelled when callbacks.stop_after
+  // stopped it sooner (with its checkpoint persisted too).
   Status Run(const RunnerCallbacks& callbacks);
 
   // Saves a checkpoint of the state now and waits until it is committed (a job stopping below

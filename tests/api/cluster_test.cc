@@ -158,16 +158,21 @@ TEST_F(ClusterTest, UpTrainsASubmittedJobEndToEnd) {
 
 TEST_F(ClusterTest, PauseResumeAndCancelAJob) {
   std::unique_ptr<Daemon> up = Up();
-  KcRun submit = Kc("submit " + JobFile("long", 1000000, "checkpoint_every: 100\n") + " --json");
+  // No periodic checkpoint comes before the pause: the one it resumes from is the pause's.
+  KcRun submit = Kc("submit " + JobFile("long", 1000000, "checkpoint_every: 100000\n") + " --json");
   ASSERT_EQ(submit.exit_code, 0) << submit.err;
   const int64_t id = Int(nlohmann::json::parse(submit.out), "id");
-  Await(id, [](const nlohmann::json& j) {
-    return j["phase"] == "running" && Int(j, "checkpoint_step") >= 100;
-  });
+  Await(id, [](const nlohmann::json& j) { return j["phase"] == "running" && Int(j, "step") >= 5; });
 
   KcRun pause = Kc(fmt::format("job pause {} --reason 'make room'", id));
   ASSERT_EQ(pause.exit_code, 0) << pause.err;
   EXPECT_THAT(pause.out, HasSubstr("paused: paused by admin: make room"));
+  // Its ranks stopped after the same step, with a checkpoint of it.
+  nlohmann::json paused = Await(id, [](const nlohmann::json& j) {
+    return Int(j, "checkpoint_step") > 0 && j["phase"] == "paused";
+  });
+  EXPECT_EQ(Int(paused, "checkpoint_step"), Int(paused, "step"));
+  EXPECT_GE(Int(paused, "step"), 5);
   // Its devices are free again: another job of both devices runs to the end.
   KcRun other = Kc("submit " + JobFile("short", 3) + " --wait");
   EXPECT_EQ(other.exit_code, 0) << other.err;
@@ -178,10 +183,10 @@ TEST_F(ClusterTest, PauseResumeAndCancelAJob) {
   nlohmann::json j = Await(id, [](const nlohmann::json& x) {
     return x["phase"] == "running" && x["history"].size() >= 6;
   });
-  // It went on from its checkpoint, not from step 0.
+  // It went on from the pause's checkpoint, not from step 0.
   const auto logs_show_resume = [&] {
-    return Kc(fmt::format("job logs {}", id)).out.find("kc train: resuming from") !=
-           std::string::npos;
+    return Kc(fmt::format("job logs {}", id))
+               .out.find(fmt::format("(step {})", Int(paused, "step"))) != std::string::npos;
   };
   Await(id, [&](const nlohmann::json&) { return logs_show_resume(); });
 
@@ -306,7 +311,9 @@ TEST_F(ClusterTest, ARightRevokedWhileRunningStopsTheJobAtItsNextCheck) {
   nlohmann::json j = Await(id, [](const nlohmann::json& x) { return x["phase"] == "paused"; });
   EXPECT_THAT(j["reason"].get<std::string>(), HasSubstr("stopped at its execution-time check"));
   EXPECT_THAT(j["reason"].get<std::string>(), HasSubstr("observer"));
-  EXPECT_GE(Int(j, "checkpoint_step"), 100);  // what it had done is kept
+  // What it had done is kept: its ranks stopped with a checkpoint of their last step.
+  j = Await(id, [](const nlohmann::json& x) { return Int(x, "checkpoint_step") > 100; });
+  EXPECT_EQ(Int(j, "checkpoint_step"), Int(j, "step"));
 
   // Alice may no longer submit either: the first of the three checks.
   KcRun again = Kc("submit " + JobFile("again", 3) + " --login " + alice_login);

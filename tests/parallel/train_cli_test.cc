@@ -3,16 +3,21 @@
 // worker starts, and a worker's death stops the others.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "tests/support/daemon.h"
 #include "tests/support/kc_run.h"
 #include "tests/support/temp_dir.h"
 
@@ -515,6 +520,53 @@ TEST(KcCheckpointTest, AKilledRunResumesWithTheUninterruptedLosses) {
   for (const auto& r : resumed.records) {
     if (r["type"] == "summary") EXPECT_EQ(r["checkpoints"], from == 10 ? 2 : 3);
   }
+}
+
+// SIGTERM (a scheduler taking the devices back) stops every rank after the same step with a
+// checkpoint of it; the same command then goes on from exactly there, with the losses of a
+// run that was never stopped (the same --steps: the learning-rate schedule spans them).
+TEST(KcCheckpointTest, SigtermStopsEveryRankAfterTheSameStepWithACheckpoint) {
+  const std::string common = "--eval-every 0 --threads-per-rank 1 --ranks 2 ";
+  TrainRun full = Train(TheCorpus().model(), common + "--steps 60", "stop_full");
+  ASSERT_EQ(full.result.exit_code, 0) << full.result.err;
+  const std::string dir = TheCorpus().dir().Path("stop_ckpt");
+  const std::string metrics = TheCorpus().dir().Path("stop_stopped.jsonl");
+  kc::testing::Daemon run(std::string(KC_BINARY) + " train " + TheCorpus().model() + " --data " +
+                          TheCorpus().manifest() + " --progress none --metrics " + metrics +
+                          " --checkpoint-dir " + dir + " " + common + "--steps 60");
+  // Three steps done (polling the file the run writes: nothing else says so).
+  const auto steps_done = [&] {
+    std::ifstream in(metrics);
+    int n = 0;
+    for (std::string line; std::getline(in, line);)
+      n += line.find("\"type\":\"step\"") != line.npos;
+    return n;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(2);
+  while (steps_done() < 3 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(run.Stop(SIGTERM), 128 + SIGTERM);
+  int64_t last_step = 0, checkpoint = 0;
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json r = nlohmann::json::parse(line);
+    if (r["type"] == "step") last_step = r["step"].get<int64_t>();
+    if (r["type"] == "checkpoint") checkpoint = r["step"].get<int64_t>();
+  }
+  ASSERT_GE(last_step, 3);
+  ASSERT_LT(last_step, 60);
+  EXPECT_EQ(checkpoint, last_step);
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(last_step));
+  EXPECT_TRUE(fs::exists(fs::path(dir) / name / "MANIFEST.json"));
+
+  TrainRun resumed =
+      Train(TheCorpus().model(), common + "--steps 60 --checkpoint-dir " + dir, "stop_resumed");
+  ASSERT_EQ(resumed.result.exit_code, 0) << resumed.result.err;
+  EXPECT_EQ(ResumedFrom(resumed), last_step);
+  ASSERT_EQ(resumed.losses.size(), static_cast<size_t>(60 - last_step));
+  EXPECT_LT(MaxRelativeDifference(LossesFrom(full, last_step), resumed.losses), 1e-6);
 }
 
 // A corrupt newest checkpoint is skipped with its reason and the previous one is used; kc ckpt
