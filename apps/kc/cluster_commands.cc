@@ -371,7 +371,8 @@ void AddJob(CLI::App& app, Action* action) {
     }
     if (std::string_view(name) == "modify") {
       c->add_option("--name", a->name, "A new name");
-      c->add_option("--expected-hours", a->hours, "The runtime it is allowed, in hours");
+      c->add_option("--expected-hours", a->hours, "The runtime it is allowed, in hours")
+          ->check(CLI::NonNegativeNumber);
     }
     c->callback([action, a, call, name] {
       *action = [a, call, name]() -> int {

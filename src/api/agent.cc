@@ -92,6 +92,11 @@ struct Agent::Impl {
   CondVar wake;
   bool stopped KC_GUARDED_BY(mu) = false;
   std::map<int64_t, Job> jobs KC_GUARDED_BY(mu);  // by job id
+  // Start orders for jobs whose previous run here is still stopping (kcd queued the job again
+  // and placed it here): each starts once that run has ended and been reported.
+  std::map<int64_t, kc::v1::StartOrder> deferred KC_GUARDED_BY(mu);
+  // Deferred runs stopped before they started: their ends, for kcd.
+  std::vector<Report> never_started KC_GUARDED_BY(mu);
   std::thread thread;
 
   // Told by kcd at registration.
@@ -117,6 +122,12 @@ struct Agent::Impl {
       Report* r = req.add_jobs();
       r->set_job(id);
       r->set_run(j.order.run());
+      r->set_state(Report::STATE_RUNNING);
+    }
+    for (auto& [id, start] : deferred) {  // kcd's orders, to be carried out
+      Report* r = req.add_jobs();
+      r->set_job(id);
+      r->set_run(start.run());
       r->set_state(Report::STATE_RUNNING);
     }
     kc::v1::RegisterAgentResponse resp;
@@ -408,6 +419,9 @@ struct Agent::Impl {
         r->set_state(Report::STATE_RUNNING);
       }
     }
+    const int job_reports = req.jobs_size();  // then the runs that never started
+    const size_t never_started_sent = never_started.size();
+    for (const Report& r : never_started) *req.add_jobs() = r;
     kc::v1::AgentHeartbeatResponse resp;
     grpc::ClientContext ctx;
     PrepareCall(o.kcd, &ctx, std::chrono::seconds(10));
@@ -422,7 +436,10 @@ struct Agent::Impl {
     }
     failures = 0;
     // Delivered: forget the log sent and the jobs whose end kcd now knows.
-    for (const Report& r : req.jobs()) {
+    never_started.erase(never_started.begin(),
+                        never_started.begin() + static_cast<std::ptrdiff_t>(never_started_sent));
+    for (int i = 0; i < job_reports; ++i) {
+      const Report& r = req.jobs(i);
       Job& j = jobs[r.job()];
       j.log.erase(0, sent_log[r.job()]);
       if (r.state() != Report::STATE_RUNNING) {
@@ -431,6 +448,19 @@ struct Agent::Impl {
       }
     }
     for (const kc::v1::StopOrder& stop : resp.stop()) {
+      if (auto d = deferred.find(stop.job());
+          d != deferred.end() && d->second.run() == stop.run()) {
+        KC_LOG(INFO) << "agent: job " << stop.job() << " run " << stop.run()
+                     << ": stopped before it started: " << stop.reason();
+        Report r;
+        r.set_job(stop.job());
+        r.set_run(stop.run());
+        r.set_state(Report::STATE_FAILED_TO_START);
+        r.set_reason("stopped before it started");
+        never_started.push_back(std::move(r));
+        deferred.erase(d);
+        continue;
+      }
       auto it = jobs.find(stop.job());
       if (it == jobs.end() || it->second.order.run() != stop.run()) continue;
       KC_LOG(INFO) << "agent: job " << stop.job() << ": stopping: " << stop.reason();
@@ -439,9 +469,27 @@ struct Agent::Impl {
       Signal(it->second, SIGTERM);
     }
     bool started = false;
+    for (auto d = deferred.begin(); d != deferred.end();) {
+      if (jobs.count(d->first) != 0) {
+        ++d;
+        continue;
+      }
+      Job& j = jobs[d->first];
+      j.order = std::move(d->second);
+      Launch(j);
+      started = true;
+      d = deferred.erase(d);
+    }
     for (const kc::v1::StartOrder& start : resp.start()) {
-      if (jobs.count(start.job()) != 0) {
-        KC_LOG(WARNING) << "agent: job " << start.job() << ": already running here";
+      if (auto it = jobs.find(start.job()); it != jobs.end()) {
+        if (it->second.order.run() == start.run()) {
+          KC_LOG(WARNING) << "agent: job " << start.job() << " run " << start.run()
+                          << ": already running here";
+        } else {
+          KC_LOG(INFO) << "agent: job " << start.job() << " run " << start.run()
+                       << " starts once run " << it->second.order.run() << " has stopped";
+          deferred[start.job()] = start;
+        }
         continue;
       }
       Job& j = jobs[start.job()];

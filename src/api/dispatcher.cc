@@ -295,6 +295,17 @@ struct Dispatcher::Impl {
       Move(j.id, JobPhase::kFailed, fmt::format("cannot run: {}", spec.status().message()));
       return;
     }
+    // A job's ranks share one host: one that no host can hold would wait for ever.
+    size_t largest = 0;
+    for (const std::vector<int>& on_host : host_devices)
+      largest = std::max(largest, on_host.size());
+    if (static_cast<size_t>(spec->ranks) > largest) {
+      Move(j.id, JobPhase::kFailed,
+           fmt::format("cannot run: its {} ranks run on one host, and the largest host of the "
+                       "cluster has {} devices",
+                       spec->ranks, largest));
+      return;
+    }
     if (j.phase == JobPhase::kPending && o.plans != nullptr) {
       // The planner's plan; past the approval limits the job waits for a resource admin.
       const PlanRecord plan = PlanJob(j, *spec);

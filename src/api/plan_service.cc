@@ -48,8 +48,13 @@ Status PlanServiceImpl::Decide(const Principal& caller, const kc::v1::DecidePlan
   KC_RETURN_IF_ERROR(
       Allowed(audit_, caller, approve ? Action::kPlanApprove : Action::kPlanDeny, j));
   if (j.phase != JobPhase::kApprovalRequired) {
-    return FailedPreconditionError(
-        fmt::format("job {}: it is {}, not waiting for approval", j.id, JobPhaseName(j.phase)));
+    const std::string why =
+        fmt::format("job {}: it is {}, not waiting for approval", j.id, JobPhaseName(j.phase));
+    // Recorded as a second quota decision is: the attempt, and why it did nothing.
+    AuditNow(audit_, caller.user, approve ? "plan.approve" : "plan.deny",
+             fmt::format("plan/{}", j.id), "failed", why)
+        .IgnoreError();
+    return FailedPreconditionError(why);
   }
   const double now = internal::WallSeconds();
   KC_ASSIGN_OR_RETURN(PlanRecord p, plans_->Decide(j.id, approve, caller.user, req.note(), now));

@@ -84,6 +84,42 @@ class ClusterTest : public ::testing::Test {
     return up;
   }
 
+  // `kc init` of cluster directory `cluster` with the two-host inventory.
+  void Init() {
+    KcRun init = Kc(fmt::format("init {} --inventory {}", dir_.Path("cluster"),
+                                dir_.Write("inv.yaml", kTwoCpuHosts)));
+    ASSERT_EQ(init.exit_code, 0) << init.err;
+  }
+
+  // kcd on its own, on cluster directory `cluster` (Init), with `flags`, on `port` (0: any);
+  // logs this test's kc in as its admin. Returns kcd and its port.
+  std::pair<std::unique_ptr<Daemon>, std::string> Kcd(const std::string& flags,
+                                                      const std::string& port = "0") {
+    const std::string cluster = dir_.Path("cluster");
+    auto kcd = std::make_unique<Daemon>(
+        fmt::format("{} --dir {} --listen 127.0.0.1:{} {}", KCD_BINARY, cluster, port, flags));
+    const std::string line = kcd->WaitForLine("listening on");
+    const size_t colon = line.rfind(':');
+    const std::string bound = line.substr(colon + 1, line.find(' ', colon) - colon - 1);
+    EXPECT_FALSE(bound.empty()) << kcd->output();
+    KcRun login =
+        Kc(fmt::format("login --server localhost:{} --ca {}/tls/ca.pem --token-file "
+                       "{}/admin.token",
+                       bound, cluster, cluster));
+    EXPECT_EQ(login.exit_code, 0) << login.err;
+    return {std::move(kcd), bound};
+  }
+
+  // `kc agent` for host h1 of the two-host inventory, logged in as the admin.
+  std::unique_ptr<Daemon> AgentOnH1() {
+    auto agent = std::make_unique<Daemon>(
+        fmt::format("env XDG_CONFIG_HOME={} {} agent --host h1 --devices 2 --work {} "
+                    "--data-root {}",
+                    dir_.Path("config"), KC_BINARY, dir_.Path("work"), data_->path()));
+    EXPECT_THAT(agent->WaitForLine("kc agent:"), HasSubstr("host h1 with 2 devices"));
+    return agent;
+  }
+
   // The job as `kc job show --json` prints it.
   nlohmann::json Show(int64_t id, const std::string& login = "") {
     KcRun r = Kc(fmt::format("job show {} --json{}", id, login.empty() ? "" : " --login " + login));
@@ -190,6 +226,17 @@ TEST_F(ClusterTest, PauseResumeAndCancelAJob) {
   };
   Await(id, [&](const nlohmann::json&) { return logs_show_resume(); });
 
+  // Paused and resumed at once: the new run is placed on the same devices while the old one
+  // may still be saving its checkpoint; it starts when that one has stopped.
+  ASSERT_EQ(Kc(fmt::format("job pause {}", id)).exit_code, 0);
+  ASSERT_EQ(Kc(fmt::format("job resume {}", id)).exit_code, 0);
+  Await(id, [&](const nlohmann::json& x) {
+    const std::string logs = Kc(fmt::format("job logs {}", id)).out;
+    const size_t first = logs.find("kc train: resuming from");
+    return x["phase"] == "running" && first != std::string::npos &&
+           logs.find("kc train: resuming from", first + 1) != std::string::npos;
+  });
+
   KcRun cancel = Kc(fmt::format("job cancel {}", id));
   ASSERT_EQ(cancel.exit_code, 0) << cancel.err;
   EXPECT_EQ(Show(id)["phase"], "cancelled");
@@ -248,15 +295,29 @@ TEST_F(ClusterTest, APlanPastTheApprovalLimitsWaitsForAResourceAdmin) {
   for (const AuditRecord& r : *records) {
     if (r.action.starts_with("plan.")) decisions.push_back(r.action + " " + r.outcome);
   }
-  EXPECT_THAT(decisions, ::testing::IsSupersetOf({"plan.approve ok", "plan.deny ok"}));
+  EXPECT_THAT(decisions,
+              ::testing::IsSupersetOf({"plan.approve ok", "plan.deny ok", "plan.deny failed"}));
+}
+
+TEST_F(ClusterTest, AJobNoHostCanHoldFailsWithWhy) {
+  std::unique_ptr<Daemon> up = Up();
+  KcRun submit =
+      Kc("submit " +
+         dir_.Write("wide.yaml", fmt::format("name: wide\nmodel: {}\nranks: 3\n", model_)) +
+         " --json");
+  ASSERT_EQ(submit.exit_code, 0) << submit.err;
+  nlohmann::json j = Await(Int(nlohmann::json::parse(submit.out), "id"),
+                           [](const nlohmann::json& x) { return Ended(x["phase"]); });
+  EXPECT_EQ(j["phase"], "failed");
+  EXPECT_THAT(j["reason"].get<std::string>(),
+              HasSubstr("its 3 ranks run on one host, and the largest host of the cluster has 2"));
+  EXPECT_EQ(up->Stop(SIGTERM), 0);
 }
 
 TEST_F(ClusterTest, ARightRevokedWhileRunningStopsTheJobAtItsNextCheck) {
   // kcd and an agent apart, as on a real cluster: kcd is restarted, the agent is not.
   const std::string cluster = dir_.Path("cluster");
-  ASSERT_EQ(Kc(fmt::format("init {} --inventory {}", cluster, dir_.Write("inv.yaml", kTwoCpuHosts)))
-                .exit_code,
-            0);
+  Init();
   const std::string roles = Read(cluster + "/roles.yaml");
   const std::string users = "users:\n  - {name: admin, role: system_admin}\n";
   ASSERT_NE(roles.find(users), std::string::npos) << roles;
@@ -264,15 +325,8 @@ TEST_F(ClusterTest, ARightRevokedWhileRunningStopsTheJobAtItsNextCheck) {
   with_alice.replace(with_alice.find(users), users.size(),
                      users + "  - {name: alice, role: submitter}\n");
   dir_.Write("cluster/roles.yaml", with_alice);
-
-  auto kcd = std::make_unique<Daemon>(
-      fmt::format("{} --dir {} --listen 127.0.0.1:0 --check-period 0.2", KCD_BINARY, cluster));
-  const std::string line = kcd->WaitForLine("listening on");
-  const std::string port =
-      line.substr(line.rfind(':') + 1, line.find(' ', line.rfind(':')) - line.rfind(':') - 1);
-  ASSERT_FALSE(port.empty()) << kcd->output();
+  auto [kcd, port] = Kcd("--check-period 0.2");
   const std::string server = "--server localhost:" + port + " --ca " + cluster + "/tls/ca.pem";
-  ASSERT_EQ(Kc(fmt::format("login {} --token-file {}/admin.token", server, cluster)).exit_code, 0);
   const std::string alice_login = dir_.Path("alice.json");
   ASSERT_EQ(
       Kc(fmt::format("token issue alice --dir {} --out {}", cluster, dir_.Path("alice.token")))
@@ -282,12 +336,7 @@ TEST_F(ClusterTest, ARightRevokedWhileRunningStopsTheJobAtItsNextCheck) {
                                dir_.Path("alice.token"), alice_login));
   ASSERT_EQ(login.exit_code, 0) << login.err;
   EXPECT_THAT(login.out, HasSubstr("as alice (submitter)"));
-
-  Daemon agent(
-      fmt::format("env XDG_CONFIG_HOME={} {} agent --host h1 --devices 2 --work {} "
-                  "--data-root {}",
-                  dir_.Path("config"), KC_BINARY, dir_.Path("work"), data_->path()));
-  ASSERT_THAT(agent.WaitForLine("kc agent:"), HasSubstr("host h1 with 2 devices"));
+  std::unique_ptr<Daemon> agent = AgentOnH1();
 
   KcRun submit = Kc("submit " + JobFile("alices", 1000000, "checkpoint_every: 100\n") +
                     " --json --login " + alice_login);
@@ -304,9 +353,7 @@ TEST_F(ClusterTest, ARightRevokedWhileRunningStopsTheJobAtItsNextCheck) {
                   "{name: alice, role: observer}");
   dir_.Write("cluster/roles.yaml", demoted);
   EXPECT_EQ(kcd->Stop(SIGTERM), 0);
-  kcd = std::make_unique<Daemon>(fmt::format("{} --dir {} --listen 127.0.0.1:{} --check-period 0.2",
-                                             KCD_BINARY, cluster, port));
-  ASSERT_THAT(kcd->WaitForLine("listening on"), HasSubstr(port));
+  std::tie(kcd, port) = Kcd("--check-period 0.2", port);
 
   nlohmann::json j = Await(id, [](const nlohmann::json& x) { return x["phase"] == "paused"; });
   EXPECT_THAT(j["reason"].get<std::string>(), HasSubstr("stopped at its execution-time check"));
@@ -320,7 +367,7 @@ TEST_F(ClusterTest, ARightRevokedWhileRunningStopsTheJobAtItsNextCheck) {
   EXPECT_EQ(again.exit_code, 1);
   EXPECT_THAT(again.err, HasSubstr("observer"));
 
-  EXPECT_EQ(agent.Stop(SIGTERM), 0);
+  EXPECT_EQ(agent->Stop(SIGTERM), 0);
   EXPECT_EQ(kcd->Stop(SIGTERM), 0);
   Result<std::unique_ptr<AuditLog>> audit = AuditLog::Open(cluster + "/audit.db");
   ASSERT_TRUE(audit.ok());
@@ -377,6 +424,33 @@ TEST_F(ClusterTest, AnAgentKilledWithoutItsStopLeavesNoJobRunningTwice) {
   EXPECT_EQ(up->Stop(SIGTERM), 0);
   // Stopped in order this time: nothing of it is left.
   EXPECT_FALSE(std::filesystem::exists(dir_.Path(fmt::format("cluster/work/agent/{}.pid", id))));
+}
+
+TEST_F(ClusterTest, AnAgentSilentPastLostAfterStopsItsRunBeforeTheNextStarts) {
+  Init();
+  auto [kcd, port] = Kcd("--agent-lost-after 1");
+  std::unique_ptr<Daemon> agent = AgentOnH1();
+  KcRun submit = Kc("submit " + JobFile("long", 1000000, "checkpoint_every: 20\n") + " --json");
+  ASSERT_EQ(submit.exit_code, 0) << submit.err;
+  const int64_t id = Int(nlohmann::json::parse(submit.out), "id");
+  Await(id, [](const nlohmann::json& j) {
+    return j["phase"] == "running" && Int(j, "checkpoint_step") >= 20;
+  });
+  // The agent falls silent (its job does not: it is a process group of its own) until kcd
+  // has taken the job for lost and queued it again; only h1 can take it.
+  ASSERT_EQ(kill(agent->pid(), SIGSTOP), 0);
+  Await(id, [](const nlohmann::json& j) { return j["phase"] == "queued"; });
+  ASSERT_EQ(kill(agent->pid(), SIGCONT), 0);
+  // Back, the agent registers with the run kcd dropped: kcd stops it and starts the job again
+  // on the same devices; the new run waits for the old one to stop, then resumes.
+  Await(id, [&](const nlohmann::json& x) {
+    return x["phase"] == "running" &&
+           Kc(fmt::format("job logs {}", id)).out.find("kc train: resuming from") !=
+               std::string::npos;
+  });
+  EXPECT_EQ(Kc(fmt::format("job cancel {}", id)).exit_code, 0);
+  EXPECT_EQ(agent->Stop(SIGTERM), 0);
+  EXPECT_EQ(kcd->Stop(SIGTERM), 0);
 }
 
 TEST_F(ClusterTest, JobPathsThatClimbOutOfTheAgentsRootsAreRefused) {
