@@ -61,8 +61,8 @@ class AdminServicesTest : public ::testing::Test {
     guard_ = std::make_unique<RpcGuard>(
         RpcGuardOptions{.tokens = tokens_.get(), .roles = &roles_, .audit = audit_.get()});
     cluster_ = std::make_unique<ClusterDir>(dir_.path());
-    job_service_ =
-        std::make_unique<JobServiceImpl>(guard_.get(), jobs_.get(), quotas_.get(), audit_.get());
+    job_service_ = std::make_unique<JobServiceImpl>(guard_.get(), &roles_, jobs_.get(),
+                                                    quotas_.get(), audit_.get());
     quota_service_ = std::make_unique<QuotaServiceImpl>(guard_.get(), &roles_, quotas_.get(),
                                                         jobs_.get(), audit_.get());
     audit_service_ = std::make_unique<AuditServiceImpl>(guard_.get(), &roles_, audit_.get());

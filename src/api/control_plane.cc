@@ -181,9 +181,9 @@ Result<std::unique_ptr<Kcd>> Kcd::Start(const KcdOptions& o) {
                                          .check_period_s = o.check_period_s}));
   impl->agent_service = std::make_unique<AgentServiceImpl>(
       impl->guard.get(), impl->dispatcher.get(), impl->audit.get());
-  impl->job_service =
-      std::make_unique<JobServiceImpl>(impl->guard.get(), impl->jobs.get(), impl->quotas.get(),
-                                       impl->audit.get(), impl->dispatcher.get());
+  impl->job_service = std::make_unique<JobServiceImpl>(impl->guard.get(), &impl->roles,
+                                                       impl->jobs.get(), impl->quotas.get(),
+                                                       impl->audit.get(), impl->dispatcher.get());
   impl->plan_service =
       std::make_unique<PlanServiceImpl>(impl->guard.get(), impl->jobs.get(), impl->plans.get(),
                                         impl->audit.get(), impl->dispatcher.get());

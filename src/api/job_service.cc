@@ -82,6 +82,10 @@ grpc::Status JobServiceImpl::Submit(grpc::ServerContext* context,
                 .updated_s = 0,
                 .reason = "submitted"};
     if (j.team.empty() && !caller.teams.empty()) j.team = caller.teams.front();
+    if (!j.team.empty() && std::none_of(roles_->teams.begin(), roles_->teams.end(),
+                                        [&](const TeamSpec& t) { return t.name == j.team; })) {
+      return InvalidArgumentError(fmt::format("team: no team \"{}\" in the roles file", j.team));
+    }
     if (!j.team.empty() && caller.role != Role::kSystemAdmin &&
         std::find(caller.teams.begin(), caller.teams.end(), j.team) == caller.teams.end()) {
       const std::string why = fmt::format("{} is not in team {}", caller.user, j.team);

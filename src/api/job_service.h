@@ -9,6 +9,7 @@
 #include "api/dispatcher.h"
 #include "api/job_store.h"
 #include "api/quotas.h"
+#include "api/roles_file.h"
 #include "api/rpc_guard.h"
 #include "kc/v1/jobs.grpc.pb.h"
 
@@ -17,11 +18,16 @@ namespace kc::api {
 // Safe for concurrent use.
 class JobServiceImpl final : public kc::v1::JobService::Service {
  public:
-  // Not owned; all outlive the service. `audit` may be null; so may `dispatcher` (then jobs
-  // only wait in the store).
-  JobServiceImpl(RpcGuard* guard, JobStore* jobs, QuotaStore* quotas, AuditLog* audit,
-                 Dispatcher* dispatcher = nullptr)
-      : guard_(guard), jobs_(jobs), quotas_(quotas), audit_(audit), dispatcher_(dispatcher) {}
+  // Not owned; all outlive the service. `roles` names the teams a job may be submitted for.
+  // `audit` may be null; so may `dispatcher` (then jobs only wait in the store).
+  JobServiceImpl(RpcGuard* guard, const RolesConfig* roles, JobStore* jobs, QuotaStore* quotas,
+                 AuditLog* audit, Dispatcher* dispatcher = nullptr)
+      : guard_(guard),
+        roles_(roles),
+        jobs_(jobs),
+        quotas_(quotas),
+        audit_(audit),
+        dispatcher_(dispatcher) {}
 
   grpc::Status Submit(grpc::ServerContext* context, const kc::v1::SubmitJobRequest* request,
                       kc::v1::JobInfo* response) override;
@@ -46,6 +52,7 @@ class JobServiceImpl final : public kc::v1::JobService::Service {
 
   // Not owned (constructor's contract).
   RpcGuard* guard_;
+  const RolesConfig* roles_;
   JobStore* jobs_;
   QuotaStore* quotas_;
   AuditLog* audit_;

@@ -41,8 +41,8 @@ class JobServiceTest : public ::testing::Test {
     roles_ = *LoadRolesString(kRoles, "roles.yaml");
     guard_ = std::make_unique<RpcGuard>(
         RpcGuardOptions{.tokens = tokens_.get(), .roles = &roles_, .audit = audit_.get()});
-    service_ =
-        std::make_unique<JobServiceImpl>(guard_.get(), jobs_.get(), quotas_.get(), audit_.get());
+    service_ = std::make_unique<JobServiceImpl>(guard_.get(), &roles_, jobs_.get(), quotas_.get(),
+                                                audit_.get());
     grpc::ServerBuilder b;
     int port = 0;
     b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -117,6 +117,10 @@ TEST_F(JobServiceTest, EachRoleMayDoWhatTheTableSays) {
   EXPECT_EQ(Submit("olga", "nope", 1, &x).error_code(), grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_EQ(Submit("bob", "sneaky", 1, &x, "vision").error_code(),
             grpc::StatusCode::PERMISSION_DENIED);  // not in that team
+  // A team the roles file does not name, even for a system admin.
+  grpc::Status unknown = Submit("root", "nowhere", 1, &x, "visoin");
+  EXPECT_EQ(unknown.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(unknown.error_message(), HasSubstr("team: no team \"visoin\" in the roles file"));
   // Reading.
   EXPECT_TRUE(Get("ann", ann_job.id()).ok());
   EXPECT_TRUE(Get("vera", ann_job.id()).ok());  // her team's
