@@ -53,9 +53,14 @@ CREATE TABLE IF NOT EXISTS job_logs (
 );
 )";
 
+// The columns of a JobRecord, the last its running time: each "running" event's span to the
+// event after it (a run still going counts from the next change on).
 constexpr char kColumns[] =
     "id, name, owner, team, spec, devices, device_hours, storage_gb, phase, submitted_s, "
-    "updated_s, reason";
+    "updated_s, reason, "
+    "(SELECT COALESCE(SUM((SELECT n.time_s FROM job_events n WHERE n.job = e.job AND "
+    "n.rowid > e.rowid ORDER BY n.rowid LIMIT 1) - e.time_s), 0) FROM job_events e "
+    "WHERE e.job = jobs.id AND e.phase = 'running')";
 
 JobRecord Row(const internal::Statement& s) {
   return {.id = s.Int(0),
@@ -69,7 +74,8 @@ JobRecord Row(const internal::Statement& s) {
           .phase = JobPhaseFromName(s.Text(8)).value_or(JobPhase::kFailed),
           .submitted_s = s.Double(9),
           .updated_s = s.Double(10),
-          .reason = s.Text(11)};
+          .reason = s.Text(11),
+          .ran_s = s.Double(12)};
 }
 
 }  // namespace

@@ -50,6 +50,9 @@ struct JobRecord {
   double submitted_s = 0;  // seconds since the Unix epoch
   double updated_s = 0;
   std::string reason;  // why it is in its phase
+  // Read only: the time it has spent running, every run together (seconds), up to its last
+  // change of phase.
+  double ran_s = 0;
 };
 
 // One change of a job's phase.

@@ -6,6 +6,7 @@
 
 #include <map>
 
+#include "api/quota_usage.h"
 #include "tests/support/child_guard.h"
 #include "tests/support/temp_dir.h"
 
@@ -160,6 +161,32 @@ TEST(JobStoreTest, HistoryProgressRenamesAndLogsAreKept) {
   ASSERT_TRUE(s.Transition(j->id, JobPhase::kCancelled, "bye", 107).ok());
   EXPECT_EQ(s.Modify(j->id, "late", std::nullopt, 108).status().code(),
             ErrorCode::kFailedPrecondition);
+}
+
+// The time a job ran, every run together, and what quotas count of it: the device-hours it
+// asked for while it may still run, those it ran once it has ended.
+TEST(JobStoreTest, ARunningTimeIsKeptAndEndedJobsCountTheHoursTheyRan) {
+  testing::TempDir dir("kc_jobs");
+  Result<std::unique_ptr<JobStore>> store = JobStore::Open(dir.Path("kcd.db"));
+  ASSERT_TRUE(store.ok()) << store.status().message();
+  JobStore& s = **store;
+  JobRecord asked = Job("train");
+  asked.devices = 2;
+  asked.device_hours = 10;
+  Result<JobRecord> j = s.Submit(asked, 0);
+  ASSERT_TRUE(j.ok());
+  const std::pair<JobPhase, double> moves[] = {{JobPhase::kQueued, 1},    {JobPhase::kRunning, 10},
+                                               {JobPhase::kPaused, 40},   {JobPhase::kQueued, 50},
+                                               {JobPhase::kRunning, 60},  {JobPhase::kQueued, 1000},
+                                               {JobPhase::kRunning, 1800}};
+  for (const auto& [phase, at] : moves) ASSERT_TRUE(s.Transition(j->id, phase, "", at).ok());
+  // 30 s and 940 s; the run going on is counted from its next change.
+  EXPECT_DOUBLE_EQ(s.Get(j->id)->ran_s, 970);
+  EXPECT_DOUBLE_EQ(UsageOf(*s.List({}), QuotaSubject::kUser, "ann").device_hours, 10);
+  ASSERT_TRUE(s.Transition(j->id, JobPhase::kCancelled, "", 2160).ok());
+  EXPECT_DOUBLE_EQ(s.Get(j->id)->ran_s, 1330);
+  EXPECT_DOUBLE_EQ(UsageOf(*s.List({}), QuotaSubject::kUser, "ann").device_hours,
+                   2 * 1330.0 / 3600);
 }
 
 }  // namespace
