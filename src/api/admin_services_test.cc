@@ -316,7 +316,8 @@ TEST_F(AdminServicesTest, EachRoleMayCallWhatTheTableSays) {
   EXPECT_GT(denials, 0);
   // Every denial is in the audit log, and the chain holds.
   int denied_records = 0;
-  for (const AuditRecord& r : *audit_->Query({.limit = 1 << 30})) {
+  const std::vector<AuditRecord> records = *audit_->Query({.limit = 1 << 30});
+  for (const AuditRecord& r : records) {
     denied_records += r.outcome == "denied";
   }
   EXPECT_EQ(denied_records, denials);
@@ -394,7 +395,8 @@ TEST_F(AdminServicesTest, AnApprovedRequestRaisesTheQuotaOnce) {
   // The trail: requests, decisions, the refusals.
   auto outcomes = [&](const std::string& action) {
     std::vector<std::string> out;
-    for (const AuditRecord& r : *audit_->Query({.action = action})) out.push_back(r.outcome);
+    const std::vector<AuditRecord> records = *audit_->Query({.action = action});
+    for (const AuditRecord& r : records) out.push_back(r.outcome);
     return out;
   };
   EXPECT_EQ(outcomes("quota.request"), (std::vector<std::string>{"ok", "ok"}));
@@ -522,7 +524,8 @@ TEST_F(AdminServicesTest, ATopologyIsReplacedOnlyWhenItLoads) {
   EXPECT_EQ(PutTopology("vera", Inventory()).error_code(), grpc::StatusCode::PERMISSION_DENIED);
 
   std::vector<std::string> outcomes;
-  for (const AuditRecord& r : *audit_->Query({.action = "topology.write"})) {
+  const std::vector<AuditRecord> records = *audit_->Query({.action = "topology.write"});
+  for (const AuditRecord& r : records) {
     outcomes.push_back(r.principal + " " + r.outcome);
   }
   EXPECT_EQ(outcomes, (std::vector<std::string>{"root ok", "root failed", "vera denied"}));

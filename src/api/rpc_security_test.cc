@@ -173,7 +173,8 @@ TEST_F(RpcSecurityTest, EveryMethodRefusesForgedAndRevokedTokens) {
   // Every refusal is in the audit log (read by a second connection: kcd holds it open).
   std::unique_ptr<AuditLog> audit = std::move(*AuditLog::Open(dir_.Path("audit.db")));
   int refused = 0;
-  for (const AuditRecord& r : *audit->Query({.limit = 1 << 30})) {
+  const std::vector<AuditRecord> records = *audit->Query({.limit = 1 << 30});
+  for (const AuditRecord& r : records) {
     refused += r.resource == "rpc" && r.outcome == "denied";
   }
   EXPECT_GE(refused, static_cast<int>(methods.size()) * 3);

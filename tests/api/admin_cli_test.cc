@@ -142,7 +142,8 @@ TEST_F(AdminCliTest, ATeamQuotaIncreaseIsRequestedApprovedAndInForce) {
   const std::string resource = fmt::format("quota-request/{}", id);
   EXPECT_THAT(seen, ::testing::ElementsAre("quota.request alice " + resource + " ok",
                                            "quota.approve rob " + resource + " ok"));
-  for (const nlohmann::json& r : Json("alice", "audit query --action quota.")["records"]) {
+  const nlohmann::json hers = Json("alice", "audit query --action quota.");
+  for (const nlohmann::json& r : hers["records"]) {
     EXPECT_EQ(r["principal"], "alice");
   }
   KcRun verify = As("admin", "audit verify");
