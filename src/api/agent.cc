@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -43,6 +44,9 @@ struct Job {
   std::string last_line;
   std::string metrics_path;
   int64_t metrics_offset = 0;
+  std::string faults_path;  // kc train's fault log
+  int64_t faults_offset = 0;
+  std::vector<std::string> faults;  // its events not yet delivered to kcd
   int64_t step = 0;
   int64_t checkpoint_step = 0;
   double next_check_s = 0;
@@ -54,6 +58,22 @@ struct Job {
   int exit_code = 0;
   std::string end_reason;
 };
+
+// Calls `f` with each whole line of file `path` past `*offset` (one still being written waits
+// for the next call) and moves `*offset` past them. A file not there yet has no lines.
+void ReadNewLines(const std::string& path, int64_t* offset,
+                  const std::function<void(const std::string&)>& f) {
+  if (path.empty()) return;
+  std::ifstream in(path);
+  if (!in) return;
+  in.seekg(*offset);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (in.eof()) break;  // a line still being written
+    *offset += static_cast<int64_t>(line.size()) + 1;
+    f(line);
+  }
+}
 
 std::string LastLine(const std::string& text) {
   size_t end = text.find_last_not_of('\n');
@@ -286,6 +306,7 @@ struct Agent::Impl {
            (root / (j.spec.data.empty() ? "fortunes/manifest.json" : j.spec.data)).string()});
     }
     j.metrics_path = (fs::path(out) / "metrics.jsonl").string();
+    j.faults_path = (fs::path(out) / "faults.jsonl").string();
     int pipefd[2];
     if (pipe2(pipefd, O_CLOEXEC) != 0) return fail(fmt::format("pipe: {}", strerror(errno)));
     std::vector<char*> argv;
@@ -337,22 +358,16 @@ struct Agent::Impl {
         if (!line.empty()) j.last_line = std::move(line);
       }
     }
-    if (!j.metrics_path.empty()) {
-      std::ifstream in(j.metrics_path);
-      if (in) {
-        in.seekg(j.metrics_offset);
-        std::string line;
-        while (std::getline(in, line)) {
-          if (in.eof()) break;  // a line still being written
-          j.metrics_offset += static_cast<int64_t>(line.size()) + 1;
-          nlohmann::json m = nlohmann::json::parse(line, nullptr, false);
-          if (!m.is_object()) continue;
-          const std::string type = m.value("type", "");
-          if (type == "step") j.step = m.value("step", j.step);
-          if (type == "checkpoint") j.checkpoint_step = m.value("step", j.checkpoint_step);
-        }
-      }
-    }
+    ReadNewLines(j.metrics_path, &j.metrics_offset, [&](const std::string& line) {
+      nlohmann::json m = nlohmann::json::parse(line, nullptr, false);
+      if (!m.is_object()) return;
+      const std::string type = m.value("type", "");
+      if (type == "step") j.step = m.value("step", j.step);
+      if (type == "checkpoint") j.checkpoint_step = m.value("step", j.checkpoint_step);
+    });
+    ReadNewLines(j.faults_path, &j.faults_offset, [&](const std::string& line) {
+      if (j.faults.size() < 1000) j.faults.push_back(line);  // a storm is cut, not kept whole
+    });
     if (j.pid <= 0 || j.ended) return;
     int status = 0;
     if (waitpid(j.pid, &status, WNOHANG) != j.pid) return;
@@ -411,6 +426,7 @@ struct Agent::Impl {
       const size_t n = std::min(j.log.size(), kMaxLogPerReport);
       r->set_log(j.log.substr(0, n));
       sent_log[id] = n;
+      for (const std::string& f : j.faults) r->add_faults(f);
       if (j.ended && j.log.size() <= n) {
         r->set_state(j.end_state);
         r->set_exit_code(j.exit_code);
@@ -442,6 +458,7 @@ struct Agent::Impl {
       const Report& r = req.jobs(i);
       Job& j = jobs[r.job()];
       j.log.erase(0, sent_log[r.job()]);
+      j.faults.erase(j.faults.begin(), j.faults.begin() + r.faults_size());
       if (r.state() != Report::STATE_RUNNING) {
         Close(j);
         jobs.erase(r.job());

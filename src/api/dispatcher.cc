@@ -6,6 +6,7 @@
 #include <chrono>
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
 #include <vector>
@@ -669,6 +670,12 @@ Result<kc::v1::AgentHeartbeatResponse> Dispatcher::Heartbeat(
   bool changed = false;
   for (const kc::v1::AgentJobReport& r : req.jobs()) {
     if (!r.log().empty()) m.o.jobs->AppendLog(r.job(), r.log()).IgnoreError();  // unknown: no log
+    for (const std::string& f : r.faults()) {  // the fault layer's events, into the audit log
+      const nlohmann::json e = nlohmann::json::parse(f, nullptr, false);
+      const std::string event = e.is_object() ? e.value("event", "") : "";
+      m.Audit("kcd", "fault." + (event.empty() ? std::string("unknown") : event),
+              fmt::format("job/{}", r.job()), "ok", fmt::format("on {}: {}", req.host(), f));
+    }
     if (m.StopIfUnknown(a, r)) continue;
     Run& run = m.runs[r.job()];
     const std::string where = fmt::format("job/{}", run.job);

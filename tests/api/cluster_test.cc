@@ -453,6 +453,35 @@ TEST_F(ClusterTest, AnAgentSilentPastLostAfterStopsItsRunBeforeTheNextStarts) {
   EXPECT_EQ(kcd->Stop(SIGTERM), 0);
 }
 
+TEST_F(ClusterTest, TheFaultLayersEventsAreInTheAuditLog) {
+  std::unique_ptr<Daemon> up = Up();
+  KcRun submit = Kc("submit " + JobFile("doomed", 1000000) + " --json");
+  ASSERT_EQ(submit.exit_code, 0) << submit.err;
+  const int64_t id = Int(nlohmann::json::parse(submit.out), "id");
+  Await(id, [](const nlohmann::json& j) { return j["phase"] == "running" && Int(j, "step") >= 2; });
+  // kill -9 of one of its ranks (a child of kc train, the group's leader).
+  std::istringstream record(Read(dir_.Path(fmt::format("cluster/work/agent/{}.pid", id))));
+  pid_t leader = -1;
+  ASSERT_TRUE(record >> leader);
+  std::istringstream children(Read(fmt::format("/proc/{}/task/{}/children", leader, leader)));
+  pid_t rank = -1;
+  ASSERT_TRUE(children >> rank) << "kc train " << leader << " has no ranks";
+  ASSERT_EQ(kill(rank, SIGKILL), 0);
+  nlohmann::json j = Await(id, [](const nlohmann::json& x) { return Ended(x["phase"]); });
+  EXPECT_EQ(j["phase"], "failed");
+  EXPECT_EQ(up->Stop(SIGTERM), 0);
+
+  Result<std::unique_ptr<AuditLog>> audit = AuditLog::Open(dir_.Path("cluster/audit.db"));
+  ASSERT_TRUE(audit.ok());
+  Result<std::vector<AuditRecord>> faults = (*audit)->Query({.action = "fault.", .limit = 10});
+  ASSERT_TRUE(faults.ok());
+  ASSERT_FALSE(faults->empty());
+  EXPECT_EQ((*faults)[0].action, "fault.detected");
+  EXPECT_EQ((*faults)[0].resource, fmt::format("job/{}", id));
+  EXPECT_THAT((*faults)[0].reason, HasSubstr("killed by signal 9"));
+  EXPECT_TRUE((*audit)->Verify("")->ok);
+}
+
 TEST_F(ClusterTest, JobPathsThatClimbOutOfTheAgentsRootsAreRefused) {
   for (const char* bad :
        {"data: ../../etc/shadow", "checkpoint_dir: /etc/cron.d", "data: fortunes/../../../x"}) {
