@@ -9,9 +9,11 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -479,6 +481,42 @@ TEST_F(ClusterTest, TheFaultLayersEventsAreInTheAuditLog) {
   EXPECT_EQ((*faults)[0].action, "fault.detected");
   EXPECT_EQ((*faults)[0].resource, fmt::format("job/{}", id));
   EXPECT_THAT((*faults)[0].reason, HasSubstr("killed by signal 9"));
+  EXPECT_TRUE((*audit)->Verify("")->ok);
+}
+
+TEST_F(ClusterTest, KillNineOfKcdAmidSubmissionsLosesNoAcknowledgedJob) {
+  Init();
+  auto [kcd, port] = Kcd("");
+  const std::string job = JobFile("many", 3);
+  // Submissions one after another, each acknowledged (exit 0, its id) or not, until one fails.
+  std::mutex mu;
+  std::condition_variable acked_cv;
+  std::vector<std::pair<int64_t, std::string>> acked;  // id, name
+  std::thread submitter([&] {
+    for (int n = 0;; ++n) {
+      const std::string name = fmt::format("job-{}", n);
+      KcRun r = Kc(fmt::format("submit {} --name {} --json", job, name));
+      if (r.exit_code != 0) return;
+      std::lock_guard<std::mutex> lock(mu);
+      acked.emplace_back(Int(nlohmann::json::parse(r.out), "id"), name);
+      acked_cv.notify_all();
+    }
+  });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    acked_cv.wait(lock, [&] { return acked.size() >= 10; });
+  }
+  kcd->Stop(SIGKILL);  // while the next submission is on its way
+  submitter.join();
+  kcd = Kcd("", port).first;
+  for (const auto& [id, name] : acked) {
+    nlohmann::json j = Show(id);
+    ASSERT_TRUE(j.is_object()) << "job " << id << " lost";
+    EXPECT_EQ(j["name"], name);
+  }
+  EXPECT_EQ(kcd->Stop(SIGTERM), 0);
+  Result<std::unique_ptr<AuditLog>> audit = AuditLog::Open(dir_.Path("cluster/audit.db"));
+  ASSERT_TRUE(audit.ok());
   EXPECT_TRUE((*audit)->Verify("")->ok);
 }
 
