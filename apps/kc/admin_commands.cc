@@ -224,7 +224,8 @@ void AddPools(CLI::App& app, Action* action) {
                             kc::v1::ListPoolsRequest(), [](const kc::v1::ListPoolsResponse& r) {
                               PrintPools(r.pools());
                               if (r.defaults()) {
-                                std::cout << "(the default pools: the cluster has no pools.yaml)\n";
+                                std::cout << "(the cluster has no pools.yaml: one pool of every "
+                                             "device)\n";
                               }
                             });
       },

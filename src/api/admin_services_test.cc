@@ -543,13 +543,12 @@ TEST_F(AdminServicesTest, PoolsAreListedOverTheTopologyAndReplacedWhenTheyFit) {
   EXPECT_THAT(s.error_message(), HasSubstr("topology.yaml"));
   ASSERT_TRUE(PutTopology("root", Inventory()).ok());
 
-  // No pools.yaml: the defaults, over all 32 devices.
+  // No pools.yaml: the pool kcd's scheduler then uses, every device.
   ASSERT_TRUE(List("ann").ok());
   EXPECT_TRUE(list.defaults());
   std::map<std::string, int64_t> devices;
   for (const kc::v1::PoolInfo& p : list.pools()) devices[p.name()] = p.devices();
-  EXPECT_EQ(devices,
-            (std::map<std::string, int64_t>{{"high", 4}, {"normal", 20}, {"preemptible", 8}}));
+  EXPECT_EQ(devices, (std::map<std::string, int64_t>{{"all", 32}}));
 
   const std::string pools =
       "pools:\n"

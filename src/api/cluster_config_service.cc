@@ -163,7 +163,7 @@ grpc::Status PoolServiceImpl::List(grpc::ServerContext* context, const kc::v1::L
     KC_ASSIGN_OR_RETURN(std::optional<sched::PoolConfig> config, StoredPools(*dir_));
     response->set_defaults(!config.has_value());
     Result<std::vector<sched::Pool>> pools =
-        sched::PartitionPools(topology, config ? *config : sched::DefaultPoolConfig());
+        sched::PartitionPools(topology, config ? *config : sched::AllDevicesPoolConfig());
     if (!pools.ok()) {
       return FailedPreconditionError(
           fmt::format("{}: {}", config ? kPoolsFile : "default pools", pools.status().message()));

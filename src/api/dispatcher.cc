@@ -532,10 +532,7 @@ Result<std::unique_ptr<Dispatcher>> Dispatcher::Start(DispatcherOptions o) {
     if (fs::exists(dir / "pools.yaml")) {
       KC_ASSIGN_OR_RETURN(pools, sched::LoadPoolConfig((dir / "pools.yaml").string()));
     } else {
-      pools.pools.push_back({.name = "all",
-                             .classes = {sched::JobClass::kHigh, sched::JobClass::kNormal,
-                                         sched::JobClass::kPreemptible},
-                             .rest = true});
+      pools = sched::AllDevicesPoolConfig();
     }
     KC_ASSIGN_OR_RETURN(m.scheduler, sched::Scheduler::Create(m.topology.get(), pools, {}));
     if (fs::exists(dir / "plan-approval.yaml")) {

@@ -127,6 +127,14 @@ PoolConfig DefaultPoolConfig() {
   return c;
 }
 
+PoolConfig AllDevicesPoolConfig() {
+  PoolConfig c;
+  c.pools.push_back({.name = "all",
+                     .classes = {JobClass::kHigh, JobClass::kNormal, JobClass::kPreemptible},
+                     .rest = true});
+  return c;
+}
+
 Result<std::vector<Pool>> PartitionPools(const hal::Topology& topology, const PoolConfig& config) {
   const int n = topology.num_devices();
   std::vector<Pool> pools;

@@ -63,6 +63,10 @@ Result<PoolConfig> LoadPoolConfigString(std::string_view text, std::string displ
 // (the rest, class normal) and "preemptible" (1/4, class preemptible), all lending.
 PoolConfig DefaultPoolConfig();
 
+// One pool, "all", of every device, for every class: a cluster's pools before an admin sets
+// any (kcd's scheduler without DIR/pools.yaml).
+PoolConfig AllDevicesPoolConfig();
+
 // A pool with its devices (ascending indices into the topology).
 struct Pool {
   PoolSpec spec;
