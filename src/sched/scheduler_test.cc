@@ -37,13 +37,7 @@ hal::Topology Cluster() {
   return std::move(*t);
 }
 
-PoolConfig OnePool() {
-  PoolConfig c;
-  c.pools.push_back({.name = "all",
-                     .classes = {JobClass::kHigh, JobClass::kNormal, JobClass::kPreemptible},
-                     .rest = true});
-  return c;
-}
+PoolConfig OnePool() { return AllDevicesPoolConfig(); }
 
 // high: a0; preemptible: a1; normal: b0 and b1.
 PoolConfig ThreePools() {
