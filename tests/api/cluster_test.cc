@@ -144,6 +144,15 @@ class ClusterTest : public ::testing::Test {
     return j;
   }
 
+  // Polls until job `id` runs again and its output shows `kc train` resuming from a checkpoint.
+  void AwaitResumed(int64_t id) {
+    Await(id, [&](const nlohmann::json& x) {
+      return x["phase"] == "running" &&
+             Kc(fmt::format("job logs {}", id)).out.find("kc train: resuming from") !=
+                 std::string::npos;
+    });
+  }
+
   static int64_t Int(const nlohmann::json& j, const char* key) {
     // Protobuf's JSON writes 64-bit integers as strings.
     const nlohmann::json& v = j.at(key);
@@ -417,11 +426,7 @@ TEST_F(ClusterTest, AnAgentKilledWithoutItsStopLeavesNoJobRunningTwice) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_FALSE(Alive(pid));
-  nlohmann::json j = Await(id, [&](const nlohmann::json& x) {
-    return x["phase"] == "running" &&
-           Kc(fmt::format("job logs {}", id)).out.find("kc train: resuming from") !=
-               std::string::npos;
-  });
+  AwaitResumed(id);
   EXPECT_EQ(Kc(fmt::format("job cancel {}", id)).exit_code, 0);
   EXPECT_EQ(up->Stop(SIGTERM), 0);
   // Stopped in order this time: nothing of it is left.
@@ -445,11 +450,7 @@ TEST_F(ClusterTest, AnAgentSilentPastLostAfterStopsItsRunBeforeTheNextStarts) {
   ASSERT_EQ(kill(agent->pid(), SIGCONT), 0);
   // Back, the agent registers with the run kcd dropped: kcd stops it and starts the job again
   // on the same devices; the new run waits for the old one to stop, then resumes.
-  Await(id, [&](const nlohmann::json& x) {
-    return x["phase"] == "running" &&
-           Kc(fmt::format("job logs {}", id)).out.find("kc train: resuming from") !=
-               std::string::npos;
-  });
+  AwaitResumed(id);
   EXPECT_EQ(Kc(fmt::format("job cancel {}", id)).exit_code, 0);
   EXPECT_EQ(agent->Stop(SIGTERM), 0);
   EXPECT_EQ(kcd->Stop(SIGTERM), 0);
