@@ -434,6 +434,21 @@ TEST_F(KcTrainBadInputTest, PlansThatCannotRunSayWhy) {
   EXPECT_THAT(r.err, HasSubstr("mcro_batches"));
 }
 
+// Checked before any GPU is looked for, so the same on machines with and without one.
+TEST_F(KcTrainBadInputTest, DevicesPrecisionsAndWhatRunsOnAGpuSayWhy) {
+  KcRun r = Expect2(TheCorpus().model(), data() + " --device gpu");
+  EXPECT_THAT(r.err, HasSubstr("--device gpu: expected cpu or cuda"));
+  r = Expect2(TheCorpus().model(), data() + " --precision fp16");
+  EXPECT_THAT(r.err, HasSubstr("--precision fp16: expected fp32 or bf16"));
+  r = Expect2(TheCorpus().model(), data() + " --precision bf16");
+  EXPECT_THAT(r.err, HasSubstr("bf16 trains on CUDA devices only; add --device cuda"));
+  r = Expect2(TheCorpus().model(), data() + " --device cuda --ranks 2 --plan t=2");
+  EXPECT_THAT(r.err, HasSubstr("on GPUs the engine runs data-parallel plans only"));
+  r = Expect2(TheCorpus().model(),
+              data() + " --device cuda --export " + TheCorpus().dir().Path("gpu-export"));
+  EXPECT_THAT(r.err, HasSubstr("--export with --device cuda"));
+}
+
 TEST_F(KcTrainBadInputTest, HeartbeatTimeoutUnderTwoPeriods) {
   KcRun r = Expect2(TheCorpus().model(),
                     data() + " --ranks 2 --heartbeat-period 1 --heartbeat-timeout 1.5");
