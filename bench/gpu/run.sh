@@ -32,7 +32,7 @@ for root in roots:
     for pattern in ("**/libcublas.so*", "**/libnvrtc.so*"):
         for f in glob.glob(os.path.join(root, pattern), recursive=True):
             d = os.path.dirname(f)
-            if d not in dirs:
+            if "/stubs" not in d and d not in dirs:  # never the link-time stubs
                 dirs.append(d)
 print(":".join(dirs))
 PY
