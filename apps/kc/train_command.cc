@@ -1232,7 +1232,9 @@ void PrintSummary(const TrainArgs& a, const Plan& p, const Monitor& m, double pe
   const TrainSummary s = Summarise(m.steps());
   const double flops_per_token = parallel::TrainingFlopsPerToken(p.spec);
   // The units the peak is per: cores, or on GPUs the GPUs the ranks use.
-  const int cores = p.cuda ? std::min(a.ranks, std::max(p.gpus, 1)) : a.ranks * p.threads;
+  // Oversubscribed (more threads than cores): the peak is that of the cores there are.
+  const int cores = p.cuda ? std::min(a.ranks, std::max(p.gpus, 1))
+                           : std::min(a.ranks * p.threads, static_cast<int>(p.cpus.size()));
   const double achieved = s.tokens_per_s * flops_per_token;
   const double mfu = peak_per_core > 0 ? achieved / (cores * peak_per_core) : 0;
   const int64_t global = p.global_batch;
@@ -1468,6 +1470,14 @@ int RunLauncher(TrainArgs a) {
   }
   plan->predicted_step_s = predicted_step_s;
   const Plan& p = *plan;
+  if (!p.cuda && a.ranks * p.threads > static_cast<int>(p.cpus.size())) {
+    std::cerr << fmt::format(
+        "kc train: warning: {} ranks x {} thread{} oversubscribe the {} core{} this process may "
+        "use; the ranks take turns on them, so throughput and MFU are those of {} shared "
+        "core{}\n",
+        a.ranks, p.threads, p.threads == 1 ? "" : "s", p.cpus.size(),
+        p.cpus.size() == 1 ? "" : "s", p.cpus.size(), p.cpus.size() == 1 ? "" : "s");
+  }
   if (p.cuda && a.ranks > p.gpus) {
     std::cerr << fmt::format(
         "kc train: warning: {} ranks share {} GPU{} (round robin); throughput and MFU are those of "
