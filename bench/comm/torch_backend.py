@@ -10,7 +10,8 @@ gloo group over the same ranks, then
   2. DDP training of bench/train/torch_gpt.py's model (the model kc trains) on the same random
      batches: tokens/s of each backend (rounds interleaved, the median step), and whether the
      losses are identical.
-Prints a table and one JSON line (--json FILE writes it too). Needs the torch backend built
+Each rank runs on a core of its own (--cpu-bind core, the default; the same for both
+backends). Prints a table and one JSON line (--json FILE writes it too). Needs the torch backend built
 (cmake finds Debian's python3-torch and libtorch-dev; this script installs python3-torch with
 apt-get when run as root without it, then the build must be configured again).
 """
@@ -41,6 +42,9 @@ def rank_main(args) -> None:
     import kuangchao.torch  # noqa: F401
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if args.cpu_bind == "core":
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[rank % len(cores)]})
     torch.set_num_threads(args.threads)
     dist.init_process_group("kc", rank=rank, world_size=world)
     groups = {"kc": dist.group.WORLD,
@@ -70,6 +74,8 @@ def rank_main(args) -> None:
 
     # 2. DDP training of torch_gpt's model, the same batches for both backends.
     cfg = torch_gpt.load_config(REPO / "examples/models" / f"{args.model}.yaml")
+    if args.batch:
+        cfg.batch = args.batch
     g = torch.Generator().manual_seed(1000 + rank)
     batches = [(torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq_len), generator=g),
                 torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq_len), generator=g))
@@ -98,6 +104,8 @@ def rank_main(args) -> None:
     out["ddp"]["ratio"] = out["ddp"]["kc"]["tokens_per_s"] / out["ddp"]["gloo"]["tokens_per_s"]
     out["ddp"]["losses_identical"] = runs["kc"][2] == runs["gloo"][2]
     out["model"] = cfg.name
+    out["batch"] = cfg.batch
+    out["seq_len"] = cfg.seq_len
     if rank == 0:
         print(json.dumps(out), flush=True)
     dist.destroy_process_group()
@@ -109,9 +117,14 @@ def main() -> int:
     ap.add_argument("--sizes", default="1M,64M")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--model", default="gpt-tiny")
+    ap.add_argument("--batch", type=int, default=0,
+                    help="sequences per rank per step (default: the model file's batch_per_rank)")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    ap.add_argument("--cpu-bind", choices=["core", "none"], default="core",
+                    help="core: each rank on a core of its own, as torchrun --bind and mpirun do "
+                         "(both backends alike); none: the scheduler's choice")
     ap.add_argument("--python-dir", default=str(REPO / "build/release/python"),
                     help="the build's python/ folder (kuangchao/_kc_torch.so)")
     ap.add_argument("--json", help="also write the JSON result here")
@@ -147,7 +160,8 @@ def main() -> int:
         print(f"{row['bytes'] / (1 << 20):>6.0f}Mi  {row['kc_busbw_gbs']:>8.2f}  "
               f"{row['gloo_busbw_gbs']:>9.2f}  {row['ratio']:>7.2f}x")
     d = result["ddp"]
-    print(f"\nDDP training of {result['model']} (bench/train/torch_gpt.py's model):")
+    print(f"\nDDP training of {result['model']} (bench/train/torch_gpt.py's model), "
+          f"{result['batch']} x {result['seq_len']} tokens per rank:")
     print(f"  kc   {d['kc']['tokens_per_s']:>9.0f} tokens/s  step {d['kc']['step_ms']:.1f} ms")
     print(f"  gloo {d['gloo']['tokens_per_s']:>9.0f} tokens/s  step {d['gloo']['step_ms']:.1f} ms")
     print(f"  kc / gloo {d['ratio']:.2f}x; losses identical: {d['losses_identical']}")

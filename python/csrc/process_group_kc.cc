@@ -4,9 +4,9 @@
 // torch.distributed.init_process_group("kc") works as with "gloo", DDP included.
 //
 // Compiled as C++17 against PyTorch's headers (Debian's python3-torch / libtorch-dev 1.13);
-// kc itself is behind kc_bridge.h. Each operation is enqueued on the communicator and its Work
-// is a future that a completion thread fulfils in order (kc runs a group's operations in
-// order), so DDP's reducer can chain on it.
+// kc itself is behind kc_bridge.h. Each operation is enqueued on the communicator; its Work's
+// wait() waits on kc directly, and its future (what DDP's reducer chains on) is completed by
+// the first of that wait and a completion thread that finishes the operations in order.
 #include <pybind11/chrono.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -322,11 +322,73 @@ class ProcessGroupKc final : public c10d::ProcessGroup {
   std::string allreduce_algorithm(int64_t bytes) const { return group_->AllreduceAlgorithm(bytes); }
 
  private:
-  struct Pending {
+  // One operation: the kc handle, and what completing it means for torch.
+  struct Op {
     std::unique_ptr<Handle> handle;
     c10::intrusive_ptr<c10::ivalue::Future> future;
     std::vector<at::Tensor> outputs;
     std::function<void()> after;  // copies results into the outputs, when there is a copy
+    std::mutex mu;
+    bool finished = false;     // guarded by mu
+    std::exception_ptr error;  // guarded by mu; set once finished
+
+    // Waits for the kc operation and, the first time, copies its results and completes the
+    // future. Any number of threads may call it: each returns once it is finished.
+    void Finish() {
+      const std::string failure = handle->Wait();  // concurrent waits are fine
+      bool complete = false;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (finished) return;
+        finished = true;
+        if (!failure.empty()) {
+          error = std::make_exception_ptr(std::runtime_error("backend kc: " + failure));
+        } else {
+          try {
+            if (after) after();
+            complete = true;
+          } catch (...) {
+            error = std::current_exception();
+          }
+        }
+      }
+      // Outside the lock: the future's callbacks (DDP's) may enqueue more work.
+      if (complete) {
+        future->markCompleted(c10::IValue(outputs));
+      } else {
+        future->setError(error);
+      }
+    }
+  };
+
+  // The Work torch gets: wait() waits on kc directly (no hand-off to another thread on the
+  // path of a blocking collective); getFuture() is completed by whichever finishes first.
+  class WorkKc final : public c10d::Work {
+   public:
+    explicit WorkKc(std::shared_ptr<Op> op) : op_(std::move(op)) {}
+    bool isCompleted() override {
+      std::lock_guard<std::mutex> lock(op_->mu);
+      return op_->finished;
+    }
+    bool isSuccess() const override {
+      std::lock_guard<std::mutex> lock(op_->mu);
+      return op_->finished && !op_->error;
+    }
+    std::exception_ptr exception() const override {
+      std::lock_guard<std::mutex> lock(op_->mu);
+      return op_->error;
+    }
+    std::vector<at::Tensor> result() override { return op_->outputs; }
+    bool wait(std::chrono::milliseconds /* kc's own deadline bounds it */) override {
+      op_->Finish();
+      std::lock_guard<std::mutex> lock(op_->mu);
+      if (op_->error) std::rethrow_exception(op_->error);
+      return true;
+    }
+    c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return op_->future; }
+
+   private:
+    const std::shared_ptr<Op> op_;
   };
 
   static std::vector<at::Tensor> Flattened(const std::vector<at::Tensor>& tensors) {
@@ -338,45 +400,40 @@ class ProcessGroupKc final : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> Enqueue(std::unique_ptr<Handle> handle,
                                          const std::vector<at::Tensor>& outputs,
                                          std::function<void()> after = nullptr) {
-    auto future = c10::make_intrusive<c10::ivalue::Future>(
+    auto op = std::make_shared<Op>();
+    op->handle = std::move(handle);
+    op->future = c10::make_intrusive<c10::ivalue::Future>(
         c10::ListType::create(c10::TensorType::get()));
+    op->outputs = outputs;
+    op->after = std::move(after);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      pending_.push_back({std::move(handle), future, outputs, std::move(after)});
+      pending_.push_back(op);
     }
     cv_.notify_one();
-    return c10d::Work::create_from_future(future);
+    return c10::make_intrusive<WorkKc>(std::move(op));
   }
 
-  // Fulfils the futures in order: kc completes a group's operations in the order enqueued.
+  // Finishes the operations in order, so that futures nobody waits on directly (DDP's) are
+  // completed: kc completes a group's operations in the order enqueued.
   void Complete() {
     for (;;) {
-      Pending p;
+      std::shared_ptr<Op> op;
       {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [&] { return stopping_ || !pending_.empty(); });
         if (pending_.empty()) return;  // stopping, and nothing left
-        p = std::move(pending_.front());
+        op = std::move(pending_.front());
         pending_.pop_front();
       }
-      const std::string error = p.handle->Wait();
-      if (!error.empty()) {
-        p.future->setError(std::make_exception_ptr(std::runtime_error("backend kc: " + error)));
-        continue;
-      }
-      try {
-        if (p.after) p.after();
-        p.future->markCompleted(c10::IValue(p.outputs));
-      } catch (...) {
-        p.future->setError(std::current_exception());
-      }
+      op->Finish();
     }
   }
 
   std::unique_ptr<Group> group_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Pending> pending_;  // guarded by mu_
+  std::deque<std::shared_ptr<Op>> pending_;  // guarded by mu_
   bool stopping_ = false;        // guarded by mu_
   std::thread completer_;        // started last, joined first
 };
