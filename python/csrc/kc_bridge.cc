@@ -63,10 +63,10 @@ class StoreAdapter final : public comm::Store {
                                             std::optional<std::string_view> expected,
                                             std::string_view desired) override {
     std::string current;
-    KC_RETURN_IF_ERROR(FromStore(backend_->CompareSet(std::string(key),
-                                                      std::string(expected.value_or("")),
-                                                      std::string(desired), &current),
-                                 "store compare-set"));
+    KC_RETURN_IF_ERROR(
+        FromStore(backend_->CompareSet(std::string(key), std::string(expected.value_or("")),
+                                       std::string(desired), &current),
+                  "store compare-set"));
     return comm::CompareSetResult{.swapped = current == desired, .current = current};
   }
   Result<bool> Delete(std::string_view key) override {
@@ -181,8 +181,8 @@ class GroupImpl final : public Group {
                                    {.lane = ToKc(lane)}),
                error);
   }
-  std::unique_ptr<Handle> Reduce(void* data, size_t count, Dtype dtype, Op op, int root,
-                                 Lane lane, std::string* error) override {
+  std::unique_ptr<Handle> Reduce(void* data, size_t count, Dtype dtype, Op op, int root, Lane lane,
+                                 std::string* error) override {
     return Out(comm->Reduce(Bytes(data, count, dtype), count, ToKc(dtype), ToKc(op), root,
                             {.lane = ToKc(lane)}),
                error);
@@ -241,15 +241,15 @@ Result<std::unique_ptr<Group>> CreateGroup(std::shared_ptr<StoreBackend> backend
   const Duration timeout = std::chrono::milliseconds(o.timeout_ms);
   KC_ASSIGN_OR_RETURN(std::string name,
                       GroupName(*group->store, o.rank, Clock::Real()->Now() + timeout));
-  KC_ASSIGN_OR_RETURN(group->comm, comm::Communicator::Create({.store = group->store.get(),
-                                                               .group = name,
-                                                               .rank = o.rank,
-                                                               .size = o.size,
-                                                               .transport = *transport,
-                                                               .connect_timeout = timeout,
-                                                               .timeout = timeout,
-                                                               .rate_limiter =
-                                                                   group->limiter.get()}));
+  KC_ASSIGN_OR_RETURN(group->comm,
+                      comm::Communicator::Create({.store = group->store.get(),
+                                                  .group = name,
+                                                  .rank = o.rank,
+                                                  .size = o.size,
+                                                  .transport = *transport,
+                                                  .connect_timeout = timeout,
+                                                  .timeout = timeout,
+                                                  .rate_limiter = group->limiter.get()}));
   return std::unique_ptr<Group>(std::move(group));
 }
 

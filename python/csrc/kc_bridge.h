@@ -69,8 +69,8 @@ class Group {
                                        const GroupOptions& options, std::string* error);
   virtual ~Group() = default;
 
-  virtual std::unique_ptr<Handle> Allreduce(void* data, size_t count, Dtype dtype, Op op,
-                                            Lane lane, std::string* error) = 0;
+  virtual std::unique_ptr<Handle> Allreduce(void* data, size_t count, Dtype dtype, Op op, Lane lane,
+                                            std::string* error) = 0;
   // data: size() chunks of `count / size()` elements; rank r's chunk is in place on entry and
   // every chunk is on exit (ReduceScatter: rank r's chunk holds the reduction on exit).
   virtual std::unique_ptr<Handle> Allgather(void* data, size_t count, Dtype dtype, Lane lane,

@@ -8,8 +8,6 @@
 // wait() waits on kc directly, and its future (what DDP's reducer chains on) is completed by
 // the first of that wait and a completion thread that finishes the operations in order.
 #include <pybind11/chrono.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/extension.h>
 
 #include <condition_variable>
@@ -20,6 +18,8 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <utility>
 #include <vector>
 
@@ -158,8 +158,8 @@ class ProcessGroupKc final : public c10d::ProcessGroup {
                                            const c10d::BroadcastOptions& opts) override {
     const at::Tensor& t = One(tensors);
     std::string error;
-    return Enqueue(Check(group_->Broadcast(t.data_ptr(), t.nbytes(), static_cast<int>(opts.rootRank),
-                                           Lane::kControl, &error),
+    return Enqueue(Check(group_->Broadcast(t.data_ptr(), t.nbytes(),
+                                           static_cast<int>(opts.rootRank), Lane::kControl, &error),
                          error),
                    tensors);
   }
@@ -168,9 +168,8 @@ class ProcessGroupKc final : public c10d::ProcessGroup {
                                            const c10d::AllreduceOptions& opts) override {
     const at::Tensor& t = One(tensors);
     std::string error;
-    return Enqueue(Check(group_->Allreduce(t.data_ptr(), static_cast<size_t>(t.numel()),
-                                           ToDtype(t), ToOp(opts.reduceOp), Lane::kGradient,
-                                           &error),
+    return Enqueue(Check(group_->Allreduce(t.data_ptr(), static_cast<size_t>(t.numel()), ToDtype(t),
+                                           ToOp(opts.reduceOp), Lane::kGradient, &error),
                          error),
                    tensors);
   }
@@ -186,10 +185,10 @@ class ProcessGroupKc final : public c10d::ProcessGroup {
     }
     at::Tensor flat = at::cat(Flattened(tensors));
     std::string error;
-    auto handle = Check(group_->Allreduce(flat.data_ptr(), static_cast<size_t>(flat.numel()),
-                                          ToDtype(flat), ToOp(opts.reduceOp), Lane::kGradient,
-                                          &error),
-                        error);
+    auto handle =
+        Check(group_->Allreduce(flat.data_ptr(), static_cast<size_t>(flat.numel()), ToDtype(flat),
+                                ToOp(opts.reduceOp), Lane::kGradient, &error),
+              error);
     std::vector<at::Tensor> outputs = tensors;
     return Enqueue(std::move(handle), outputs, [flat, outputs]() mutable {
       int64_t at = 0;
@@ -240,9 +239,9 @@ class ProcessGroupKc final : public c10d::ProcessGroup {
                                                  const c10d::AllgatherOptions&) override {
     CheckTensor(output);
     CheckTensor(input);
-    TORCH_CHECK(output.numel() == getSize() * input.numel() &&
-                    output.scalar_type() == input.scalar_type(),
-                "backend kc: _allgather_base output must hold size() inputs");
+    TORCH_CHECK(
+        output.numel() == getSize() * input.numel() && output.scalar_type() == input.scalar_type(),
+        "backend kc: _allgather_base output must hold size() inputs");
     output.view({-1}).narrow(0, getRank() * input.numel(), input.numel()).copy_(input.view({-1}));
     std::string error;
     std::vector<at::Tensor> outs = {output};
@@ -262,10 +261,10 @@ class ProcessGroupKc final : public c10d::ProcessGroup {
     TORCH_CHECK(buffer.numel() == getSize() * out.numel(),
                 "backend kc: reduce_scatter inputs must each match the output's size");
     std::string error;
-    auto handle = Check(group_->ReduceScatter(buffer.data_ptr(), static_cast<size_t>(buffer.numel()),
-                                              ToDtype(out), ToOp(opts.reduceOp), Lane::kGradient,
-                                              &error),
-                        error);
+    auto handle =
+        Check(group_->ReduceScatter(buffer.data_ptr(), static_cast<size_t>(buffer.numel()),
+                                    ToDtype(out), ToOp(opts.reduceOp), Lane::kGradient, &error),
+              error);
     at::Tensor o = out;
     const int64_t rank = getRank();
     return Enqueue(std::move(handle), outputs, [buffer, o, rank]() mutable {
@@ -281,10 +280,10 @@ class ProcessGroupKc final : public c10d::ProcessGroup {
                 "backend kc: _reduce_scatter_base input must hold size() outputs");
     at::Tensor buffer = input.clone();
     std::string error;
-    auto handle = Check(group_->ReduceScatter(buffer.data_ptr(), static_cast<size_t>(buffer.numel()),
-                                              ToDtype(output), ToOp(opts.reduceOp),
-                                              Lane::kGradient, &error),
-                        error);
+    auto handle =
+        Check(group_->ReduceScatter(buffer.data_ptr(), static_cast<size_t>(buffer.numel()),
+                                    ToDtype(output), ToOp(opts.reduceOp), Lane::kGradient, &error),
+              error);
     at::Tensor o = output;
     const int64_t rank = getRank();
     std::vector<at::Tensor> outs = {output};
@@ -299,24 +298,22 @@ class ProcessGroupKc final : public c10d::ProcessGroup {
     return Enqueue(Check(group_->Barrier(&error), error), none);
   }
 
-  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst,
-                                      int tag) override {
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override {
     const at::Tensor& t = One(tensors);
     std::string error;
-    return Enqueue(Check(group_->Send(t.data_ptr(), t.nbytes(), dst, static_cast<uint64_t>(tag),
-                                      &error),
-                         error),
-                   tensors);
+    return Enqueue(
+        Check(group_->Send(t.data_ptr(), t.nbytes(), dst, static_cast<uint64_t>(tag), &error),
+              error),
+        tensors);
   }
 
-  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src,
-                                      int tag) override {
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override {
     const at::Tensor& t = One(tensors);
     std::string error;
-    return Enqueue(Check(group_->Recv(t.data_ptr(), t.nbytes(), src, static_cast<uint64_t>(tag),
-                                      &error),
-                         error),
-                   tensors);
+    return Enqueue(
+        Check(group_->Recv(t.data_ptr(), t.nbytes(), src, static_cast<uint64_t>(tag), &error),
+              error),
+        tensors);
   }
 
   std::string allreduce_algorithm(int64_t bytes) const { return group_->AllreduceAlgorithm(bytes); }
@@ -402,8 +399,8 @@ class ProcessGroupKc final : public c10d::ProcessGroup {
                                          std::function<void()> after = nullptr) {
     auto op = std::make_shared<Op>();
     op->handle = std::move(handle);
-    op->future = c10::make_intrusive<c10::ivalue::Future>(
-        c10::ListType::create(c10::TensorType::get()));
+    op->future =
+        c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
     op->outputs = outputs;
     op->after = std::move(after);
     {
@@ -434,8 +431,8 @@ class ProcessGroupKc final : public c10d::ProcessGroup {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Op>> pending_;  // guarded by mu_
-  bool stopping_ = false;        // guarded by mu_
-  std::thread completer_;        // started last, joined first
+  bool stopping_ = false;                    // guarded by mu_
+  std::thread completer_;                    // started last, joined first
 };
 
 std::string Env(const char* name, const char* fallback = "") {
@@ -449,8 +446,8 @@ c10::intrusive_ptr<c10d::ProcessGroup> CreateProcessGroup(
   GroupOptions o;
   o.rank = rank;
   o.size = size;
-  o.timeout_ms = static_cast<int64_t>(
-      std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count());
+  o.timeout_ms =
+      static_cast<int64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count());
   o.transport = Env("KC_TRANSPORT", "auto");
   o.comm_limits_path = Env("KC_COMM_LIMITS");
   o.job_name = Env("KC_JOB_NAME", Env("TORCHELASTIC_RUN_ID").c_str());

@@ -43,7 +43,7 @@ TEST(TorchBackendTest, EveryCollectiveIsRightAndDdpLossesEqualGloos) {
   const int world = 2;
   const int port = FreePort();
   ASSERT_GT(port, 0);
-  std::vector<std::unique_ptr<kc::testing::ChildGuard>> ranks;
+  std::vector<std::unique_ptr<kc::testing::ChildGuard> > ranks;
   std::vector<std::string> logs;
   for (int r = 0; r < world; ++r) {
     logs.push_back(dir.Path("rank" + std::to_string(r) + ".log"));
