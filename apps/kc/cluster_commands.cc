@@ -521,6 +521,24 @@ std::string DefaultUpDir() {
   return "kc-up";
 }
 
+// Before `kc up` logs in to `cfg` at `login`: a login there for another server or token is
+// kept as LOGIN.previous, and the user told so, instead of being overwritten without a word.
+Status KeepEarlierLogin(const std::string& login, const api::ClientConfig& cfg) {
+  if (!fs::exists(login)) return OkStatus();
+  Result<api::ClientConfig> earlier = api::LoadClientConfig(login);
+  if (earlier.ok() && earlier->server == cfg.server && earlier->token == cfg.token &&
+      earlier->ca_pem == cfg.ca_pem) {
+    return OkStatus();
+  }
+  KC_ASSIGN_OR_RETURN(const std::string text, ReadWholeFile(login));
+  const std::string kept = login + ".previous";
+  KC_RETURN_IF_ERROR(api::SaveSecret(kept, text));
+  std::cerr << fmt::format("kc up: {} held a login to {}; it is kept in {} (--login {} uses it)\n",
+                           login, earlier.ok() ? earlier->server : "another server (unreadable)",
+                           kept, kept);
+  return OkStatus();
+}
+
 // The inventory of this host with `devices` CPU devices (0: one per core), measured quickly.
 Result<std::string> ProbeThisHost(int devices) {
   KC_ASSIGN_OR_RETURN(hal::HostInfo info, hal::ProbeHost());
@@ -563,8 +581,15 @@ void AddUp(CLI::App& app, Action* action) {
         fs::remove(probed, ec);
         std::cout << fmt::format("kc up: made cluster {} (kc init)\n", dir);
       }
-      Result<hal::TopologySpec> topo =
-          hal::LoadInventory((fs::path(dir) / "topology.yaml").string());
+      // A directory `kc init` made without --inventory: this host is its inventory.
+      const std::string topology = (fs::path(dir) / "topology.yaml").string();
+      if (!fs::exists(topology)) {
+        Result<std::string> inventory = ProbeThisHost(a->devices);
+        if (!inventory.ok()) return Fail("up: probing this host", inventory.status());
+        if (Status s = WriteFileDurably(topology, *inventory); !s.ok()) return Fail("up", s);
+        std::cout << fmt::format("kc up: {} has no inventory; this host's is {}\n", dir, topology);
+      }
+      Result<hal::TopologySpec> topo = hal::LoadInventory(topology);
       if (!topo.ok()) return Fail("up", topo.status());
       const std::string host = topo->hosts.front().name;
       int devices = 0;
@@ -573,8 +598,30 @@ void AddUp(CLI::App& app, Action* action) {
       Result<std::string> agent_token = IssueAgentToken(dir, host);
       if (!agent_token.ok()) return Fail("up: agent token", agent_token.status());
       const sigset_t stop = BlockStopSignals();
-      Result<std::unique_ptr<api::Kcd>> kcd = api::Kcd::Start({.dir = dir, .listen = a->listen});
+      // Port 0 means any free port the first time, then the same one at every restart, so
+      // the logins saved for this cluster keep working (a new one only when it is taken).
+      const std::string kept_port = (fs::path(dir) / "up.port").string();
+      const std::string_view listen_host =
+          std::string_view(a->listen).substr(0, a->listen.rfind(':'));
+      Result<std::string> kept = ReadWholeFile(kept_port);
+      std::string listen = a->listen;
+      if (listen.ends_with(":0") && kept.ok() && !kept->empty()) {
+        listen = fmt::format("{}:{}", listen_host, kept->substr(0, kept->find_first_of(" \n")));
+      }
+      Result<std::unique_ptr<api::Kcd>> kcd = api::Kcd::Start({.dir = dir, .listen = listen});
+      if (!kcd.ok() && listen != a->listen) {
+        std::cerr << fmt::format(
+            "kc up: {} (this cluster's port before) is taken; kcd takes "
+            "another, and logins saved for the old one need kc login\n",
+            listen);
+        listen = a->listen;
+        kcd = api::Kcd::Start({.dir = dir, .listen = listen});
+      }
       if (!kcd.ok()) return Fail("up: kcd", kcd.status());
+      if (a->listen.ends_with(":0")) {
+        const std::string port = fmt::format("{}\n", (*kcd)->port());
+        if (Status s = WriteFileDurably(kept_port, port); !s.ok()) return Fail("up", s);
+      }
       Result<std::string> ca = ReadWholeFile((fs::path(dir) / "tls/ca.pem").string());
       Result<std::string> token = ReadWholeFile((fs::path(dir) / "admin.token").string());
       if (!ca.ok() || !token.ok()) return Fail("up", ca.ok() ? token.status() : ca.status());
@@ -582,6 +629,7 @@ void AddUp(CLI::App& app, Action* action) {
                             .ca_pem = *ca,
                             .token = token->substr(0, token->find_last_not_of(" \n") + 1)};
       const std::string login = LoginPath(a->login);
+      if (Status s = KeepEarlierLogin(login, cfg); !s.ok()) return Fail("up: login", s);
       if (Status s = api::SaveClientConfig(login, cfg); !s.ok()) return Fail("up: login", s);
       api::ClientConfig as_agent = cfg;
       as_agent.token = *agent_token;

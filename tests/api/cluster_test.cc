@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "api/audit_log.h"
+#include "api/client.h"
 #include "tests/support/daemon.h"
 #include "tests/support/inventories.h"
 #include "tests/support/kc_run.h"
@@ -208,6 +209,39 @@ TEST_F(ClusterTest, UpTrainsASubmittedJobEndToEnd) {
   EXPECT_THAT(actions, ::testing::IsSupersetOf({"job.submit", "agent.register", "job.start",
                                                 "job.running", "job.succeeded"}));
   EXPECT_TRUE((*audit)->Verify("")->ok);
+}
+
+// The newcomer's path: `kc init DIR` without an inventory, then `kc up --dir DIR` (this host
+// is the inventory). Port 0 is chosen once and kept over restarts, so the saved login keeps
+// working; a login to another cluster is kept beside the new one, not overwritten unsaid.
+TEST_F(ClusterTest, UpOnAnInitDirectoryKeepsItsPortAndEarlierLogins) {
+  KcRun init = Kc("init " + dir_.Path("cluster"));
+  ASSERT_EQ(init.exit_code, 0) << init.err;
+  const std::string login = dir_.Path("config/kc/login.json");
+  ASSERT_TRUE(
+      SaveClientConfig(login, {.server = "elsewhere:7470", .ca_pem = "-", .token = "kc_x"}).ok());
+
+  std::unique_ptr<Daemon> up = Up();
+  EXPECT_THAT(up->output(), HasSubstr("has no inventory; this host's is"));
+  auto port = [](const Daemon& d) {
+    const std::string& out = d.output();
+    const size_t at = out.find("kcd on localhost:");
+    return at == std::string::npos ? "" : out.substr(at + 17, out.find(' ', at + 17) - at - 17);
+  };
+  const std::string first = port(*up);
+  ASSERT_FALSE(first.empty()) << up->output();
+  Result<ClientConfig> kept = LoadClientConfig(login + ".previous");
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(kept->server, "elsewhere:7470");
+  EXPECT_EQ(up->Stop(SIGTERM), 0);
+
+  up = Up();
+  EXPECT_EQ(port(*up), first) << up->output();
+  EXPECT_THAT(up->output(), ::testing::Not(HasSubstr("has no inventory")));
+  KcRun jobs = Kc("jobs");  // the login saved by the first kc up
+  EXPECT_EQ(jobs.exit_code, 0) << jobs.err;
+  // The same login again is not a login to keep.
+  EXPECT_EQ(LoadClientConfig(login + ".previous")->server, "elsewhere:7470");
 }
 
 TEST_F(ClusterTest, PauseResumeAndCancelAJob) {
