@@ -33,7 +33,7 @@ class CudaKernelsTest : public ::testing::Test {
   static void SetUpTestSuite() {
     Result<int> count = cuda::CudaDeviceCount();
     if (!count.ok()) {
-      skip_reason_ = new std::string(count.status().ToString());
+      skip_reason_ = count.status().ToString();
       return;
     }
     Result<std::unique_ptr<ComputeDevice>> d = OpenComputeDevice(
@@ -46,7 +46,7 @@ class CudaKernelsTest : public ::testing::Test {
     device_ = nullptr;
   }
   void SetUp() override {
-    if (device_ == nullptr) GTEST_SKIP() << "no CUDA device: " << *skip_reason_;
+    if (device_ == nullptr) GTEST_SKIP() << "no CUDA device: " << skip_reason_;
   }
 
   static Stream& stream() { return device_->default_stream(); }
@@ -72,7 +72,7 @@ class CudaKernelsTest : public ::testing::Test {
   }
 
   static inline ComputeDevice* device_ = nullptr;
-  static inline std::string* skip_reason_ = nullptr;
+  static inline std::string skip_reason_;  // set up once per suite: a value, never leaked
 };
 
 std::vector<float> RandomFloats(std::mt19937& rng, size_t n) {
