@@ -197,6 +197,7 @@ pl::PlannerCluster FromCalibration(const pl::Calibration& c, const std::string& 
   out.name = c.host;
   out.device_model = fmt::format("{}-core CPU slice", c.cpus_per_device);
   out.fp32 = true;
+  out.spec.device = hal::DeviceKind::kCpu;
   if (c.model != model) {
     out.notes.push_back(
         fmt::format("calibrated with model {}: its kernel efficiencies stand in "
@@ -252,20 +253,12 @@ int RunPlan(const PlanArgs& a) {
   Result<pl::PlannerCluster> cluster =
       LoadCluster(a.cluster, a.devices > 0 ? a.devices : 0, spec->name, &source);
   if (!cluster.ok()) return Fail(cluster.status());
-  // Real devices (this machine, its calibration, a probed topology) get only the plans the
-  // engine runs; a simulated cluster is planned for what the engine will run.
   const bool local = !cluster->simulated;
-  pl::SearchConstraints constraints = local ? EngineConstraints() : pl::SearchConstraints{};
-  if (a.fixed_t > 0) constraints.fixed_t = a.fixed_t;
-  if (a.max_p > 0) constraints.max_p = a.max_p;
+  pl::SearchConstraints constraints;
+  constraints.fixed_t = a.fixed_t;
+  constraints.max_p = a.max_p;
   constraints.memory_headroom = a.headroom;
   constraints.max_micro_batch_size = a.max_micro_batch_size;
-  if (local && (constraints.fixed_t > 1 || constraints.max_p > 1)) {
-    return Fail(InvalidArgumentError(
-        "--fixed-t/--max-p: on real devices the planner keeps to data-parallel plans (its "
-        "calibration times whole layers; a tensor-parallel or pipeline plan you may give kc "
-        "train --plan yourself); plan a simulated cluster with --cluster INVENTORY.yaml"));
-  }
   const int n = cluster->spec.devices;
   const int64_t batch = a.batch > 0 ? a.batch : spec->batch_per_rank * n;
   Result<pl::SearchResult> found =
@@ -348,10 +341,6 @@ int RunPlan(const PlanArgs& a) {
       cluster->fp32 ? "fp32" : "bf16", c.memory_bytes / 1e9, c.intra_node_bandwidth / 1e9,
       c.inter_node_bandwidth / 1e9, source);
   for (const std::string& note : cluster->notes) os << "         note: " << note << "\n";
-  if (local) {
-    os << "         note: on real devices the search keeps to data-parallel plans (t=1 p=1); a "
-          "tensor-parallel or pipeline plan you may give kc train --plan yourself\n";
-  }
   os << fmt::format("batch    {} sequences x {} tokens per step{}\n\n", batch, spec->seq_len,
                     a.batch > 0 ? "" : " (batch_per_rank x devices; --batch to change)");
   os << "chosen plan: " << parallel::PlanToString(best.plan) << "\n";
@@ -499,7 +488,7 @@ int RunCalibrate(const PlanArgs& a) {
 
   // The predictions: every plan kc train runs for this batch on these devices.
   const int64_t batch = a.batch > 0 ? a.batch : spec->batch_per_rank * devices;
-  pl::SearchConstraints constraints = EngineConstraints();
+  pl::SearchConstraints constraints;
   constraints.max_micro_batch_size = a.max_micro_batch_size;
   Result<pl::SearchResult> found =
       pl::SearchPlans(*spec, cal.cluster, batch, constraints, cal.options, 1000);
@@ -572,15 +561,6 @@ int RunCalibrate(const PlanArgs& a) {
 }
 
 }  // namespace
-
-pl::SearchConstraints EngineConstraints() {
-  pl::SearchConstraints c;
-  c.fixed_t = 1;
-  c.max_p = 1;
-  c.allow_recompute = false;
-  c.max_zero_stage = 1;
-  return c;
-}
 
 Result<LocalCluster> ProbeLocalCluster(int devices, const std::string& model,
                                        const std::string& calibration_path) {

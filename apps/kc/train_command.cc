@@ -48,6 +48,7 @@
 #include "hal/host_probe.h"
 #include "hal/measure.h"
 #include "parallel/data/loader.h"
+#include "parallel/engine_support.h"
 #include "parallel/model_spec.h"
 #include "parallel/plan.h"
 #include "parallel/timeline.h"
@@ -288,14 +289,8 @@ Result<Plan> Check(TrainArgs* args) {
     p.pipeline_stages = plan.p;
     p.schedule = plan.schedule;
     p.virtual_stages = plan.v;
-    if (plan.zero_stage > 1) {
-      return UnimplementedError("--plan " + a.plan + ": zero_stage above 1 is not built yet");
-    }
-    if (plan.recompute && plan.p > 1 && plan.schedule == parallel::Schedule::kZeroBubbleH1) {
-      return UnimplementedError("--plan " + a.plan +
-                                ": recompute with zb-h1 is not built yet (the weight passes "
-                                "need the activations recompute drops)");
-    }
+    KC_RETURN_IF_ERROR(
+        parallel::EngineSupports(plan, hal::DeviceKind::kCpu).WithContext("--plan " + a.plan));
     p.recompute = plan.recompute;
     p.spec.batch_per_rank = plan.micro_batch_size;
     p.micro_batches = plan.micro_batches;
@@ -1337,8 +1332,8 @@ Result<double> ResolveAutoPlan(TrainArgs* args) {
   const int64_t batch = a.global_batch != 0 ? a.global_batch : spec.batch_per_rank * a.ranks;
   KC_ASSIGN_OR_RETURN(LocalCluster local,
                       ProbeLocalCluster(a.ranks, spec.name, UserConfigPath("calibration.json")));
-  Result<parallel::planner::SearchResult> found = parallel::planner::SearchPlans(
-      spec, local.cluster.spec, batch, EngineConstraints(), local.cluster.options, 1);
+  Result<parallel::planner::SearchResult> found =
+      parallel::planner::SearchPlans(spec, local.cluster.spec, batch, {}, local.cluster.options, 1);
   KC_RETURN_IF_ERROR(found.status().WithContext("--plan auto"));
   const parallel::planner::RankedPlan& best = found->ranked.front();
   std::string flag = parallel::PlanToString(best.plan);

@@ -42,6 +42,11 @@ Result<PlannerCluster> ClusterFromTopology(const hal::Topology& topology) {
     memory = std::min(memory, static_cast<double>(d.memory_bytes));
     memory_bw = std::min(memory_bw, d.memory_bandwidth);
   }
+  if (!c.simulated) {  // the engine runs on the real devices: the first one's kind
+    for (int i = 0; i < n && s.device == hal::DeviceKind::kSimulated; ++i) {
+      s.device = topology.device(i).kind;
+    }
+  }
   c.fp32 = bf16 <= 0;
   s.peak_flops = c.fp32 ? fp32 : bf16;
   s.memory_bytes = memory;

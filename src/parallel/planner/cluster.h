@@ -26,8 +26,9 @@ struct PlannerCluster {
 };
 
 // Reduces `topology` to a homogeneous ClusterSpec, the weakest figure winning where devices
-// differ: peak = bf16 FLOP/s (fp32 when any device lacks bf16), memory and memory bandwidth
-// the smallest, devices_per_node the smallest host, intra-node bandwidth the slowest path
+// differ: device = kSimulated when every device is declared only, else the first real
+// device's kind; peak = bf16 FLOP/s (fp32 when any device lacks bf16), memory and memory
+// bandwidth the smallest, devices_per_node the smallest host, intra-node bandwidth the slowest path
 // between two devices of one host (latency the largest), inter-node the slowest path between
 // two hosts (across racks when there are several). kInvalidArgument for a topology with no
 // devices.

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "hal/device.h"
 #include "parallel/model_spec.h"
 #include "parallel/plan.h"
 
@@ -26,6 +27,9 @@ struct ClusterSpec {
   double inter_node_bandwidth = 0;    // bytes/s per direction per device across nodes (its NIC)
   double intra_node_latency = 2e-6;   // seconds per ring step inside a node
   double inter_node_latency = 10e-6;  // seconds per ring step across nodes
+  // The kind of device the engine runs on (EngineSupports asks it); kSimulated: declared only,
+  // planned for what the engine runs on any kind.
+  hal::DeviceKind device = hal::DeviceKind::kSimulated;
 };
 
 // Constants of the engine and the numerics. One set serves every model, plan and cluster.

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "parallel/engine_support.h"
 #include "parallel/planner/cases.h"
 #include "parallel/planner/search.h"
 #include "tests/support/repo_root.h"
@@ -382,6 +383,33 @@ TEST(PlanSearchTest, RanksFittingPlansAndSaysWhyTheOthersLost) {
   for (const RankedPlan& p : t2->ranked) {
     EXPECT_EQ(p.plan.t, 2);
     EXPECT_LE(p.plan.p, 2);
+  }
+}
+
+// The search offers only what the engine runs (EngineSupports): no recompute with ZB-H1 and
+// no ZeRO above 1, even where memory makes recompute win, on every kind of device.
+TEST(PlanSearchTest, OffersOnlyPlansTheEngineRuns) {
+  const ModelSpec spec = Model(24, 2048, 16, 8192, 51200, 2048);
+  for (hal::DeviceKind kind :
+       {hal::DeviceKind::kSimulated, hal::DeviceKind::kCpu, hal::DeviceKind::kCuda}) {
+    ClusterSpec cluster = Cluster(64, 8);
+    cluster.device = kind;
+    int recomputing = 0, zb = 0;
+    for (double gb : {80.0, 20.0}) {  // 20 GB: only plans with recompute fit
+      cluster.memory_bytes = gb * 1e9;
+      Result<SearchResult> r = SearchPlans(spec, cluster, 512, {}, {}, 100000);
+      ASSERT_TRUE(r.ok()) << r.status();
+      std::vector<RankedPlan> all = r->ranked;
+      if (r->fastest_unfit) all.push_back(*r->fastest_unfit);
+      for (const RankedPlan& p : all) {
+        EXPECT_TRUE(EngineSupports(p.plan, kind).ok()) << PlanToString(p.plan);
+        EXPECT_LE(p.plan.zero_stage, 1) << PlanToString(p.plan);
+        recomputing += p.plan.recompute ? 1 : 0;
+        zb += p.plan.schedule == Schedule::kZeroBubbleH1 ? 1 : 0;
+      }
+    }
+    EXPECT_GT(recomputing, 0);  // with the other schedules
+    EXPECT_GT(zb, 0);           // without recompute
   }
 }
 
