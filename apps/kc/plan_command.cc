@@ -276,10 +276,18 @@ int RunPlan(const PlanArgs& a) {
   const pl::RankedPlan& best = found->ranked.front();
   Result<pl::RankedPlan> baseline = pl::BaselinePlan(*spec, cluster->spec, batch, cluster->options);
   const pl::ApprovalVerdict approval = pl::CheckApproval(best.plan, best.estimate, a.steps, limits);
-  if (!a.out.empty()) {
+  // A gate: a plan that needs approval is not written for kc train to run.
+  const bool write = !a.out.empty() && !approval.required;
+  if (write) {
     if (Status s = WriteFileAtomically(a.out, parallel::PlanToYaml(best.plan)); !s.ok()) {
       return Fail(s);
     }
+  }
+  const int exit_code = approval.required ? kExitNeedsApproval : kExitOk;
+  if (approval.required) {
+    std::cerr << "kc plan: the chosen plan needs a resource admin's approval (the limits in "
+              << a.approval_limits << ")" << (a.out.empty() ? "" : "; " + a.out + " not written")
+              << "\n";
   }
 
   if (a.json) {
@@ -322,9 +330,9 @@ int RunPlan(const PlanArgs& a) {
     } else {
       j["baseline"] = {{"error", baseline.status().message()}};
     }
-    if (!a.out.empty()) j["written"] = a.out;
+    if (write) j["written"] = a.out;
     std::cout << j.dump(2) << "\n";
-    return kExitOk;
+    return exit_code;
   }
 
   std::ostream& os = std::cout;
@@ -382,15 +390,18 @@ int RunPlan(const PlanArgs& a) {
   } else {
     os << "\nseed's rules: " << baseline.status().message() << "\n";
   }
-  if (!a.out.empty()) {
+  if (write) {
     os << "plan written to " << a.out
        << (local ? " (kc train --plan " + a.out + ")" : std::string(" (for this cluster)")) << "\n";
   }
-  return kExitOk;
+  return exit_code;
 }
 
+// Every case of the file, each on its own: one that cannot be read or planned is reported
+// and the rest go on. Exit status: 0 when every case planned, 2 when a case is malformed, else
+// 1 when a well-formed case could not be planned.
 int RunCases(const PlanArgs& a) {
-  Result<std::vector<pl::PublishedCase>> cases = pl::LoadCases(a.cases);
+  Result<std::vector<pl::LoadedCase>> cases = pl::LoadCases(a.cases);
   if (!cases.ok()) return Fail(cases.status());
   json records = json::array();
   if (!a.json) {
@@ -398,14 +409,38 @@ int RunCases(const PlanArgs& a) {
                              "published t/p/d", "TFLOP/s", "predicted", "error", "fits",
                              "chosen plan -> predicted TFLOP/s");
   }
-  for (const pl::PublishedCase& c : *cases) {
-    Result<pl::CaseResult> r = pl::EvaluateCase(c);
-    if (!r.ok()) return Fail(r.status().WithContext(a.cases + ": case " + c.id));
+  int malformed = 0, unplanned = 0;
+  std::vector<std::string> assumed;
+  for (const pl::LoadedCase& entry : *cases) {
+    Status failed = entry.status;
+    Result<pl::CaseResult> r =
+        failed.ok() ? pl::EvaluateCase(entry.value) : Result<pl::CaseResult>(failed);
+    if (failed.ok() && !r.ok()) {
+      failed =
+          r.status().WithContext(fmt::format("{}: case {} ({})", a.cases, entry.index, entry.id));
+    }
+    if (failed.ok() && !r->chosen) failed = r->search_status;
+    if (!failed.ok()) {
+      ++(entry.status.ok() ? unplanned : malformed);
+      std::cerr << "kc plan: " << failed.message() << "\n";
+    }
+    if (!r.ok()) {
+      if (a.json) {
+        records.push_back({{"id", entry.id}, {"ok", false}, {"message", failed.message()}});
+      } else {
+        std::cout << fmt::format("{:<32} not planned: {}\n", entry.id, failed.message());
+      }
+      continue;
+    }
+    const pl::PublishedCase& c = entry.value;
+    for (const std::string& what : c.assumed) assumed.push_back(c.id + ": " + what);
     const double error = r->published.model_tflops_per_device / c.published_tflops - 1;
     if (a.json) {
       json rec = {
           {"id", c.id},
+          {"ok", failed.ok()},
           {"published", {{"plan", PlanJson(c.plan)}, {"tflops_per_device", c.published_tflops}}},
+          {"assumed", c.assumed},
           {"predicted", EstimateJson(r->published)},
           {"error", error}};
       if (r->chosen) {
@@ -413,6 +448,7 @@ int RunCases(const PlanArgs& a) {
                          {"estimate", EstimateJson(r->chosen->estimate)}};
       } else {
         rec["chosen"] = {{"error", r->search_status.message()}};
+        rec["message"] = failed.message();
       }
       records.push_back(rec);
       continue;
@@ -424,10 +460,18 @@ int RunCases(const PlanArgs& a) {
         r->chosen ? fmt::format("{} -> {:.1f}{}", parallel::PlanToString(r->chosen->plan),
                                 r->chosen->estimate.model_tflops_per_device,
                                 r->chosen->estimate.memory.fits ? "" : " (does not fit)")
-                  : r->search_status.message());
+                  : "not planned: " + r->search_status.message());
   }
-  if (a.json) std::cout << records.dump(2) << "\n";
-  return kExitOk;
+  if (a.json) {
+    std::cout << records.dump(2) << "\n";
+  } else {
+    for (const std::string& what : assumed) std::cout << "assumed  " << what << "\n";
+  }
+  if (malformed + unplanned > 0) {
+    std::cerr << fmt::format("kc plan: {} of {} cases not planned ({} malformed)\n",
+                             malformed + unplanned, cases->size(), malformed);
+  }
+  return malformed > 0 ? kExitBadInput : unplanned > 0 ? kExitFailure : kExitOk;
 }
 
 int RunCalibrate(const PlanArgs& a) {

@@ -1,6 +1,7 @@
 // `kc plan` as a user runs it: a simulated cluster's plan with its breakdowns, alternatives,
 // baseline and approval verdict; the same as JSON; a plan file kc train reads; the published
 // cases; calibration on this machine; `kc train --plan auto`; and bad input.
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -93,24 +94,38 @@ TEST(PlanCliTest, PlansAModelOnASimulatedClusterAndExplainsIt) {
               HasSubstr("micro_batches: " + std::to_string(plan["micro_batches"].get<int64_t>())));
 }
 
-TEST(PlanCliTest, LimitsMarkAPlanForApprovalWithTheAdminsFigures) {
+TEST(PlanCliTest, APlanPastTheApprovalLimitsIsReportedNotWrittenAndExitsThree) {
   TempDir dir("kc_plan_cli");
   const std::string limits =
       dir.Write("limits.yaml", "max_devices: 16\nmax_runtime_hours: 0.001\n");
   const std::string args = Example("examples/models/gpt2-124m.yaml") + " --cluster " +
                            Example("examples/clusters/dgx-a100x4.yaml") +
-                           " --batch 256 --steps 1000 --approval-limits " + limits;
-  KcRun r = Kc(dir, "plan " + args);
-  ASSERT_EQ(r.exit_code, 0) << r.err;
+                           " --batch 256 --steps 1000 --approval-limits ";
+  KcRun r = Kc(dir, "plan " + args + limits + " --out " + dir.Path("gated.yaml"));
+  EXPECT_EQ(r.exit_code, 3) << r.err;
   EXPECT_THAT(r.out, HasSubstr("approval        REQUIRED: 32 devices, above the limit of 16"));
   EXPECT_THAT(r.out, HasSubstr("expected for 1000 steps"));
   EXPECT_THAT(r.out, HasSubstr("for the resource admin: 32 devices"));
-  KcRun j = Kc(dir, "plan " + args + " --json");
-  ASSERT_EQ(j.exit_code, 0) << j.err;
-  const Json approval = Json::parse(j.out)["approval"];
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("plan written to")));
+  EXPECT_THAT(r.err, HasSubstr("needs a resource admin's approval"));
+  EXPECT_THAT(r.err, HasSubstr("gated.yaml not written"));
+  EXPECT_FALSE(std::filesystem::exists(dir.Path("gated.yaml")));
+  KcRun j = Kc(dir, "plan " + args + limits + " --json --out " + dir.Path("gated.yaml"));
+  EXPECT_EQ(j.exit_code, 3) << j.err;
+  const Json doc = Json::parse(j.out);
+  const Json approval = doc["approval"];
   EXPECT_TRUE(approval["required"].get<bool>());
   EXPECT_EQ(approval["reasons"].size(), 2u);
   EXPECT_GT(approval["comm_bytes_per_step"].get<double>(), 0);
+  EXPECT_FALSE(doc.contains("written"));
+  EXPECT_FALSE(std::filesystem::exists(dir.Path("gated.yaml")));
+
+  // Within the limits the plan is written and the exit status is 0.
+  const std::string roomy = dir.Write("roomy.yaml", "max_devices: 64\n");
+  KcRun ok = Kc(dir, "plan " + args + roomy + " --out " + dir.Path("ok.yaml"));
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_THAT(ok.out, HasSubstr("approval        not required"));
+  EXPECT_TRUE(std::filesystem::exists(dir.Path("ok.yaml")));
 
   const std::string bad = dir.Write("bad.yaml", "max_devices: 16\nmax_nodes: 2\n");
   KcRun b = Kc(dir, "plan " + Example("examples/models/gpt2-124m.yaml") + " --cluster " +
@@ -141,6 +156,51 @@ TEST(PlanCliTest, ChecksThePublishedCases) {
   KcRun text = Kc(dir, "plan --cases " + cases);
   ASSERT_EQ(text.exit_code, 0) << text.err;
   EXPECT_THAT(text.out, HasSubstr("narayanan2021_table1_1008.0B"));
+}
+
+// A small case of the published-cases schema: `mem_gb` decides whether anything fits.
+std::string SmallCase(const std::string& id, double mem_gb) {
+  return fmt::format(R"({{"id": "{}", "model": {{"layers": 4, "hidden": 64, "heads": 4,
+      "seq_len": 8, "vocab": 100}}, "global_batch": 8, "cluster": {{"gpus": 4,
+      "gpus_per_node": 4, "peak_tflops": 100, "mem_gb": {}, "intra_node_GBps": 100,
+      "inter_node_GBps_per_gpu": 10}}, "published": {{"tp": 1, "pp": 2, "dp": 2,
+      "tflops_per_gpu": 1}}}})",
+                     id, mem_gb);
+}
+
+TEST(PlanCliTest, ACaseThatCannotBePlannedIsReportedAndTheOthersGoOn) {
+  TempDir dir("kc_plan_cli");
+  // "tight" is well formed but nothing fits in its 1 kB devices: exit 1.
+  const std::string unplanned =
+      dir.Write("u.json", "[" + SmallCase("first", 80) + "," + SmallCase("tight", 1e-6) + "," +
+                              SmallCase("last", 80) + "]");
+  KcRun r = Kc(dir, "plan --cases " + unplanned);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("first "));
+  EXPECT_THAT(r.out, HasSubstr("last "));
+  EXPECT_THAT(r.out, HasSubstr("assumed  first: v=2 (unstated)"));
+  EXPECT_THAT(r.err, HasSubstr("does not fit"));
+  EXPECT_THAT(r.err, HasSubstr("1 of 3 cases not planned (0 malformed)"));
+  KcRun j = Kc(dir, "plan --cases " + unplanned + " --json");
+  EXPECT_EQ(j.exit_code, 1) << j.err;
+  const Json doc = Json::parse(j.out);
+  ASSERT_EQ(doc.size(), 3u);
+  EXPECT_TRUE(doc[0]["ok"].get<bool>());
+  EXPECT_FALSE(doc[1]["ok"].get<bool>());
+  EXPECT_THAT(doc[1]["message"].get<std::string>(), HasSubstr("does not fit"));
+  EXPECT_TRUE(doc[2]["ok"].get<bool>());
+  EXPECT_EQ(doc[2]["chosen"]["plan"]["t"].get<int>() * doc[2]["chosen"]["plan"]["p"].get<int>() *
+                doc[2]["chosen"]["plan"]["d"].get<int>(),
+            4);
+
+  // A malformed case is named with its key; the rest are planned; exit 2.
+  const std::string malformed = dir.Write(
+      "m.json", "[" + SmallCase("first", 80) + R"(, {"id": "q"}, )" + SmallCase("last", 80) + "]");
+  KcRun m = Kc(dir, "plan --cases " + malformed);
+  EXPECT_EQ(m.exit_code, 2) << m.err;
+  EXPECT_THAT(m.err, HasSubstr("case 2 (q): model"));
+  EXPECT_THAT(m.out, ::testing::ContainsRegex("q +not planned: "));
+  EXPECT_THAT(m.out, HasSubstr("last "));
 }
 
 TEST(PlanCliTest, CalibratesThisMachineAndTrainAutoRunsTheChoice) {
