@@ -194,10 +194,11 @@ Result<Plan> Check(TrainArgs* args) {
   Plan p;
   // The plan, if any, decides the rank count when --ranks does not.
   parallel::ParallelPlan plan;
+  parallel::PlanKeys stated;
   if (!args->plan.empty()) {
     Result<parallel::ParallelPlan> r = fs::is_regular_file(args->plan)
-                                           ? parallel::LoadPlan(args->plan)
-                                           : parallel::ParsePlanFlag(args->plan);
+                                           ? parallel::LoadPlan(args->plan, &stated)
+                                           : parallel::ParsePlanFlag(args->plan, &stated);
     KC_RETURN_IF_ERROR(r.status());
     plan = *r;
     if (args->ranks == 0) args->ranks = plan.world();
@@ -275,7 +276,12 @@ Result<Plan> Check(TrainArgs* args) {
   }
   KC_ASSIGN_OR_RETURN(p.spec, parallel::LoadModelSpec(a.config));
   if (!a.plan.empty()) {
-    const int64_t global = a.global_batch != 0 ? a.global_batch : plan.global_batch();
+    // A plan that states its micro-batch size says the global batch; else it is the one
+    // without a plan (--global-batch, or batch_per_rank per rank) and the plan follows it.
+    const int64_t global = a.global_batch != 0       ? a.global_batch
+                           : stated.micro_batch_size ? plan.global_batch()
+                                                     : p.spec.batch_per_rank * a.ranks;
+    plan = parallel::FillBatchDefaults(plan, stated, global);
     KC_RETURN_IF_ERROR(
         parallel::ValidatePlan(plan, p.spec, a.ranks, global).WithContext("--plan " + a.plan));
     if (plan.p > 1 && !a.export_dir.empty()) {
