@@ -11,6 +11,7 @@
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "hal/cpu_devices.h"
@@ -174,19 +175,42 @@ void PrintEstimate(std::ostream& os, const pl::PlanEstimate& e) {
 }
 
 // This host measured through L1 and split into `devices` CPU devices: its topology and the
-// planner's cluster of it.
+// planner's cluster of it, and the cores each device runs on. More devices than cores share
+// them as kc train's ranks do (unpinned, one thread each): the topology has a device per
+// core, and the cluster the devices with their share of each figure.
 struct MeasuredHost {
   hal::Topology topology;
   pl::PlannerCluster cluster;
+  std::vector<std::vector<int>> device_cpus;  // empty entries: unpinned
 };
 Result<MeasuredHost> MeasureLocal(const hal::HostInfo& info, int devices, bool quick) {
+  const int cores = std::max(1, info.pus);
   KC_ASSIGN_OR_RETURN(hal::HostMeasurement host, hal::MeasureHost(info, {.quick = quick}));
-  KC_ASSIGN_OR_RETURN(
-      hal::TopologySpec spec,
-      hal::MakeCpuTopologySpec(info, {.num_devices = devices, .measured = host.cpu}));
+  KC_ASSIGN_OR_RETURN(hal::TopologySpec spec,
+                      hal::MakeCpuTopologySpec(
+                          info, {.num_devices = std::min(devices, cores), .measured = host.cpu}));
   KC_ASSIGN_OR_RETURN(hal::Topology topology, hal::Topology::Build(std::move(spec)));
   KC_ASSIGN_OR_RETURN(pl::PlannerCluster cluster, pl::ClusterFromTopology(topology));
-  return MeasuredHost{std::move(topology), std::move(cluster)};
+  MeasuredHost out{std::move(topology), std::move(cluster), {}};
+  if (devices <= cores) {
+    for (int i = 0; i < out.topology.num_devices(); ++i) {
+      out.device_cpus.push_back(out.topology.device(i).cpus);
+    }
+    return out;
+  }
+  const double share = static_cast<double>(cores) / devices;
+  pl::ClusterSpec& c = out.cluster.spec;
+  c.devices = devices;
+  c.devices_per_node = devices;
+  c.peak_flops *= share;
+  c.memory_bytes *= share;
+  c.memory_bandwidth *= share;
+  c.oversubscription = 1 / share;
+  out.device_cpus.assign(static_cast<size_t>(devices), {});
+  out.cluster.notes.push_back(
+      fmt::format("{} devices share {} cores, as kc train's ranks do: each gets {:.2f} of a core",
+                  devices, cores, share));
+  return out;
 }
 
 // A calibration as the planner's cluster: this host's CPU slices, fp32, its measured constants.
@@ -474,20 +498,26 @@ int RunCases(const PlanArgs& a) {
   return malformed > 0 ? kExitBadInput : unplanned > 0 ? kExitFailure : kExitOk;
 }
 
+// This machine as `devices` devices: up to four per core (kc train's ranks share cores so).
+Status CheckLocalDevices(int devices, const hal::HostInfo& info) {
+  if (devices > 4 * std::max(1, info.pus)) {
+    return InvalidArgumentError(
+        fmt::format("--devices {}: more than four per core of the {} cores this process may use",
+                    devices, info.pus));
+  }
+  return OkStatus();
+}
+
 int RunCalibrate(const PlanArgs& a) {
   Result<parallel::ModelSpec> spec = parallel::LoadModelSpec(a.model);
   if (!spec.ok()) return Fail(spec.status());
   Result<hal::HostInfo> info = hal::ProbeHost();
   if (!info.ok()) return Fail(info.status());
   const int devices = a.devices > 0 ? a.devices : std::max(1, info->pus);
-  if (devices > info->pus) {
-    return Fail(InvalidArgumentError(fmt::format(
-        "--devices {}: more than the {} cores this process may use", devices, info->pus)));
-  }
+  if (Status s = CheckLocalDevices(devices, *info); !s.ok()) return Fail(s);
   std::cerr << "kc plan: measuring this host through L1 (memory, sgemm, shared memory)...\n";
   Result<MeasuredHost> measured = MeasureLocal(*info, devices, a.quick);
   if (!measured.ok()) return Fail(measured.status());
-  const hal::Topology* topology = &measured->topology;
   const pl::PlannerCluster* cluster = &measured->cluster;
 
   // As in kc train's workers (train_command.cc): the large blocks OpenBLAS allocates and frees
@@ -498,22 +528,40 @@ int RunCalibrate(const PlanArgs& a) {
   pl::CalibrationOptions co;
   co.peak_flops = cluster->spec.peak_flops;
   co.repetitions = a.quick ? 2 : 3;
-  for (int i = 0; i < topology->num_devices(); ++i)
-    co.device_cpus.push_back(topology->device(i).cpus);
+  co.device_cpus = measured->device_cpus;
   const int64_t largest = std::min<int64_t>(a.max_micro_batch_size, 8);
   co.micro_batch_sizes.clear();
   for (int64_t b = 1; b <= largest; b *= 2) co.micro_batch_sizes.push_back(b);
+  // Every tensor-parallel size a plan on these devices can have: each device its 1/t share.
+  co.tensor_parallel.clear();
+  for (int64_t t : parallel::Divisors(devices)) {
+    if (spec->heads % t == 0 && spec->ffn_hidden % t == 0) {
+      co.tensor_parallel.push_back(static_cast<int>(t));
+    }
+  }
   std::cerr << fmt::format(
-      "kc plan: timing {}'s forward + backward at micro-batch {} on {} "
-      "device{} at once...\n",
-      spec->name, fmt::join(co.micro_batch_sizes, ", "), devices, devices == 1 ? "" : "s");
+      "kc plan: timing {}'s forward + backward at micro-batch {} and t {} on {} device{} at "
+      "once...\n",
+      spec->name, fmt::join(co.micro_batch_sizes, ", "), fmt::join(co.tensor_parallel, ", "),
+      devices, devices == 1 ? "" : "s");
   Result<pl::ComputeCalibration> compute = pl::MeasureCompute(*spec, co);
   if (!compute.ok()) return Fail(compute.status());
+  // The engine's all-reduce between the devices: what tensor-, pipeline- and data-parallel
+  // messages are timed with (one host: every link is this one).
+  Result<pl::LinkCalibration> links = pl::MeasureLinks({.device_cpus = co.device_cpus});
+  if (!links.ok()) return Fail(links.status());
+  // How much of the gradient all-reduce the trainer's buckets hide behind the backward, with
+  // the longest backward timed.
+  Result<pl::OverlapCalibration> overlap =
+      pl::MeasureOverlap(*spec, {.device_cpus = co.device_cpus,
+                                 .micro_batch_size = co.micro_batch_sizes.back(),
+                                 .repetitions = co.repetitions});
+  if (!overlap.ok()) return Fail(overlap.status());
 
   pl::Calibration cal;
   cal.host = info->hostname;
   cal.model = spec->name;
-  cal.cpus_per_device = static_cast<int>(topology->device(0).cpus.size());
+  cal.cpus_per_device = static_cast<int>(measured->topology.device(0).cpus.size());
   cal.cluster = cluster->spec;
   cal.options = cluster->options;
   cal.options.matmul_efficiency = compute->fit.matmul_efficiency;
@@ -523,6 +571,14 @@ int RunCalibrate(const PlanArgs& a) {
   if (cal.cluster.memory_bandwidth > 0) {
     cal.options.optimizer_step_bytes =
         compute->optimizer_seconds * cal.cluster.memory_bandwidth / params;
+  }
+  cal.options.measured_passes = pl::PassTable(compute->points);
+  if (devices > 1) cal.options.dp_overlap_fraction = overlap->fraction;
+  if (links->bandwidth > 0) {
+    cal.cluster.intra_node_bandwidth = links->bandwidth;
+    cal.cluster.intra_node_latency = links->latency;
+    cal.cluster.inter_node_bandwidth = links->bandwidth;
+    cal.cluster.inter_node_latency = links->latency;
   }
   cal.points = compute->points;
   const std::string save = a.save.empty() ? UserConfigPath("calibration.json") : a.save;
@@ -545,8 +601,15 @@ int RunCalibrate(const PlanArgs& a) {
               {"cpus_per_device", cal.cpus_per_device},
               {"peak_flops_per_device", cal.cluster.peak_flops},
               {"memory_bandwidth_per_device", cal.cluster.memory_bandwidth},
+              {"oversubscription", cal.cluster.oversubscription},
               {"shm_bandwidth", cal.cluster.intra_node_bandwidth},
               {"shm_latency", cal.cluster.intra_node_latency},
+              {"allreduce", links->allreduce},
+              {"dp_overlap",
+               {{"backward_s", overlap->backward_s},
+                {"allreduce_s", overlap->allreduce_s},
+                {"together_s", overlap->together_s},
+                {"fraction", overlap->fraction}}},
               {"matmul_efficiency", cal.options.matmul_efficiency},
               {"efficiency_half_size", cal.options.efficiency_half_size},
               {"optimizer_seconds", compute->optimizer_seconds},
@@ -556,8 +619,12 @@ int RunCalibrate(const PlanArgs& a) {
               {"predictions", json::array()}};
     for (const pl::EfficiencyPoint& p : cal.points) {
       j["points"].push_back({{"micro_batch_size", p.micro_batch_size},
+                             {"t", p.t},
                              {"seconds", p.seconds},
-                             {"efficiency", p.efficiency}});
+                             {"efficiency", p.efficiency},
+                             {"forward_share", p.forward_share},
+                             {"weight_share", p.weight_share},
+                             {"block_seconds", p.block_seconds}});
     }
     for (const pl::RankedPlan& r : found->ranked) {
       j["predictions"].push_back({{"plan", PlanJson(r.plan)},
@@ -573,14 +640,25 @@ int RunCalibrate(const PlanArgs& a) {
                     devices == 1 ? "" : "s", cal.cpus_per_device,
                     cal.cpus_per_device == 1 ? "" : "s");
   os << fmt::format(
-      "peak     {:.1f} GFLOP/s fp32 per device (sgemm), memory {:.1f} GB/s, shared "
-      "memory {:.2f} GB/s, {:.1f} us\n",
+      "peak     {:.1f} GFLOP/s fp32 per device (sgemm), memory {:.1f} GB/s; all-reduce "
+      "between the devices {:.2f} GB/s, {:.1f} us per ring step\n",
       cal.cluster.peak_flops / 1e9, cal.cluster.memory_bandwidth / 1e9,
       cal.cluster.intra_node_bandwidth / 1e9, cal.cluster.intra_node_latency * 1e6);
+  for (const std::string& note : cluster->notes) os << "         note: " << note << "\n";
+  if (devices > 1) {
+    os << fmt::format(
+        "overlap  the gradient buckets hide {:.0f}% of the all-reduce behind the backward "
+        "(backward {}, all-reduce {}, together {})\n",
+        overlap->fraction * 100, Time(overlap->backward_s), Time(overlap->allreduce_s),
+        Time(overlap->together_s));
+  }
   os << fmt::format("model    {} forward + backward, every device at once:\n", cal.model);
   for (const pl::EfficiencyPoint& p : cal.points) {
-    os << fmt::format("  micro-batch {:>2}: {:>9} per micro-batch, {:5.1f}% of peak\n",
-                      p.micro_batch_size, Time(p.seconds), p.efficiency * 100);
+    os << fmt::format(
+        "  t={} micro-batch {:>2}: {:>9} per micro-batch, {:5.1f}% of peak; forward {:.0f}%, "
+        "weight pass {:.0f}%, one block {}\n",
+        p.t, p.micro_batch_size, Time(p.seconds), p.efficiency * 100, p.forward_share * 100,
+        p.weight_share * 100, p.block_seconds > 0 ? Time(p.block_seconds) : "-");
   }
   os << fmt::format(
       "fit      efficiency = {:.3f} * size / (size + {:.0f}), size = b * seq * "
@@ -610,6 +688,7 @@ Result<LocalCluster> ProbeLocalCluster(int devices, const std::string& model,
                                        const std::string& calibration_path) {
   KC_ASSIGN_OR_RETURN(hal::HostInfo info, hal::ProbeHost());
   if (devices <= 0) devices = std::max(1, info.pus);
+  KC_RETURN_IF_ERROR(CheckLocalDevices(devices, info));
   if (fs::exists(calibration_path)) {
     KC_ASSIGN_OR_RETURN(pl::Calibration c, pl::LoadCalibration(calibration_path));
     if (c.cluster.devices == devices) {

@@ -338,6 +338,63 @@ TEST(CostModelTest, MeasuredEfficiencyPointsReplaceTheCurveInsideTheirRange) {
             ErrorCode::kInvalidArgument);
 }
 
+// A calibrated machine's plans are timed from the passes measured at their (t, b): m
+// micro-batches on the slowest stage, the blocks at the block's time, the rest of the model
+// on the stage with the head.
+TEST(CostModelTest, MeasuredPassesTimeThePlansTheyWereMeasuredFor) {
+  ModelSpec spec = Tiny();
+  spec.layers = 4;
+  CostModelOptions o;
+  o.measured_passes = {{.t = 1,
+                        .micro_batch_size = 2,
+                        .seconds = 1.0,
+                        .block_seconds = 0.2,
+                        .forward_share = 0.3,
+                        .weight_share = 0.2},
+                       {.t = 2, .micro_batch_size = 2, .seconds = 0.6}};
+  // One device: 4 micro-batches of 1 s.
+  Result<PlanEstimate> one = EstimatePlan(spec, Plan(1, 1, 1, 2, 4), Cluster(1), 8, o);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_DOUBLE_EQ(one->compute_s, 4.0);
+  // Recompute runs the forward again.
+  ParallelPlan rc = Plan(1, 1, 1, 2, 4);
+  rc.recompute = true;
+  EXPECT_DOUBLE_EQ(EstimatePlan(spec, rc, Cluster(1), 8, o)->compute_s, 4 * 1.3);
+  // t = 2 has its own pass.
+  EXPECT_DOUBLE_EQ(EstimatePlan(spec, Plan(2, 1, 1, 2, 4), Cluster(2), 8, o)->compute_s, 2.4);
+  // Two stages of two blocks: the one with the head (0.2 of the whole's 1 s beyond the four
+  // blocks) sets the pace: 0.6 s a micro-batch.
+  Result<PlanEstimate> pp = EstimatePlan(spec, Plan(1, 2, 1, 2, 4), Cluster(2), 8, o);
+  ASSERT_TRUE(pp.ok()) << pp.status();
+  EXPECT_DOUBLE_EQ(pp->compute_s, 4 * 0.6);
+  // ZB-H1's bubble with the measured weight pass: (p-1)(F + b - W) / (m (F + B)).
+  ParallelPlan zb = Plan(1, 2, 1, 2, 4, Schedule::kZeroBubbleH1);
+  EXPECT_NEAR(EstimatePlan(spec, zb, Cluster(2), 8, o)->bubble_fraction, (1 - 2 * 0.2) / 4, 1e-12);
+  // A (t, b) not measured: FLOPs and the efficiency.
+  Result<PlanEstimate> other = EstimatePlan(spec, Plan(1, 1, 1, 4, 2), Cluster(1), 8, o);
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_DOUBLE_EQ(other->matmul_efficiency, MatmulEfficiency(o, 4 * 32 * 64));
+}
+
+// With two devices per core, a waiting stage gives its core to the other: the bubble costs
+// only what stretches the pipeline past its busy time shared.
+TEST(CostModelTest, OversubscribedDevicesAbsorbTheBubble) {
+  ModelSpec spec = Tiny();
+  spec.layers = 4;
+  ClusterSpec c = Cluster(2);
+  const ParallelPlan plan = Plan(1, 2, 1, 1, 2);  // bubble (p-1)/m = 1/2 of the busy time
+  Result<PlanEstimate> dedicated = EstimatePlan(spec, plan, c, 2);
+  ASSERT_TRUE(dedicated.ok()) << dedicated.status();
+  const double busy = dedicated->compute_s + dedicated->tp_exposed_s + dedicated->pp_exposed_s;
+  EXPECT_NEAR(dedicated->bubble_s, busy / 2, 1e-12);
+  c.oversubscription = 1.25;  // (1 + 1/2) / 1.25 = 1.2: a fifth of the busy time is left
+  EXPECT_NEAR(EstimatePlan(spec, plan, c, 2)->bubble_s, busy * 0.2, 1e-12);
+  c.oversubscription = 2;
+  EXPECT_DOUBLE_EQ(EstimatePlan(spec, plan, c, 2)->bubble_s, 0);
+  c.oversubscription = 0.5;
+  EXPECT_EQ(EstimatePlan(spec, plan, c, 2).status().code(), ErrorCode::kInvalidArgument);
+}
+
 TEST(PublishedCasesTest, ABadCaseNamesItselfAndTheKeyAndTheOthersAreRead) {
   kc::testing::TempDir dir("kc_cases");
   const std::string good = R"({"id": "ok", "model": {"layers": 2, "hidden": 64, "heads": 4,
