@@ -23,6 +23,7 @@
 #include "parallel/planner/calibration.h"
 #include "parallel/planner/cases.h"
 #include "parallel/planner/cost_model.h"
+#include "parallel/planner/hetero.h"
 
 namespace kc::app {
 namespace {
@@ -174,6 +175,62 @@ void PrintEstimate(std::ostream& os, const pl::PlanEstimate& e) {
   }
 }
 
+json DeviceEstimateJson(const pl::DeviceEstimate& e) {
+  json stages = json::array();
+  for (const pl::StageEstimate& s : e.stages) {
+    stages.push_back({{"layers", s.layers},
+                      {"device_model", s.device_model},
+                      {"micro_batch_s", s.micro_batch_s},
+                      {"tp_link_bandwidth", s.tp_link_bandwidth},
+                      {"dp_link_bandwidth", s.dp_link_bandwidth},
+                      {"dp_exposed_s", s.dp_exposed_s},
+                      {"optimizer_s", s.optimizer_s},
+                      {"memory_bytes", s.memory_bytes},
+                      {"capacity", s.capacity}});
+  }
+  return {{"step_time_s", e.step_time_s},
+          {"pipeline_s", e.pipeline_s},
+          {"tokens_per_s", e.tokens_per_s},
+          {"fits", e.fits},
+          {"stages", stages}};
+}
+
+json DevicePlanJson(const pl::DevicePlan& d) {
+  return {{"plan", PlanJson(d.plan)},
+          {"sized", DeviceEstimateJson(d.sized)},
+          {"balanced", DeviceEstimateJson(d.balanced)}};
+}
+
+// "12 A100-SXM4-80GB + 12 A100-PCIE-80GB": each stage's layers and devices.
+std::string StageLayers(const pl::DeviceEstimate& e) {
+  std::string out;
+  for (const pl::StageEstimate& s : e.stages) {
+    if (!out.empty()) out += " + ";
+    out += fmt::format("{} on {}", s.layers, s.device_model);
+  }
+  return out;
+}
+
+void PrintDevicePlans(std::ostream& os, const pl::DeviceSearchResult& r) {
+  os << "\nmixed cluster, each stage priced on its own devices and links (stages sized to them, "
+        "as Metis does):\n";
+  const pl::DevicePlan& h = r.homogeneous;
+  os << fmt::format(
+      "  the chosen plan        t={} p={} d={}: {} with the engine's split ({}), {} with its "
+      "stages sized ({})\n",
+      h.plan.t, h.plan.p, h.plan.d, Time(h.balanced.step_time_s), StageLayers(h.balanced),
+      Time(h.sized.step_time_s), StageLayers(h.sized));
+  const pl::DevicePlan& b = r.best;
+  os << fmt::format(
+      "  best on the devices    {}: {} with its stages sized ({}), {} with the engine's split\n",
+      parallel::PlanToString(b.plan), Time(b.sized.step_time_s), StageLayers(b.sized),
+      Time(b.balanced.step_time_s));
+  os << fmt::format(
+      "  gain                   {:.2f}x over the chosen plan as the engine runs it today "
+      "(the engine does not take stage sizes yet; {} plans priced)\n",
+      h.balanced.step_time_s / b.sized.step_time_s, r.evaluated);
+}
+
 // This host measured through L1 and split into `devices` CPU devices: its topology and the
 // planner's cluster of it, and the cores each device runs on. More devices than cores share
 // them as kc train's ranks do (unpinned, one thread each): the topology has a device per
@@ -232,8 +289,10 @@ pl::PlannerCluster FromCalibration(const pl::Calibration& c, const std::string& 
 }
 
 // The cluster named by --cluster: an inventory (YAML), a calibration (JSON), or "local".
+// An inventory's topology is kept in *topology (for a mixed cluster's per-device prices).
 Result<pl::PlannerCluster> LoadCluster(const std::string& name, int local_devices,
-                                       const std::string& model, std::string* source) {
+                                       const std::string& model, std::string* source,
+                                       std::optional<hal::Topology>* topology) {
   if (name == "local") {
     KC_ASSIGN_OR_RETURN(LocalCluster local, ProbeLocalCluster(local_devices, model,
                                                               UserConfigPath("calibration.json")));
@@ -251,9 +310,10 @@ Result<pl::PlannerCluster> LoadCluster(const std::string& name, int local_device
     return FromCalibration(c, model);
   }
   KC_ASSIGN_OR_RETURN(hal::TopologySpec spec, hal::LoadInventory(name));
-  KC_ASSIGN_OR_RETURN(hal::Topology topology, hal::Topology::Build(std::move(spec)));
+  KC_ASSIGN_OR_RETURN(hal::Topology built, hal::Topology::Build(std::move(spec)));
   *source = "inventory " + name;
-  return pl::ClusterFromTopology(topology);
+  topology->emplace(std::move(built));
+  return pl::ClusterFromTopology(**topology);
 }
 
 int Fail(const Status& s) {
@@ -274,8 +334,9 @@ int RunPlan(const PlanArgs& a) {
     limits = *l;
   }
   std::string source;
+  std::optional<hal::Topology> topology;
   Result<pl::PlannerCluster> cluster =
-      LoadCluster(a.cluster, a.devices > 0 ? a.devices : 0, spec->name, &source);
+      LoadCluster(a.cluster, a.devices > 0 ? a.devices : 0, spec->name, &source, &topology);
   if (!cluster.ok()) return Fail(cluster.status());
   const bool local = !cluster->simulated;
   pl::SearchConstraints constraints;
@@ -299,6 +360,16 @@ int RunPlan(const PlanArgs& a) {
   }
   const pl::RankedPlan& best = found->ranked.front();
   Result<pl::RankedPlan> baseline = pl::BaselinePlan(*spec, cluster->spec, batch, cluster->options);
+  std::optional<pl::DeviceSearchResult> on_devices;
+  if (cluster->mixed && topology.has_value()) {
+    Result<pl::DeviceSearchResult> r =
+        pl::SearchOnDevices(*spec, *topology, cluster->spec, batch, constraints, cluster->options);
+    if (r.ok()) {
+      on_devices = std::move(*r);
+    } else {
+      cluster->notes.push_back("not priced per device: " + r.status().message());
+    }
+  }
   const pl::ApprovalVerdict approval = pl::CheckApproval(best.plan, best.estimate, a.steps, limits);
   // A gate: a plan that needs approval is not written for kc train to run.
   const bool write = !a.out.empty() && !approval.required;
@@ -353,6 +424,11 @@ int RunPlan(const PlanArgs& a) {
                        {"speedup", baseline->estimate.step_time_s / best.estimate.step_time_s}};
     } else {
       j["baseline"] = {{"error", baseline.status().message()}};
+    }
+    if (on_devices) {
+      j["on_devices"] = {{"chosen", DevicePlanJson(on_devices->homogeneous)},
+                         {"best", DevicePlanJson(on_devices->best)},
+                         {"evaluated", on_devices->evaluated}};
     }
     if (write) j["written"] = a.out;
     std::cout << j.dump(2) << "\n";
@@ -414,6 +490,7 @@ int RunPlan(const PlanArgs& a) {
   } else {
     os << "\nseed's rules: " << baseline.status().message() << "\n";
   }
+  if (on_devices) PrintDevicePlans(os, *on_devices);
   if (write) {
     os << "plan written to " << a.out
        << (local ? " (kc train --plan " + a.out + ")" : std::string(" (for this cluster)")) << "\n";

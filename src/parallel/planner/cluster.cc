@@ -65,19 +65,26 @@ Result<PlannerCluster> ClusterFromTopology(const hal::Topology& topology) {
   int smallest = n, largest = 0;
   double intra_bw = std::numeric_limits<double>::infinity(), intra_lat = 0;
   std::vector<int> first_of_host;
+  std::set<std::pair<double, double>> host_links;  // each host's (slowest, fastest) path
   for (const std::vector<int>& devices : by_host) {
     if (devices.empty()) continue;
     first_of_host.push_back(devices.front());
     smallest = std::min(smallest, static_cast<int>(devices.size()));
     largest = std::max(largest, static_cast<int>(devices.size()));
+    double slowest = std::numeric_limits<double>::infinity(), fastest = 0;
     for (size_t a = 0; a < devices.size(); ++a) {
       for (size_t b = a + 1; b < devices.size(); ++b) {
         const hal::PathCost path = topology.Path(devices[a], devices[b]);
         intra_bw = std::min(intra_bw, path.bandwidth);
         intra_lat = std::max(intra_lat, path.latency);
+        slowest = std::min(slowest, path.bandwidth);
+        fastest = std::max(fastest, path.bandwidth);
       }
     }
+    if (devices.size() > 1) host_links.insert({slowest, fastest});
   }
+  c.mixed = models.size() > 1 || smallest != largest || host_links.size() > 1 ||
+            (!host_links.empty() && host_links.begin()->first != host_links.begin()->second);
   s.devices_per_node = smallest;
   if (smallest != largest) {
     c.notes.push_back(

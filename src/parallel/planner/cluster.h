@@ -20,6 +20,9 @@ struct PlannerCluster {
   std::string device_model;  // the devices' model; "mixed (N models)" when they differ
   bool fp32 = false;         // no bf16 arithmetic on some device: the engine trains in fp32
   bool simulated = false;    // every device is declared only (kind simulated): nothing runs here
+  // Devices of several models, hosts of several sizes, or hosts whose devices are joined by
+  // links of different speeds: SearchOnDevices (hetero.h) prices plans on their own devices.
+  bool mixed = false;
   // What the homogeneous model had to approximate: mixed device models, hosts of different
   // sizes, racks behind an oversubscribed spine. Empty when the topology is uniform.
   std::vector<std::string> notes;
