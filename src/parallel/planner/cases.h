@@ -53,8 +53,10 @@ struct CaseResult {
   std::optional<RankedPlan> baseline;  // the seed's rules; empty when they find nothing
 };
 
-// Estimates the published plan and searches. Errors only when the published plan itself is
-// invalid for the case (e.g. t·p·d differs from the device count).
+// Estimates the published plan with the case's options (the published runs' engine: no
+// data-parallel overlap), and searches with Kuangchao's (kEngineDpOverlap). Errors only when
+// the published plan itself is invalid for the case (e.g. t·p·d differs from the device
+// count).
 Result<CaseResult> EvaluateCase(const PublishedCase& c);
 
 }  // namespace kc::parallel::planner

@@ -52,6 +52,8 @@ Result<PlannerCluster> ClusterFromTopology(const hal::Topology& topology) {
   s.memory_bytes = memory;
   s.memory_bandwidth = memory_bw;
   c.options = c.fp32 ? Fp32Options() : CostModelOptions{};
+  // Transfers beside the compute on GPUs (declared or real); CPU ranks take turns.
+  c.options.dp_overlap_fraction = s.device == hal::DeviceKind::kCpu ? 0 : kEngineDpOverlap;
   if (models.size() > 1) {
     c.device_model = fmt::format("mixed ({} models)", models.size());
     c.notes.push_back(

@@ -36,6 +36,16 @@ struct ClusterSpec {
   double oversubscription = 1;
 };
 
+// The share of the data-parallel all-reduce Kuangchao's trainer can hide where its transfers
+// run beside the compute (GPUs and NICs): its gradient buckets start during the last
+// micro-batch's backward, in backward order, so all of the all-reduce may hide behind that
+// backward (EstimatePlan caps the hidden part at its length). A bound of the design, not a
+// GPU measurement (the engine has none yet). On CPU ranks the reduction shares the ranks'
+// cores with the backward and takes turns with it: kc plan --calibrate measures that
+// (MeasureOverlap; none on this machine's one-core ranks), and a CPU host not calibrated is
+// planned with none.
+inline constexpr double kEngineDpOverlap = 1.0;
+
 // One micro-batch's passes timed on a device (kc plan --calibrate): at tensor-parallel size t
 // the device ran its 1/t share of every layer, without the group's all-reduces.
 struct MeasuredPass {
@@ -69,7 +79,9 @@ struct CostModelOptions {
   // uses the measured weight pass. Empty: FLOPs and the efficiency for every plan.
   std::vector<MeasuredPass> measured_passes;
   // The fraction of the data-parallel all-reduce hidden behind the backward of the last
-  // micro-batch (never more than that backward lasts). 0: none, the conservative default.
+  // micro-batch (never more than that backward lasts). 0: none, as in the published
+  // Megatron-LM runs; Kuangchao's trainer: kEngineDpOverlap, or what kc plan --calibrate
+  // measured on CPU ranks.
   double dp_overlap_fraction = 0;
   // Megatron sequence parallelism (Korthikanti et al. 2022): the non-matmul activations are
   // split over t; all-gather + reduce-scatter replace each all-reduce at the same volume.
