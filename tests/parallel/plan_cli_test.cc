@@ -260,6 +260,89 @@ batch_per_rank: 4
   EXPECT_GT(run["predicted_step_s"].get<double>(), 0);
 }
 
+// A calibration of two CPU devices with passes at t = 1 and t = 2: the search offers this
+// machine's tensor-parallel and pipeline plans too, priced from the passes, and never recompute
+// with ZB-H1.
+TEST(PlanCliTest, RealDevicesGetEveryPlanTheEngineRunsPricedByTheirCalibration) {
+  TempDir dir("kc_plan_cli");
+  const std::string model = dir.Write("m.yaml", R"(name: calib-gpt
+layers: 4
+hidden: 64
+heads: 4
+vocab: 257
+seq_len: 32
+batch_per_rank: 4
+)");
+  std::string points;
+  for (int t : {1, 2}) {
+    for (int b : {1, 2, 4}) {
+      if (!points.empty()) points += ",";
+      points += fmt::format(
+          R"({{"micro_batch_size": {}, "t": {}, "size": {}, "seconds": {}, "efficiency": 0.3,
+              "forward_share": 0.33, "weight_share": 0.25, "block_seconds": {}}})",
+          b, t, b * 32 * 64 / t, 0.01 * b / t, 0.002 * b / t);
+    }
+  }
+  const std::string calibration = dir.Write("cal.json", R"({"kc_calibration": 1, "host": "h",
+      "model": "calib-gpt", "cpus_per_device": 1,
+      "cluster": {"devices": 2, "devices_per_node": 2, "peak_flops": 1e11, "memory_bytes": 8e9,
+        "memory_bandwidth": 1e10, "intra_node_bandwidth": 3e9, "intra_node_latency": 1e-6,
+        "inter_node_bandwidth": 3e9, "inter_node_latency": 1e-6, "oversubscription": 1},
+      "options": {"activation_bytes": 4, "param_bytes": 4, "gradient_bytes": 4,
+        "optimizer_bytes": 8, "matmul_efficiency": 0.3, "efficiency_half_size": 0,
+        "dp_overlap_fraction": 0, "optimizer_step_bytes": 100, "usable_memory_fraction": 0.9,
+        "dp_bucket_bytes": 2097152},
+      "points": [)" + points + "]}");
+  KcRun r = Kc(dir, "plan " + model + " --cluster " + calibration + " --batch 8 --top 1000 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const Json doc = Json::parse(r.out);
+  EXPECT_EQ(doc["cluster"]["devices"], 2);
+  std::vector<Json> plans = {doc["chosen"]};
+  for (const Json& alt : doc["alternatives"]) plans.push_back(alt);
+  bool tensor = false, pipeline = false;
+  for (const Json& p : plans) {
+    const Json& plan = p["plan"];
+    tensor = tensor || plan["t"] == 2;
+    pipeline = pipeline || plan["p"] == 2;
+    EXPECT_FALSE(plan["schedule"] == "zb-h1" && plan["recompute"].get<bool>() && plan["p"] == 2);
+    // A measured (t, b) is priced from its pass: m micro-batches of `seconds` at p = 1.
+    if (plan["p"] == 1 && !plan["recompute"].get<bool>() && plan["micro_batch_size"] <= 4) {
+      const double seconds = 0.01 * plan["micro_batch_size"].get<int>() / plan["t"].get<int>();
+      EXPECT_NEAR(p["estimate"]["compute_s"].get<double>(),
+                  plan["micro_batches"].get<int>() * seconds, 1e-9)
+          << plan.dump();
+    }
+  }
+  EXPECT_TRUE(tensor);
+  EXPECT_TRUE(pipeline);
+}
+
+// A mixed inventory is also priced stage by stage on its own devices, stages sized to them.
+TEST(PlanCliTest, AMixedClusterIsPricedOnItsOwnDevicesWithStagesSizedToThem) {
+  TempDir dir("kc_plan_cli");
+  const std::string args = Example("examples/models/gpt2-124m.yaml") + " --cluster " +
+                           Example("examples/clusters/mixed-generations.yaml") + " --batch 256";
+  KcRun r = Kc(dir, "plan " + args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("mixed cluster, each stage priced on its own devices"));
+  EXPECT_THAT(r.out, HasSubstr("best on the devices"));
+  EXPECT_THAT(r.out, HasSubstr("on H100-SXM5-80GB"));
+  KcRun j = Kc(dir, "plan " + args + " --json");
+  ASSERT_EQ(j.exit_code, 0) << j.err;
+  const Json d = Json::parse(j.out)["on_devices"];
+  const Json& best = d["best"];
+  EXPECT_LE(best["sized"]["step_time_s"].get<double>(),
+            d["chosen"]["balanced"]["step_time_s"].get<double>());
+  int layers = 0;
+  for (const Json& stage : best["sized"]["stages"]) layers += stage["layers"].get<int>();
+  EXPECT_EQ(layers, 12);
+  // A uniform cluster has no such section.
+  KcRun uniform = Kc(dir, "plan " + Example("examples/models/gpt2-124m.yaml") + " --cluster " +
+                              Example("examples/clusters/dgx-a100x4.yaml") + " --batch 256");
+  ASSERT_EQ(uniform.exit_code, 0) << uniform.err;
+  EXPECT_THAT(uniform.out, ::testing::Not(HasSubstr("mixed cluster")));
+}
+
 TEST(PlanCliTest, BadInputSaysWhatIsWrong) {
   TempDir dir("kc_plan_cli");
   const std::string gpt2 = Example("examples/models/gpt2-124m.yaml");
