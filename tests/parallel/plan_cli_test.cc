@@ -203,16 +203,22 @@ TEST(PlanCliTest, ACaseThatCannotBePlannedIsReportedAndTheOthersGoOn) {
   EXPECT_THAT(m.out, HasSubstr("last "));
 }
 
-TEST(PlanCliTest, CalibratesThisMachineAndTrainAutoRunsTheChoice) {
-  TempDir dir("kc_plan_cli");
-  const std::string model = dir.Write("m.yaml", R"(name: calib-gpt
-layers: 1
+// A model small enough to calibrate in a second, of `layers` layers.
+std::string CalibModel(const TempDir& dir, int layers) {
+  return dir.Write("m.yaml", fmt::format(R"(name: calib-gpt
+layers: {}
 hidden: 64
 heads: 4
 vocab: 257
 seq_len: 32
 batch_per_rank: 4
-)");
+)",
+                                         layers));
+}
+
+TEST(PlanCliTest, CalibratesThisMachineAndTrainAutoRunsTheChoice) {
+  TempDir dir("kc_plan_cli");
+  const std::string model = CalibModel(dir, 1);
   KcRun r = Kc(dir, "plan " + model + " --calibrate --quick --devices 1 --batch 4 --json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const Json doc = Json::parse(r.out);
@@ -265,14 +271,7 @@ batch_per_rank: 4
 // with ZB-H1.
 TEST(PlanCliTest, RealDevicesGetEveryPlanTheEngineRunsPricedByTheirCalibration) {
   TempDir dir("kc_plan_cli");
-  const std::string model = dir.Write("m.yaml", R"(name: calib-gpt
-layers: 4
-hidden: 64
-heads: 4
-vocab: 257
-seq_len: 32
-batch_per_rank: 4
-)");
+  const std::string model = CalibModel(dir, 4);
   std::string points;
   for (int t : {1, 2}) {
     for (int b : {1, 2, 4}) {

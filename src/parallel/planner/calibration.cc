@@ -11,6 +11,7 @@
 #include <barrier>
 #include <chrono>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -43,6 +44,61 @@ double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// Least squares of y = a + c x over (x, y) points.
+struct Line {
+  double a = 0;  // intercept
+  double c = 0;  // slope; 0 when the x do not vary
+};
+Line FitLine(const std::vector<std::pair<double, double>>& xy) {
+  double n = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (const auto& [x, y] : xy) {
+    n += 1;
+    sx += x;
+    sy += y;
+    sxx += x * x;
+    sxy += x * y;
+  }
+  Line line;
+  if (n == 0) return line;
+  const double det = n * sxx - sx * sx;
+  line.c = det > 0 ? (n * sxy - sx * sy) / det : 0;
+  line.a = (sy - line.c * sx) / n;
+  return line;
+}
+
+// Runs body(rank, comm) on a thread per entry of `device_cpus`, pinned to its cores, each
+// rank with its communicator of one group (this process's shared memory, as the trainer's);
+// returns the first error. Operations time out after a minute: a rank that fails leaves the
+// others waiting that long at most.
+Status OnRanks(const std::vector<std::vector<int>>& device_cpus, std::string_view what,
+               const std::function<Status(int rank, comm::Communicator& comm)>& body) {
+  static std::atomic<int> groups{0};
+  const std::string group = fmt::format("kc-calibrate-{}-{}", getpid(), groups++);
+  const int k = static_cast<int>(device_cpus.size());
+  comm::HashStore store;
+  std::vector<Status> status(static_cast<size_t>(k));
+  {
+    std::vector<std::jthread> threads;
+    for (int r = 0; r < k; ++r) {
+      threads.emplace_back([&, r] {
+        PinTo(device_cpus[static_cast<size_t>(r)]);
+        Result<std::unique_ptr<comm::Communicator>> c =
+            comm::Communicator::Create({.store = &store,
+                                        .group = group,
+                                        .rank = r,
+                                        .size = k,
+                                        .host = "calibrate",
+                                        .connect_timeout = std::chrono::seconds(60),
+                                        .timeout = std::chrono::seconds(60)});
+        status[static_cast<size_t>(r)] = c.ok() ? body(r, **c) : c.status();
+      });
+    }
+  }
+  for (const Status& st : status)
+    KC_RETURN_IF_ERROR(st.WithContext(fmt::format("calibrate: {}", what)));
+  return OkStatus();
 }
 
 // A tensor-parallel group that does not communicate: the device times its 1/t share of every
@@ -235,23 +291,17 @@ DeviceTimes TimeDevice(const ModelSpec& spec, const CalibrationOptions& o,
 
 EfficiencyFit FitEfficiency(std::span<const EfficiencyPoint> points) {
   // Least squares of y = 1/eff on x = 1/size: y = a + c x, E = 1/a, H = c/a.
-  double n = 0, sx = 0, sy = 0, sxx = 0, sxy = 0, mean_eff = 0;
+  std::vector<std::pair<double, double>> xy;
+  double mean_eff = 0;
   for (const EfficiencyPoint& p : points) {
     if (p.efficiency <= 0 || p.size <= 0) continue;
-    const double x = 1 / p.size, y = 1 / p.efficiency;
-    n += 1;
-    sx += x;
-    sy += y;
-    sxx += x * x;
-    sxy += x * y;
+    xy.emplace_back(1 / p.size, 1 / p.efficiency);
     mean_eff += p.efficiency;
   }
   EfficiencyFit fit;
-  if (n == 0) return fit;
-  mean_eff /= n;
-  const double det = n * sxx - sx * sx;
-  const double c = det > 0 ? (n * sxy - sx * sy) / det : 0;
-  const double a = (sy - c * sx) / n;
+  if (xy.empty()) return fit;
+  mean_eff /= static_cast<double>(xy.size());
+  const auto [a, c] = FitLine(xy);
   if (c <= 0 || a <= 0) {  // flat or falling: no size dependence worth modelling
     fit.matmul_efficiency = mean_eff;
     fit.efficiency_half_size = 0;
@@ -392,66 +442,34 @@ Result<LinkCalibration> MeasureLinks(const LinkCalibrationOptions& options) {
   LinkCalibration out;
   const int k = static_cast<int>(options.device_cpus.size());
   if (k < 2) return out;
-  static std::atomic<int> groups{0};
-  const std::string group = fmt::format("kc-calibrate-{}-{}", getpid(), groups++);
-  comm::HashStore store;
-  std::vector<Status> status(static_cast<size_t>(k));
-  std::vector<std::vector<double>> seconds(static_cast<size_t>(k));  // rank 0's count
-  {
-    std::vector<std::jthread> threads;
-    for (int r = 0; r < k; ++r) {
-      threads.emplace_back([&, r] {
-        PinTo(options.device_cpus[static_cast<size_t>(r)]);
-        Status& st = status[static_cast<size_t>(r)];
-        Result<std::unique_ptr<comm::Communicator>> c =
-            comm::Communicator::Create({.store = &store,
-                                        .group = group,
-                                        .rank = r,
-                                        .size = k,
-                                        .host = "calibrate",
-                                        .connect_timeout = std::chrono::seconds(60),
-                                        .timeout = std::chrono::seconds(60)});
-        if (!c.ok()) {
-          st = c.status();
-          return;
-        }
+  std::vector<std::vector<double>> seconds(static_cast<size_t>(k));  // per rank, per size
+  KC_RETURN_IF_ERROR(
+      OnRanks(options.device_cpus, "all-reduce", [&](int r, comm::Communicator& c) -> Status {
         for (int64_t bytes : options.sizes_bytes) {
           std::vector<float> data(static_cast<size_t>(bytes / 4), 1.0f);
           std::vector<double> times;
-          for (int rep = 0; rep <= options.repetitions && st.ok(); ++rep) {
+          for (int rep = 0; rep <= options.repetitions; ++rep) {
             const auto start = std::chrono::steady_clock::now();
-            Result<std::shared_ptr<comm::Work>> w =
-                (*c)->Allreduce(std::as_writable_bytes(std::span(data)), data.size(),
-                                hal::DataType::kF32, comm::ReduceOp::kSum);
-            st = w.ok() ? (*w)->Wait() : w.status();
+            KC_ASSIGN_OR_RETURN(std::shared_ptr<comm::Work> w,
+                                c.Allreduce(std::as_writable_bytes(std::span(data)), data.size(),
+                                            hal::DataType::kF32, comm::ReduceOp::kSum));
+            KC_RETURN_IF_ERROR(w->Wait());
             if (rep > 0) times.push_back(Seconds(std::chrono::steady_clock::now() - start).count());
           }
-          if (!st.ok()) return;  // the others fail with it: the communicator is shared
           seconds[static_cast<size_t>(r)].push_back(Median(times));
         }
-      });
-    }
-  }
-  for (const Status& st : status) KC_RETURN_IF_ERROR(st.WithContext("calibrate: all-reduce"));
+        return OkStatus();
+      }));
   // The slowest rank's time per size: the collective is done when every rank is.
-  double n = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
   for (size_t i = 0; i < options.sizes_bytes.size(); ++i) {
     double t = 0;
     for (const std::vector<double>& rank : seconds) t = std::max(t, rank[i]);
-    const double x = static_cast<double>(options.sizes_bytes[i]);
-    out.allreduce.emplace_back(x, t);
-    n += 1;
-    sx += x;
-    sy += t;
-    sxx += x * x;
-    sxy += x * t;
+    out.allreduce.emplace_back(static_cast<double>(options.sizes_bytes[i]), t);
   }
   // time = a + c * bytes: c = 2(k-1)/(k BW), a = 2(k-1) latency.
-  const double det = n * sxx - sx * sx;
-  const double c = det > 0 ? (n * sxy - sx * sy) / det : 0;
-  const double a = std::max(0.0, (sy - c * sx) / n);
-  if (c > 0) out.bandwidth = 2.0 * (k - 1) / (k * c);
-  out.latency = a / (2.0 * (k - 1));
+  const Line line = FitLine(out.allreduce);
+  if (line.c > 0) out.bandwidth = 2.0 * (k - 1) / (k * line.c);
+  out.latency = std::max(0.0, line.a) / (2.0 * (k - 1));
   return out;
 }
 
@@ -465,113 +483,91 @@ Result<OverlapCalibration> MeasureOverlap(const ModelSpec& spec,
   OverlapCalibration out;
   const int k = static_cast<int>(options.device_cpus.size());
   if (k < 2) return out;
-  static std::atomic<int> groups{0};
-  const std::string group = fmt::format("kc-overlap-{}-{}", getpid(), groups++);
-  comm::HashStore store;
-  std::vector<Status> status(static_cast<size_t>(k));
   // Per rank, the medians of the backward alone, the all-reduce alone and the two together.
   std::vector<std::array<double, 3>> seconds(static_cast<size_t>(k));
-  {
-    std::vector<std::jthread> threads;
-    for (int r = 0; r < k; ++r) {
-      threads.emplace_back([&, r] {
+  KC_RETURN_IF_ERROR(
+      OnRanks(options.device_cpus, "overlap", [&](int r, comm::Communicator& comm) -> Status {
+        comm::Communicator* c = &comm;
         const std::vector<int>& cpus = options.device_cpus[static_cast<size_t>(r)];
-        PinTo(cpus);
-        Status& st = status[static_cast<size_t>(r)];
-        st = [&]() -> Status {
-          KC_ASSIGN_OR_RETURN(
-              std::unique_ptr<comm::Communicator> c,
-              comm::Communicator::Create({.store = &store,
-                                          .group = group,
-                                          .rank = r,
-                                          .size = k,
-                                          .host = "calibrate",
-                                          .connect_timeout = std::chrono::seconds(60),
-                                          .timeout = std::chrono::seconds(60)}));
-          hal::DeviceDescriptor d;
-          d.id = fmt::format("calibrate/cpu{}", r);
-          d.kind = hal::DeviceKind::kCpu;
-          d.host = "calibrate";
-          d.cpus = cpus;
-          KC_ASSIGN_OR_RETURN(std::unique_ptr<hal::ComputeDevice> device,
-                              hal::OpenComputeDevice(d, {.threads = 1}));
-          const int threads = static_cast<int>(
-              std::min<int64_t>(options.micro_batch_size, std::max<size_t>(1, cpus.size())));
-          KC_ASSIGN_OR_RETURN(
-              std::unique_ptr<Gpt<float>> model,
-              Gpt<float>::Create(spec, device.get(),
-                                 {.batch = options.micro_batch_size, .threads = threads}));
-          model->InitParameters(spec.training.seed);
-          // The trainer's buckets: the gradients in backward order, written in place.
-          const std::vector<TensorSpec>& tensors = model->tensors();
-          std::vector<int> bucket_index(tensors.size(), -1);
-          std::vector<std::span<std::byte>> spans;
-          for (const TensorSpec& b : ParameterTensorsBackwardOrder(spec)) {
-            for (size_t i = 0; i < tensors.size(); ++i) {
-              if (tensors[i].name != b.name) continue;
-              bucket_index[i] = static_cast<int>(spans.size());
-              spans.push_back(std::as_writable_bytes(model->grad(static_cast<int>(i))));
-            }
+        hal::DeviceDescriptor d;
+        d.id = fmt::format("calibrate/cpu{}", r);
+        d.kind = hal::DeviceKind::kCpu;
+        d.host = "calibrate";
+        d.cpus = cpus;
+        KC_ASSIGN_OR_RETURN(std::unique_ptr<hal::ComputeDevice> device,
+                            hal::OpenComputeDevice(d, {.threads = 1}));
+        const int threads = static_cast<int>(
+            std::min<int64_t>(options.micro_batch_size, std::max<size_t>(1, cpus.size())));
+        KC_ASSIGN_OR_RETURN(
+            std::unique_ptr<Gpt<float>> model,
+            Gpt<float>::Create(spec, device.get(),
+                               {.batch = options.micro_batch_size, .threads = threads}));
+        model->InitParameters(spec.training.seed);
+        // The trainer's buckets: the gradients in backward order, written in place.
+        const std::vector<TensorSpec>& tensors = model->tensors();
+        std::vector<int> bucket_index(tensors.size(), -1);
+        std::vector<std::span<std::byte>> spans;
+        for (const TensorSpec& b : ParameterTensorsBackwardOrder(spec)) {
+          for (size_t i = 0; i < tensors.size(); ++i) {
+            if (tensors[i].name != b.name) continue;
+            bucket_index[i] = static_cast<int>(spans.size());
+            spans.push_back(std::as_writable_bytes(model->grad(static_cast<int>(i))));
           }
-          KC_ASSIGN_OR_RETURN(std::unique_ptr<comm::GradientBuckets> buckets,
-                              comm::GradientBuckets::Create(c.get(), spans,
-                                                            {.bucket_bytes = options.bucket_bytes,
-                                                             .dtype = hal::DataType::kF32,
-                                                             .op = comm::ReduceOp::kAvg}));
-          buckets->AdoptViews();
-          std::vector<std::span<float>> storage;
-          for (int index : bucket_index) {
-            std::span<std::byte> v = buckets->view(index);
-            storage.emplace_back(reinterpret_cast<float*>(v.data()), v.size() / sizeof(float));
-          }
-          model->SetGradientStorage(std::move(storage));
-          std::vector<int32_t> tokens(
-              static_cast<size_t>(options.micro_batch_size * spec.seq_len + 1));
-          std::mt19937 rng(static_cast<uint32_t>(29 + r));
-          std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(spec.vocab - 1));
-          for (int32_t& t : tokens) t = pick(rng);
-          const std::span<const int32_t> all(tokens);
-          const auto none = [](int) { return OkStatus(); };
-          const auto mark = [&](int i) {
-            return buckets->MarkReady(bucket_index[static_cast<size_t>(i)]);
-          };
-          std::array<std::vector<double>, 3> times;
-          for (int rep = 0; rep <= options.repetitions; ++rep) {
-            // The backward alone, then its buckets all-reduced after it, then the two together.
-            KC_RETURN_IF_ERROR(
-                model->Forward(all.first(tokens.size() - 1), all.subspan(1), 1.0 / model->tokens())
-                    .status());
-            auto t0 = std::chrono::steady_clock::now();
-            KC_RETURN_IF_ERROR(model->Backward(false, none));
-            const double backward = Seconds(std::chrono::steady_clock::now() - t0).count();
-            KC_ASSIGN_OR_RETURN(auto barrier, c->Barrier());
-            KC_RETURN_IF_ERROR(barrier->Wait());
-            t0 = std::chrono::steady_clock::now();
-            for (size_t i = 0; i < tensors.size(); ++i)
-              KC_RETURN_IF_ERROR(mark(static_cast<int>(i)));
-            KC_RETURN_IF_ERROR(buckets->Finish());
-            const double allreduce = Seconds(std::chrono::steady_clock::now() - t0).count();
-            KC_RETURN_IF_ERROR(
-                model->Forward(all.first(tokens.size() - 1), all.subspan(1), 1.0 / model->tokens())
-                    .status());
-            KC_ASSIGN_OR_RETURN(barrier, c->Barrier());
-            KC_RETURN_IF_ERROR(barrier->Wait());
-            t0 = std::chrono::steady_clock::now();
-            KC_RETURN_IF_ERROR(model->Backward(false, mark));
-            KC_RETURN_IF_ERROR(buckets->Finish());
-            const double together = Seconds(std::chrono::steady_clock::now() - t0).count();
-            if (rep == 0) continue;
-            times[0].push_back(backward);
-            times[1].push_back(allreduce);
-            times[2].push_back(together);
-          }
-          for (size_t i = 0; i < 3; ++i) seconds[static_cast<size_t>(r)][i] = Median(times[i]);
-          return OkStatus();
-        }();
-      });
-    }
-  }
-  for (const Status& st : status) KC_RETURN_IF_ERROR(st.WithContext("calibrate: overlap"));
+        }
+        KC_ASSIGN_OR_RETURN(std::unique_ptr<comm::GradientBuckets> buckets,
+                            comm::GradientBuckets::Create(c, spans,
+                                                          {.bucket_bytes = options.bucket_bytes,
+                                                           .dtype = hal::DataType::kF32,
+                                                           .op = comm::ReduceOp::kAvg}));
+        buckets->AdoptViews();
+        std::vector<std::span<float>> storage;
+        for (int index : bucket_index) {
+          std::span<std::byte> v = buckets->view(index);
+          storage.emplace_back(reinterpret_cast<float*>(v.data()), v.size() / sizeof(float));
+        }
+        model->SetGradientStorage(std::move(storage));
+        std::vector<int32_t> tokens(
+            static_cast<size_t>(options.micro_batch_size * spec.seq_len + 1));
+        std::mt19937 rng(static_cast<uint32_t>(29 + r));
+        std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(spec.vocab - 1));
+        for (int32_t& t : tokens) t = pick(rng);
+        const std::span<const int32_t> all(tokens);
+        const auto none = [](int) { return OkStatus(); };
+        const auto mark = [&](int i) {
+          return buckets->MarkReady(bucket_index[static_cast<size_t>(i)]);
+        };
+        std::array<std::vector<double>, 3> times;
+        for (int rep = 0; rep <= options.repetitions; ++rep) {
+          // The backward alone, then its buckets all-reduced after it, then the two together.
+          KC_RETURN_IF_ERROR(
+              model->Forward(all.first(tokens.size() - 1), all.subspan(1), 1.0 / model->tokens())
+                  .status());
+          auto t0 = std::chrono::steady_clock::now();
+          KC_RETURN_IF_ERROR(model->Backward(false, none));
+          const double backward = Seconds(std::chrono::steady_clock::now() - t0).count();
+          KC_ASSIGN_OR_RETURN(auto barrier, c->Barrier());
+          KC_RETURN_IF_ERROR(barrier->Wait());
+          t0 = std::chrono::steady_clock::now();
+          for (size_t i = 0; i < tensors.size(); ++i) KC_RETURN_IF_ERROR(mark(static_cast<int>(i)));
+          KC_RETURN_IF_ERROR(buckets->Finish());
+          const double allreduce = Seconds(std::chrono::steady_clock::now() - t0).count();
+          KC_RETURN_IF_ERROR(
+              model->Forward(all.first(tokens.size() - 1), all.subspan(1), 1.0 / model->tokens())
+                  .status());
+          KC_ASSIGN_OR_RETURN(barrier, c->Barrier());
+          KC_RETURN_IF_ERROR(barrier->Wait());
+          t0 = std::chrono::steady_clock::now();
+          KC_RETURN_IF_ERROR(model->Backward(false, mark));
+          KC_RETURN_IF_ERROR(buckets->Finish());
+          const double together = Seconds(std::chrono::steady_clock::now() - t0).count();
+          if (rep == 0) continue;
+          times[0].push_back(backward);
+          times[1].push_back(allreduce);
+          times[2].push_back(together);
+        }
+        for (size_t i = 0; i < 3; ++i) seconds[static_cast<size_t>(r)][i] = Median(times[i]);
+        return OkStatus();
+      }));
   for (const std::array<double, 3>& rank : seconds) {
     out.backward_s += rank[0] / k;
     out.allreduce_s += rank[1] / k;
