@@ -45,12 +45,14 @@
 #include "fault/heartbeat.h"
 #include "fault/runner.h"
 #include "hal/compute.h"
+#include "hal/cuda/cuda_device.h"
 #include "hal/host_probe.h"
 #include "hal/measure.h"
 #include "parallel/data/loader.h"
 #include "parallel/engine_support.h"
 #include "parallel/model_spec.h"
 #include "parallel/plan.h"
+#include "parallel/precision.h"
 #include "parallel/timeline.h"
 #include "parallel/trainer.h"
 
@@ -92,6 +94,8 @@ struct TrainArgs {
   std::string grad_sync = "bucketed";
   double bucket_mb = 2;
   std::string transport = "auto";
+  std::string device = "cpu";      // cpu, or cuda: one GPU per rank
+  std::string precision = "fp32";  // fp32, or bf16 (cuda)
   std::string trace;
   std::string export_dir;
   std::string progress = "auto";
@@ -152,6 +156,9 @@ struct Plan {
   // kill-in-allreduce, kill-in-persist (SIGKILL at that point of the step)
   std::string fault_how = "exit";
   bool elastic = false;  // --min-ranks below --ranks
+  bool cuda = false;     // --device cuda
+  int gpus = 0;          // CUDA devices visible (the launcher's count; ranks share them round robin)
+  parallel::Precision precision = parallel::Precision::kFp32;
   parallel::GradSync grad_sync = parallel::GradSync::kBucketed;
   comm::TransportKind transport = comm::TransportKind::kAuto;
 };
@@ -246,6 +253,21 @@ Result<Plan> Check(TrainArgs* args) {
   if (!transport)
     return InvalidArgumentError("--transport " + a.transport + ": expected auto, shm or tcp");
   p.transport = *transport;
+  if (a.device != "cpu" && a.device != "cuda") {
+    return InvalidArgumentError("--device " + a.device + ": expected cpu or cuda");
+  }
+  p.cuda = a.device == "cuda";
+  Result<parallel::Precision> precision = parallel::ParsePrecision(a.precision);
+  if (!precision.ok()) return InvalidArgumentError("--precision " + a.precision + ": expected fp32 or bf16");
+  p.precision = *precision;
+  if (p.precision == parallel::Precision::kBf16 && !p.cuda) {
+    return InvalidArgumentError(
+        "--precision bf16 trains on CUDA devices only; add --device cuda (the CPU engine trains "
+        "in fp32)");
+  }
+  if (p.cuda && !a.export_dir.empty()) {
+    return UnimplementedError("--export with --device cuda is not built yet (export from a CPU run)");
+  }
   if (!a.inject_fault.empty()) {
     long long rank = -1, step = 0;
     char how[32] = {0};
@@ -296,7 +318,8 @@ Result<Plan> Check(TrainArgs* args) {
     p.schedule = plan.schedule;
     p.virtual_stages = plan.v;
     KC_RETURN_IF_ERROR(
-        parallel::EngineSupports(plan, hal::DeviceKind::kCpu).WithContext("--plan " + a.plan));
+        parallel::EngineSupports(plan, p.cuda ? hal::DeviceKind::kCuda : hal::DeviceKind::kCpu)
+            .WithContext("--plan " + a.plan));
     p.recompute = plan.recompute;
     p.spec.batch_per_rank = plan.micro_batch_size;
     p.micro_batches = plan.micro_batches;
@@ -313,6 +336,18 @@ Result<Plan> Check(TrainArgs* args) {
   }
   p.global_batch =
       p.spec.batch_per_rank * p.micro_batches * (a.ranks / (p.pipeline_stages * p.tensor_parallel));
+  if (p.cuda && (p.tensor_parallel != 1 || p.pipeline_stages != 1 || p.zero_stage != 0 ||
+                 p.recompute)) {
+    return UnimplementedError(fmt::format(
+        "--plan {} with --device cuda: on GPUs the engine runs data-parallel plans only (t=1, "
+        "p=1, zero_stage 0, no recompute)",
+        a.plan));
+  }
+  if (p.cuda && a.worker_rank < 0) {
+    Result<int> gpus = hal::cuda::CudaDeviceCount();
+    if (!gpus.ok()) return gpus.status().WithContext("--device cuda");
+    p.gpus = *gpus;
+  }
   if (a.min_ranks < 0 || a.min_ranks > a.ranks) {
     return InvalidArgumentError(
         fmt::format("--min-ranks {}: must be between 1 and --ranks ({})", a.min_ranks, a.ranks));
@@ -339,7 +374,10 @@ Result<Plan> Check(TrainArgs* args) {
   const int ncpu = static_cast<int>(p.cpus.size());
   p.threads = a.threads_per_rank > 0 ? a.threads_per_rank : std::max(1, ncpu / a.ranks);
   p.pin = a.ranks * p.threads <= ncpu;
-  if (p.spec.batch_per_rank >= p.threads) {
+  if (p.cuda) {  // the GPU computes; one host thread drives it
+    p.compute_threads = 1;
+    p.blas_threads = 1;
+  } else if (p.spec.batch_per_rank >= p.threads) {
     p.compute_threads = p.threads;
     p.blas_threads = 1;
   } else {
@@ -508,6 +546,14 @@ Status RunWorkerRank(const TrainArgs& a, const Plan& p) {
   d.host = "local";
   d.index_on_host = worker;
   d.cpus = AllowedCpus();
+  if (p.cuda) {
+    // One GPU per rank, round robin over those visible (the launcher warned if they are shared).
+    KC_ASSIGN_OR_RETURN(const int gpus, hal::cuda::CudaDeviceCount());
+    d.kind = hal::DeviceKind::kCuda;
+    d.index_on_host = worker % gpus;
+    d.id = fmt::format("local/gpu{}", d.index_on_host);
+    d.cpus.clear();
+  }
   // Pinning is done: the launcher bound this process to its cores before exec, so every
   // thread (BLAS, communicator, the model's workers) is born on them.
   KC_ASSIGN_OR_RETURN(auto device, hal::OpenComputeDevice(d, {.threads = p.blas_threads}));
@@ -646,6 +692,7 @@ Status RunWorkerRank(const TrainArgs& a, const Plan& p) {
       o.virtual_stages = p.virtual_stages;
       o.recompute = p.recompute;
       o.grad_sync = p.grad_sync;
+      o.precision = p.precision;
       o.bucket_bytes = static_cast<int64_t>(a.bucket_mb * (1 << 20));
       // About 60 spans a step (most are the backward's bucket hand-offs), reserved up front.
       if (!a.trace.empty() || in_step) {
@@ -905,6 +952,10 @@ std::vector<std::string> WorkerArgv(const TrainArgs& a, const Plan& p, int rank,
       fmt::format("{}", a.bucket_mb),
       "--transport",
       a.transport,
+      "--device",
+      a.device,
+      "--precision",
+      a.precision,
 
       "--timeout",
       fmt::format("{}", a.timeout_s),
@@ -1176,11 +1227,16 @@ Status JoinTrace(const std::string& trace, int ranks) {
   return OkStatus();
 }
 
+// peak_per_core: one core's measured sgemm rate, or on GPUs one GPU's measured matrix rate in the
+// run's precision.
 void PrintSummary(const TrainArgs& a, const Plan& p, const Monitor& m, double peak_per_core,
                   const fs::path& metrics_path, const fs::path& plot_path, Json* summary_json) {
   const TrainSummary s = Summarise(m.steps());
   const double flops_per_token = parallel::TrainingFlopsPerToken(p.spec);
-  const int cores = a.ranks * p.threads;
+  // The units the peak is per: cores, or on GPUs the GPUs the ranks use.
+  // Oversubscribed (more threads than cores): the peak is that of the cores there are.
+  const int cores = p.cuda ? std::min(a.ranks, std::max(p.gpus, 1))
+                           : std::min(a.ranks * p.threads, static_cast<int>(p.cpus.size()));
   const double achieved = s.tokens_per_s * flops_per_token;
   const double mfu = peak_per_core > 0 ? achieved / (cores * peak_per_core) : 0;
   const int64_t global = p.global_batch;
@@ -1245,7 +1301,13 @@ void PrintSummary(const TrainArgs& a, const Plan& p, const Monitor& m, double pe
     std::cout << fmt::format("  activations     {} (the micro-batches each stage holds at once)\n",
                              stages);
   }
-  if (peak_per_core > 0) {
+  if (peak_per_core > 0 && p.cuda) {
+    std::cout << fmt::format(
+        "  MFU             {:.1f}% ({:.1f} TFLOP/s of {} GPU{} x {:.1f} TFLOP/s {} matrix product "
+        "measured now)\n",
+        100 * mfu, achieved / 1e12, cores, cores == 1 ? "" : "s", peak_per_core / 1e12,
+        a.precision);
+  } else if (peak_per_core > 0) {
     std::cout << fmt::format(
         "  MFU             {:.1f}% ({:.1f} GFLOP/s of {} core{} x {:.1f} GFLOP/s sgemm measured "
         "now)\n",
@@ -1317,7 +1379,10 @@ void PrintSummary(const TrainArgs& a, const Plan& p, const Monitor& m, double pe
       {"bubble", p.pipeline_stages > 1 ? Json(mean_bubble) : Json()},
       {"bubble_ideal", p.pipeline_stages > 1 ? Json(ideal_bubble) : Json()},
       {"flops_per_token", flops_per_token},
-      {"sgemm_flops_per_core", peak_per_core},
+      {"sgemm_flops_per_core", p.cuda ? 0.0 : peak_per_core},
+      {"device", a.device},
+      {"precision", a.precision},
+      {"gpu_flops", p.cuda ? peak_per_core : 0.0},
       {"mfu", mfu},
       {"measured_steps", s.measured_steps},
       {"checkpoints", static_cast<int64_t>(stalls.size())},
@@ -1381,6 +1446,15 @@ Status ResolveResume(TrainArgs* a) {
   return OkStatus();
 }
 
+// GPU 0's matrix-product rate in the run's precision (hal::MeasureGemmFlops).
+Result<double> MeasureGpuFlops(const Plan& p) {
+  hal::DeviceDescriptor d{.id = "local/gpu0", .kind = hal::DeviceKind::kCuda, .host = "local"};
+  KC_ASSIGN_OR_RETURN(std::unique_ptr<hal::ComputeDevice> device, hal::OpenComputeDevice(d));
+  return hal::MeasureGemmFlops(
+      *device, {.type = p.precision == parallel::Precision::kBf16 ? hal::DataType::kBf16
+                                                                  : hal::DataType::kF32});
+}
+
 int RunLauncher(TrainArgs a) {
   std::optional<double> predicted_step_s;
   if (a.plan == "auto") {
@@ -1398,6 +1472,20 @@ int RunLauncher(TrainArgs a) {
   }
   plan->predicted_step_s = predicted_step_s;
   const Plan& p = *plan;
+  if (!p.cuda && a.ranks * p.threads > static_cast<int>(p.cpus.size())) {
+    std::cerr << fmt::format(
+        "kc train: warning: {} ranks x {} thread{} oversubscribe the {} core{} this process may "
+        "use; the ranks take turns on them, so throughput and MFU are those of {} shared "
+        "core{}\n",
+        a.ranks, p.threads, p.threads == 1 ? "" : "s", p.cpus.size(),
+        p.cpus.size() == 1 ? "" : "s", p.cpus.size(), p.cpus.size() == 1 ? "" : "s");
+  }
+  if (p.cuda && a.ranks > p.gpus) {
+    std::cerr << fmt::format(
+        "kc train: warning: {} ranks share {} GPU{} (round robin); throughput and MFU are those of "
+        "the shared GPUs\n",
+        a.ranks, p.gpus, p.gpus == 1 ? "" : "s");
+  }
   if (Status s = ResolveResume(&a); !s.ok()) {
     std::cerr << "kc train: " << s.message() << "\n";
     return kExitBadInput;
@@ -1429,6 +1517,8 @@ int RunLauncher(TrainArgs a) {
                   {"zero_stage", p.zero_stage},
                   {"seq_len", p.spec.seq_len},
                   {"grad_sync", a.grad_sync},
+                  {"device", a.device},
+                  {"precision", a.precision},
                   {"data", a.data},
                   {"plan", a.plan.empty() ? Json() : Json(a.plan)},
                   {"predicted_step_s", p.predicted_step_s ? Json(*p.predicted_step_s) : Json()}}
@@ -1828,8 +1918,10 @@ int RunLauncher(TrainArgs a) {
       return kExitFailure;
     }
   }
-  // The peak MFU is measured against: one core's sgemm, now that the workers are done.
-  Result<double> peak = hal::MeasureSgemmFlops({.n = 512, .threads = 1, .repetitions = 6});
+  // The peak MFU is measured against, now that the workers are done: one core's sgemm, or
+  // one GPU's matrix product in the run's precision.
+  Result<double> peak = p.cuda ? MeasureGpuFlops(p)
+                               : hal::MeasureSgemmFlops({.n = 512, .threads = 1, .repetitions = 6});
   Json summary;
   PrintSummary(a, p, monitor, peak.ok() ? *peak : 0, metrics_path, plot_path, &summary);
   metrics << summary.dump() << "\n";
@@ -1897,6 +1989,13 @@ void AddTrainCommand(CLI::App& app, Action* action) {
   c->add_option("--transport", a->transport,
                 "How the ranks talk: auto (shared memory on one machine), shm or tcp (as between "
                 "machines, over loopback)")
+      ->capture_default_str();
+  c->add_option("--device", a->device,
+                "cpu, or cuda: each rank trains on one NVIDIA GPU (round robin over those "
+                "visible), data-parallel plans only")
+      ->capture_default_str();
+  c->add_option("--precision", a->precision,
+                "fp32, or bf16 (mixed precision with fp32 master weights; --device cuda)")
       ->capture_default_str();
   c->add_option("--trace", a->trace,
                 "Write every rank's compute, communication and data spans here, as one "

@@ -7,6 +7,7 @@
 
 #include "base/layer_guard.h"
 #include "hal/cpu/cpu_device.h"
+#include "hal/cuda/cuda_device.h"
 #include "hal/internal/kernel_backend.h"
 #include "hal/internal/span_checks.h"
 
@@ -113,8 +114,7 @@ Result<std::unique_ptr<ComputeDevice>> OpenComputeDevice(const DeviceDescriptor&
     case DeviceKind::kCpu:
       return cpu::OpenCpuDevice(descriptor, options);
     case DeviceKind::kCuda:
-      return UnimplementedError("open device=" + descriptor.id +
-                                ": built without the CUDA backend");
+      return cuda::OpenCudaDevice(descriptor, options);
     case DeviceKind::kSimulated:
       return InvalidArgumentError("open device=" + descriptor.id +
                                   ": a simulated device runs nothing");

@@ -1,6 +1,6 @@
 // The compute device interface: device memory, typed views over it, streams, and copies.
 // Kernels (hal/kernels.h) run on a Stream of a ComputeDevice. The CPU backend lives in
-// hal/cpu/; a CUDA backend slots in behind the same interface (docs/design/kernels.md).
+// hal/cpu/, the CUDA backend in hal/cuda/ (docs/design/kernels.md, cuda-backend.md).
 #pragma once
 
 #include <atomic>
@@ -276,9 +276,11 @@ class ComputeDevice {
 };
 
 // Opens the device `descriptor` names on this host. kCpu: a CPU slice (its cpus must be
-// ones this process may use, its numa_node one of this host's or -1); kCuda:
-// kUnimplemented until the CUDA backend exists; kSimulated: kInvalidArgument (nothing runs
-// on it). kUnavailable when the host topology cannot be read. Takes milliseconds.
+// ones this process may use, its numa_node one of this host's or -1); kCuda: the GPU of CUDA
+// ordinal index_on_host, through the driver, NVRTC and cuBLAS loaded at run time (kNotFound
+// when they or the device are not here, hal/cuda/cuda_device.h); kSimulated: kInvalidArgument
+// (nothing runs on it). kUnavailable when the host topology cannot be read. Takes
+// milliseconds (CPU) or a fraction of a second (CUDA: it compiles its element-wise kernels).
 Result<std::unique_ptr<ComputeDevice>> OpenComputeDevice(const DeviceDescriptor& descriptor,
                                                          const ComputeDeviceOptions& options = {});
 

@@ -86,10 +86,11 @@ TEST(CpuDeviceTest, RefusesNegativeThreads) {
             ErrorCode::kInvalidArgument);
 }
 
-TEST(CpuDeviceTest, CudaIsUnimplementedAndSimulatedRunsNothing) {
+TEST(CpuDeviceTest, AMissingCudaDeviceIsNotFoundAndSimulatedRunsNothing) {
   DeviceDescriptor d = TestCpu();
   d.kind = DeviceKind::kCuda;
-  EXPECT_EQ(OpenComputeDevice(d).status().code(), ErrorCode::kUnimplemented);
+  d.index_on_host = 4096;  // no host has this GPU, and one without a driver has none at all
+  EXPECT_EQ(OpenComputeDevice(d).status().code(), ErrorCode::kNotFound);
   d.kind = DeviceKind::kSimulated;
   EXPECT_EQ(OpenComputeDevice(d).status().code(), ErrorCode::kInvalidArgument);
 }

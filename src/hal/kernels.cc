@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <climits>
 #include <string>
+#include <type_traits>
 
 #include "base/layer_guard.h"
 #include "hal/internal/kernel_backend.h"
@@ -97,8 +98,14 @@ Status CheckOperandSpan(const Stream& stream, DeviceSpan<T> span, int64_t needed
   return OkStatus();
 }
 
-Status CheckedSgemm(Stream& stream, SgemmStridedBatchedOptions o) {
-  SgemmOptions& g = o.gemm;
+// The checks every product makes, on typed views of its operands: dimensions, leading
+// dimensions (resolved in place from 0 = tight), the extents the batch spans, devices,
+// alignment and overlap. `shape` carries the dimensions and leading dimensions.
+template <typename TA, typename TC>
+Status CheckProduct(const Stream& stream, SgemmStridedBatchedOptions* shape, DeviceSpan<const TA> a,
+                    DeviceSpan<const TA> b, DeviceSpan<TC> c) {
+  SgemmOptions& g = shape->gemm;
+  const SgemmStridedBatchedOptions& o = *shape;
   KC_RETURN_IF_ERROR(CheckDim(g.m, "m"));
   KC_RETURN_IF_ERROR(CheckDim(g.n, "n"));
   KC_RETURN_IF_ERROR(CheckDim(g.k, "k"));
@@ -111,15 +118,15 @@ Status CheckedSgemm(Stream& stream, SgemmStridedBatchedOptions o) {
   }
   const bool ta = g.trans_a == Transpose::kYes;
   const bool tb = g.trans_b == Transpose::kYes;
-  const Operand a{"a", "lda", ta ? g.k : g.m, ta ? g.m : g.k, g.lda, o.stride_a};
-  const Operand b{"b", "ldb", tb ? g.n : g.k, tb ? g.k : g.n, g.ldb, o.stride_b};
-  const Operand c{"c", "ldc", g.m, g.n, g.ldc, o.stride_c};
-  KC_ASSIGN_OR_RETURN(g.lda, ResolveLd(a));
-  KC_ASSIGN_OR_RETURN(g.ldb, ResolveLd(b));
-  KC_ASSIGN_OR_RETURN(g.ldc, ResolveLd(c));
-  const int64_t extent_a = Extent(a.rows, a.cols, g.lda);
-  const int64_t extent_b = Extent(b.rows, b.cols, g.ldb);
-  const int64_t extent_c = Extent(c.rows, c.cols, g.ldc);
+  const Operand oa{"a", "lda", ta ? g.k : g.m, ta ? g.m : g.k, g.lda, o.stride_a};
+  const Operand ob{"b", "ldb", tb ? g.n : g.k, tb ? g.k : g.n, g.ldb, o.stride_b};
+  const Operand oc{"c", "ldc", g.m, g.n, g.ldc, o.stride_c};
+  KC_ASSIGN_OR_RETURN(g.lda, ResolveLd(oa));
+  KC_ASSIGN_OR_RETURN(g.ldb, ResolveLd(ob));
+  KC_ASSIGN_OR_RETURN(g.ldc, ResolveLd(oc));
+  const int64_t extent_a = Extent(oa.rows, oa.cols, g.lda);
+  const int64_t extent_b = Extent(ob.rows, ob.cols, g.ldb);
+  const int64_t extent_c = Extent(oc.rows, oc.cols, g.ldc);
   if (o.batch_count > 1 && extent_c > 0 && o.stride_c < extent_c) {
     return InvalidArgumentError("sgemm: stride_c=" + Str(o.stride_c) +
                                 " makes C matrices overlap (one spans " + Str(extent_c) + ")");
@@ -127,14 +134,32 @@ Status CheckedSgemm(Stream& stream, SgemmStridedBatchedOptions o) {
   KC_ASSIGN_OR_RETURN(const int64_t need_a, BatchExtent(extent_a, o.batch_count, o.stride_a, "a"));
   KC_ASSIGN_OR_RETURN(const int64_t need_b, BatchExtent(extent_b, o.batch_count, o.stride_b, "b"));
   KC_ASSIGN_OR_RETURN(const int64_t need_c, BatchExtent(extent_c, o.batch_count, o.stride_c, "c"));
-  KC_RETURN_IF_ERROR(CheckOperandSpan(stream, g.a, need_a, "a"));
-  KC_RETURN_IF_ERROR(CheckOperandSpan(stream, g.b, need_b, "b"));
-  KC_RETURN_IF_ERROR(CheckOperandSpan(stream, g.c, need_c, "c"));
-  const DeviceSpan<float> used_c = g.c.first(need_c);
-  KC_RETURN_IF_ERROR(internal::CheckDisjoint(used_c, g.a.first(need_a), "c", "a"));
-  KC_RETURN_IF_ERROR(internal::CheckDisjoint(used_c, g.b.first(need_b), "c", "b"));
-  if (g.m == 0 || g.n == 0 || o.batch_count == 0) return OkStatus();
+  KC_RETURN_IF_ERROR(CheckOperandSpan(stream, a, need_a, "a"));
+  KC_RETURN_IF_ERROR(CheckOperandSpan(stream, b, need_b, "b"));
+  KC_RETURN_IF_ERROR(CheckOperandSpan(stream, c, need_c, "c"));
+  const DeviceSpan<TC> used_c = c.first(static_cast<size_t>(need_c));
+  KC_RETURN_IF_ERROR(internal::CheckDisjoint(used_c, a.first(static_cast<size_t>(need_a)), "c", "a"));
+  KC_RETURN_IF_ERROR(internal::CheckDisjoint(used_c, b.first(static_cast<size_t>(need_b)), "c", "b"));
+  return OkStatus();
+}
+
+Status CheckedSgemm(Stream& stream, SgemmStridedBatchedOptions o) {
+  KC_RETURN_IF_ERROR((CheckProduct<float, float>(stream, &o, o.gemm.a, o.gemm.b, o.gemm.c)));
+  if (o.gemm.m == 0 || o.gemm.n == 0 || o.batch_count == 0) return OkStatus();
   return Backend(stream).SgemmStridedBatched(stream, o);
+}
+
+// A byte span as elements of T (a trailing partial element is not part of it).
+template <typename T, typename B>
+auto Typed(DeviceSpan<B> s) {
+  using Elem = std::conditional_t<std::is_const_v<B>, const T, T>;
+  return DeviceSpan<Elem>(reinterpret_cast<Elem*>(s.data()), s.size() / sizeof(T), s.device());
+}
+
+// Gemm's checks with the operands typed as `options` says.
+template <typename TA, typename TC>
+Status CheckGemmTyped(const Stream& stream, const GemmOptions& o, SgemmStridedBatchedOptions* shape) {
+  return CheckProduct<TA, TC>(stream, shape, Typed<TA>(o.a), Typed<TA>(o.b), Typed<TC>(o.c));
 }
 
 template <typename Y, typename X>
@@ -188,6 +213,44 @@ Status Sgemm(Stream& stream, const SgemmOptions& options) {
 Status SgemmStridedBatched(Stream& stream, const SgemmStridedBatchedOptions& options) {
   KC_LAYER_ENTRY(Layer::kHal, "kernels");
   return CheckedSgemm(stream, options);
+}
+
+Status Gemm(Stream& stream, const GemmOptions& options) {
+  KC_LAYER_ENTRY(Layer::kHal, "kernels");
+  GemmOptions o = options;
+  const bool f32 = o.ab_type == DataType::kF32 && o.c_type == DataType::kF32;
+  const bool bf16 =
+      o.ab_type == DataType::kBf16 && (o.c_type == DataType::kBf16 || o.c_type == DataType::kF32);
+  if (!f32 && !bf16) {
+    return InvalidArgumentError("gemm: operands " + std::string(DataTypeName(o.ab_type)) +
+                                " with C " + std::string(DataTypeName(o.c_type)) +
+                                ": expected f32 with f32, or bf16 with bf16 or f32");
+  }
+  // The shape checks are Sgemm's, on the operands typed as they are.
+  SgemmStridedBatchedOptions shape{.gemm = {.trans_a = o.trans_a,
+                                            .trans_b = o.trans_b,
+                                            .m = o.m,
+                                            .n = o.n,
+                                            .k = o.k,
+                                            .lda = o.lda,
+                                            .ldb = o.ldb,
+                                            .ldc = o.ldc},
+                                   .batch_count = o.batch_count,
+                                   .stride_a = o.stride_a,
+                                   .stride_b = o.stride_b,
+                                   .stride_c = o.stride_c};
+  if (f32) {
+    KC_RETURN_IF_ERROR((CheckGemmTyped<float, float>(stream, o, &shape)));
+  } else if (o.c_type == DataType::kF32) {
+    KC_RETURN_IF_ERROR((CheckGemmTyped<Bf16, float>(stream, o, &shape)));
+  } else {
+    KC_RETURN_IF_ERROR((CheckGemmTyped<Bf16, Bf16>(stream, o, &shape)));
+  }
+  o.lda = shape.gemm.lda;
+  o.ldb = shape.gemm.ldb;
+  o.ldc = shape.gemm.ldc;
+  if (o.m == 0 || o.n == 0 || o.batch_count == 0) return OkStatus();
+  return Backend(stream).Gemm(stream, o);
 }
 
 Status ReduceInto(Stream& stream, const ReduceIntoOptions& o) {

@@ -59,6 +59,36 @@ struct SgemmStridedBatchedOptions {
 };
 Status SgemmStridedBatched(Stream& stream, const SgemmStridedBatchedOptions& options);
 
+// The product of SgemmStridedBatched with a choice of element types: A and B both f32 with an
+// f32 C, or both bf16 with a bf16 or f32 C (mixed precision: bf16 operands, fp32 weight
+// gradients). Products accumulate in fp32 (bf16 operands widen exactly); a bf16 C is rounded
+// once. Spans are bytes; counts, leading dimensions and strides are in elements of their
+// operand's type. Checks as SgemmStridedBatched, plus kInvalidArgument for another type
+// combination. The CPU backend runs f32 only: bf16 returns kUnimplemented there (bf16
+// products are for devices with bf16 matrix units).
+struct GemmOptions {
+  Transpose trans_a = Transpose::kNo;
+  Transpose trans_b = Transpose::kNo;
+  int64_t m = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+  float alpha = 1.0f;
+  DataType ab_type = DataType::kF32;  // of A and B
+  DeviceSpan<const std::byte> a;      // (M, K) rows of stride lda; (K, M) when trans_a
+  int64_t lda = 0;
+  DeviceSpan<const std::byte> b;  // (K, N) rows of stride ldb; (N, K) when trans_b
+  int64_t ldb = 0;
+  float beta = 0.0f;
+  DataType c_type = DataType::kF32;
+  DeviceSpan<std::byte> c;  // (M, N) rows of stride ldc; must not overlap a or b
+  int64_t ldc = 0;
+  int64_t batch_count = 1;
+  int64_t stride_a = 0;
+  int64_t stride_b = 0;
+  int64_t stride_c = 0;
+};
+Status Gemm(Stream& stream, const GemmOptions& options);
+
 // The reduction of collectives: dst[i] = op(dst[i], src[i]).
 enum class ReduceOp : uint8_t { kSum = 0, kProd = 1, kMin = 2, kMax = 3 };
 std::string_view ReduceOpName(ReduceOp op);  // "sum", "prod", "min", "max"

@@ -308,6 +308,58 @@ TEST_F(KernelValidationTest, TheValidProblemRuns) {
   EXPECT_EQ(c_[0], 4.0f);
 }
 
+// Gemm is Sgemm with typed operands: f32 runs on the CPU exactly as Sgemm does; bf16 is
+// checked the same way, then refused by a backend without bf16 products.
+TEST_F(KernelValidationTest, GemmInF32GivesSgemmsResult) {
+  ASSERT_TRUE(Sgemm(stream(), Valid()).ok());
+  const std::vector<float> expected = c_;
+  std::fill(c_.begin(), c_.end(), 7.0f);
+  const SgemmOptions v = Valid();
+  ASSERT_TRUE(Gemm(stream(), {.m = 4,
+                              .n = 4,
+                              .k = 4,
+                              .a = AsBytes(v.a),
+                              .b = AsBytes(v.b),
+                              .c = AsWritableBytes(v.c)})
+                  .ok());
+  EXPECT_EQ(c_, expected);
+}
+
+TEST_F(KernelValidationTest, GemmRefusesMixedTypesAndChecksSpansInTheirElements) {
+  const SgemmOptions v = Valid();
+  GemmOptions g{.m = 4,
+                .n = 4,
+                .k = 4,
+                .a = AsBytes(v.a),
+                .b = AsBytes(v.b),
+                .c_type = DataType::kBf16,
+                .c = AsWritableBytes(v.c)};
+  EXPECT_EQ(Gemm(stream(), g).code(), ErrorCode::kInvalidArgument);  // f32 operands, bf16 C
+  g.ab_type = DataType::kF64;
+  g.c_type = DataType::kF64;
+  EXPECT_EQ(Gemm(stream(), g).code(), ErrorCode::kInvalidArgument);
+  // bf16 operands of 4x4 need 16 elements (32 bytes): 24 bytes are too few.
+  g.ab_type = DataType::kBf16;
+  g.c_type = DataType::kF32;
+  g.a = AsBytes(v.a).first(24);
+  EXPECT_EQ(Gemm(stream(), g).code(), ErrorCode::kInvalidArgument);
+  for (float x : c_) ASSERT_EQ(x, 7.0f) << "refused call wrote C";
+}
+
+TEST_F(KernelValidationTest, GemmInBf16IsUnimplementedOnTheCpu) {
+  const SgemmOptions v = Valid();
+  const GemmOptions g{.m = 4,
+                      .n = 4,
+                      .k = 4,
+                      .ab_type = DataType::kBf16,
+                      .a = AsBytes(v.a),
+                      .b = AsBytes(v.b),
+                      .c_type = DataType::kF32,
+                      .c = AsWritableBytes(v.c)};
+  EXPECT_EQ(Gemm(stream(), g).code(), ErrorCode::kUnimplemented);
+  for (float x : c_) ASSERT_EQ(x, 7.0f) << "refused call wrote C";
+}
+
 TEST_F(KernelValidationTest, SgemmRefusesNegativeAndOversizedDims) {
   for (int64_t SgemmOptions::*dim : {&SgemmOptions::m, &SgemmOptions::n, &SgemmOptions::k}) {
     SgemmOptions o = Valid();

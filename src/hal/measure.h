@@ -12,6 +12,7 @@
 
 #include "base/clock.h"
 #include "base/status.h"
+#include "hal/compute.h"
 #include "hal/cpu_devices.h"
 #include "hal/host_probe.h"
 
@@ -101,6 +102,19 @@ struct SgemmRateOptions {
 // kernels (hal/kernels.h): 2n^3 FLOP per call over the best wall time. This is what a CPU
 // device's peak_flops_fp32 is set from. Takes well under a second for n = 512.
 Result<double> MeasureSgemmFlops(const SgemmRateOptions& options);
+
+struct GemmRateOptions {
+  DataType type = DataType::kF32;  // of A, B and C: kF32 or kBf16
+  int64_t n = 8192;                // square matrices n x n
+  int repetitions = 20;            // products timed back to back, after one warm-up
+};
+
+// The matrix-multiply rate `device` reaches through hal::Gemm (fp32 accumulation): 2n^3 FLOP
+// per product over the mean wall time of `repetitions` products enqueued back to back. The
+// operands are pseudo-random (never zeros, which some devices multiply faster). What MFU on a
+// GPU is measured against; n = 8192 in bf16 takes a few tens of milliseconds on an H100.
+// kUnimplemented where the device has no such product (bf16 on CPU).
+Result<double> MeasureGemmFlops(ComputeDevice& device, const GemmRateOptions& options);
 
 // What `kc topo probe` and `kc plan --calibrate` measure on this host: a one-core STREAM
 // copy, the one-core sgemm rate and, when the process may use two or more cores, a

@@ -15,8 +15,15 @@ Status EngineSupports(const ParallelPlan& plan, hal::DeviceKind device) {
   }
   // What a kind of device adds.
   switch (device) {
-    case hal::DeviceKind::kCpu:
     case hal::DeviceKind::kCuda:
+      // The CUDA engine (parallel/cuda/) trains a whole model per rank.
+      if (plan.t != 1 || plan.p != 1 || plan.zero_stage != 0 || plan.recompute) {
+        return UnimplementedError(
+            "on GPUs the engine runs data-parallel plans only (t=1, p=1, zero_stage 0, no "
+            "recompute)");
+      }
+      break;
+    case hal::DeviceKind::kCpu:
     case hal::DeviceKind::kSimulated:
       break;
   }

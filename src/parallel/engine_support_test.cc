@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <vector>
+
 namespace kc::parallel {
 namespace {
 
@@ -44,9 +46,27 @@ TEST(EngineSupportsTest, RunsZeroStagesZeroAndOneOnly) {
 TEST(EngineSupportsTest, EveryDeviceKindAnswersTheCommonRules) {
   for (hal::DeviceKind kind :
        {hal::DeviceKind::kCpu, hal::DeviceKind::kCuda, hal::DeviceKind::kSimulated}) {
-    EXPECT_TRUE(EngineSupports(Pipeline(Schedule::k1F1B, true), kind).ok());
     EXPECT_EQ(EngineSupports(Pipeline(Schedule::kZeroBubbleH1, true), kind).code(),
               ErrorCode::kUnimplemented);
+    ParallelPlan dp;
+    dp.d = 4;
+    EXPECT_TRUE(EngineSupports(dp, kind).ok());
+  }
+  EXPECT_TRUE(EngineSupports(Pipeline(Schedule::k1F1B, true), hal::DeviceKind::kCpu).ok());
+}
+
+TEST(EngineSupportsTest, OnGpusTheEngineRunsDataParallelPlansOnly) {
+  ParallelPlan plan;
+  plan.d = 2;
+  EXPECT_TRUE(EngineSupports(plan, hal::DeviceKind::kCuda).ok());
+  for (auto change : std::vector<void (*)(ParallelPlan&)>{
+           [](ParallelPlan& p) { p.t = 2; }, [](ParallelPlan& p) { p.p = 2; },
+           [](ParallelPlan& p) { p.zero_stage = 1; }, [](ParallelPlan& p) { p.recompute = true; }}) {
+    ParallelPlan other = plan;
+    change(other);
+    EXPECT_EQ(EngineSupports(other, hal::DeviceKind::kCuda).code(), ErrorCode::kUnimplemented)
+        << PlanToString(other);
+    EXPECT_TRUE(EngineSupports(other, hal::DeviceKind::kSimulated).ok()) << PlanToString(other);
   }
 }
 

@@ -326,28 +326,37 @@ void Gpt<Real>::SetGradientStorage(std::vector<std::span<Real>> storage) {
 }
 
 template <typename Real>
+void InitParameterTensor(const ModelSpec& spec, int index, uint64_t seed, std::span<Real> values) {
+  const std::vector<TensorSpec> whole = ParameterTensors(spec);
+  const TensorSpec& t = whole.at(static_cast<size_t>(index));
+  KC_CHECK(values.size() == static_cast<size_t>(t.num_elements))
+      << "InitParameterTensor " << t.name << ": " << values.size() << " values for "
+      << t.num_elements;
+  if (t.shape.size() == 2) {
+    const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(spec.layers));
+    const bool residual =
+        EndsWith(t.name, "attn.proj.weight") || EndsWith(t.name, "mlp.proj.weight");
+    // One stream per tensor: a tensor's values do not depend on the shapes before it.
+    const uint64_t g = static_cast<uint64_t>(index);
+    uint64_t stream_seed = seed ^ (0x5851f42d4c957f2dull * (g + 1));
+    FillNormal(values, residual ? residual_std : 0.02, SplitMix64(&stream_seed));
+  } else {
+    const bool is_ln_weight = EndsWith(t.name, "ln1.weight") || EndsWith(t.name, "ln2.weight") ||
+                              t.name == "lnf.weight";
+    std::fill(values.begin(), values.end(), is_ln_weight ? Real{1} : Real{0});
+  }
+}
+
+template <typename Real>
 void Gpt<Real>::InitParameters(uint64_t seed) {
-  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(spec_.layers));
   const std::vector<TensorSpec> whole = ParameterTensors(spec_);
   std::vector<Real> values;
   for (size_t i = 0; i < tensors_.size(); ++i) {
     const TensorSpec& t = whole[static_cast<size_t>(global_index_[i])];
-    std::span<Real> p = param(static_cast<int>(i));
     // The whole tensor's values; a shard takes its part of them.
     values.assign(static_cast<size_t>(t.num_elements), Real{0});
-    if (t.shape.size() == 2) {
-      const bool residual =
-          EndsWith(t.name, "attn.proj.weight") || EndsWith(t.name, "mlp.proj.weight");
-      // One stream per tensor: a tensor's values do not depend on the shapes before it.
-      const uint64_t g = static_cast<uint64_t>(global_index_[i]);
-      uint64_t stream_seed = seed ^ (0x5851f42d4c957f2dull * (g + 1));
-      FillNormal(std::span<Real>(values), residual ? residual_std : 0.02, SplitMix64(&stream_seed));
-    } else {
-      const bool is_ln_weight = EndsWith(t.name, "ln1.weight") || EndsWith(t.name, "ln2.weight") ||
-                                t.name == "lnf.weight";
-      std::fill(values.begin(), values.end(), is_ln_weight ? Real{1} : Real{0});
-    }
-    ExtractShard<Real>(values, t.shape, splits_[i], tp_rank_, tp_size_, p);
+    InitParameterTensor<Real>(spec_, global_index_[i], seed, values);
+    ExtractShard<Real>(values, t.shape, splits_[i], tp_rank_, tp_size_, param(static_cast<int>(i)));
   }
 }
 
@@ -756,6 +765,8 @@ Status Gpt<Real>::WeightSlice(int k, SlotActs& s, bool accumulate,
   return EmbeddingBackward(k, s, rows(s.input_grad, C), accumulate, on_ready);
 }
 
+template void InitParameterTensor<float>(const ModelSpec&, int, uint64_t, std::span<float>);
+template void InitParameterTensor<double>(const ModelSpec&, int, uint64_t, std::span<double>);
 template class Gpt<float>;
 template class Gpt<double>;
 

@@ -66,6 +66,13 @@ struct GptOptions {
   TensorParallelGroup* tensor_parallel = nullptr;
 };
 
+// GPT-2's initialisation of tensor `index` of ParameterTensors(spec), the whole tensor, into
+// `values` (exactly its num_elements): weights ~ N(0, 0.02), the two residual projections of
+// each block N(0, 0.02 / sqrt(2 L)), biases 0, LayerNorm weights 1. Deterministic in `seed`
+// and the index alone; what Gpt::InitParameters and the CUDA engine (cuda/cuda_gpt.h) start from.
+template <typename Real>
+void InitParameterTensor(const ModelSpec& spec, int index, uint64_t seed, std::span<Real> values);
+
 template <typename Real>
 class Gpt {
  public:

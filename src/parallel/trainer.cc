@@ -9,6 +9,8 @@
 #include "base/check.h"
 #include "base/layer_guard.h"
 #include "comm/collectives.h"
+#include "hal/kernels.h"
+#include "parallel/cuda/cuda_gpt.h"
 #include "parallel/engine_support.h"
 
 namespace kc::parallel {
@@ -92,11 +94,17 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& options) 
 Status Trainer::Init() {
   const ModelSpec& spec = options_.spec;
   KC_RETURN_IF_ERROR(ValidateModelSpec(spec));
+  if (options_.micro_batches < 1) {
+    return InvalidArgumentError("trainer: micro_batches must be >= 1");
+  }
+  if (options_.device->id().kind == hal::DeviceKind::kCuda) return InitCuda();
+  if (options_.precision != Precision::kFp32) {
+    return UnimplementedError("trainer: " + std::string(PrecisionName(options_.precision)) +
+                              " training runs on CUDA devices only; the CPU engine trains in fp32");
+  }
   comm::Communicator* comm = options_.comm;
   const int size = comm != nullptr ? comm->size() : 1;
-  if (options_.micro_batches < 1 || options_.zero_stage < 0) {
-    return InvalidArgumentError("trainer: micro_batches must be >= 1 and zero_stage >= 0");
-  }
+  if (options_.zero_stage < 0) return InvalidArgumentError("trainer: zero_stage must be >= 0");
   stages_ = options_.pipeline_stages;
   tp_ = options_.tensor_parallel;
   KC_RETURN_IF_ERROR(EngineSupports({.t = tp_,
@@ -106,7 +114,7 @@ Status Trainer::Init() {
                                      .v = options_.virtual_stages,
                                      .recompute = options_.recompute,
                                      .zero_stage = options_.zero_stage},
-                                    options_.device->descriptor().kind)
+                                    options_.device->id().kind)
                          .WithContext("trainer"));
   if (tp_ < 1 || stages_ < 1 || size % (tp_ * stages_) != 0 || stages_ > spec.layers) {
     return InvalidArgumentError("trainer: t=" + std::to_string(tp_) +
@@ -125,25 +133,7 @@ Status Trainer::Init() {
   if (stages_ > 1) KC_RETURN_IF_ERROR(InitPipeline());
   comm = dp_comm_;
   const int rank = dp_rank_;
-  auto loader_options = [&](LoaderOptions o) {
-    o.seq_len = spec.seq_len;
-    o.batch = spec.batch_per_rank * options_.micro_batches;
-    o.rank = rank;
-    o.world_size = world_;
-    if (o.seed == 0) o.seed = spec.training.seed;
-    return o;
-  };
-  KC_ASSIGN_OR_RETURN(loader_, OpenDataLoader(loader_options(options_.data)));
-  if (loader_->vocab_size() > static_cast<uint32_t>(spec.vocab)) {
-    return InvalidArgumentError("model " + spec.name + ": vocab " + std::to_string(spec.vocab) +
-                                " is smaller than the data's vocab_size " +
-                                std::to_string(loader_->vocab_size()) +
-                                " (set vocab to at least that)");
-  }
-  if (!options_.validation.manifest.empty() || !options_.validation.files.empty()) {
-    KC_ASSIGN_OR_RETURN(validation_, OpenDataLoader(loader_options(options_.validation)));
-    validation_start_ = validation_->state();
-  }
+  KC_RETURN_IF_ERROR(OpenLoaders());
   // This rank's chunks: the whole model, its stage's layers, or (interleaved) v of the p * v
   // virtual stages' layers; each with as many activation slots as the schedule keeps its
   // micro-batches in flight.
@@ -265,8 +255,91 @@ Status Trainer::Init() {
   return OkStatus();
 }
 
+Status Trainer::OpenLoaders() {
+  const ModelSpec& spec = options_.spec;
+  auto loader_options = [&](LoaderOptions o) {
+    o.seq_len = spec.seq_len;
+    o.batch = spec.batch_per_rank * options_.micro_batches;
+    o.rank = dp_rank_;
+    o.world_size = world_;
+    if (o.seed == 0) o.seed = spec.training.seed;
+    return o;
+  };
+  KC_ASSIGN_OR_RETURN(loader_, OpenDataLoader(loader_options(options_.data)));
+  if (loader_->vocab_size() > static_cast<uint32_t>(spec.vocab)) {
+    return InvalidArgumentError("model " + spec.name + ": vocab " + std::to_string(spec.vocab) +
+                                " is smaller than the data's vocab_size " +
+                                std::to_string(loader_->vocab_size()) +
+                                " (set vocab to at least that)");
+  }
+  if (!options_.validation.manifest.empty() || !options_.validation.files.empty()) {
+    KC_ASSIGN_OR_RETURN(validation_, OpenDataLoader(loader_options(options_.validation)));
+    validation_start_ = validation_->state();
+  }
+  return OkStatus();
+}
+
+Status Trainer::InitCuda() {
+  const ModelSpec& spec = options_.spec;
+  if (options_.tensor_parallel != 1 || options_.pipeline_stages != 1 || options_.zero_stage != 0 ||
+      options_.recompute) {
+    return UnimplementedError(
+        "trainer: on a CUDA device the engine runs data parallelism only (t=1, p=1, zero_stage "
+        "0, no recompute); this plan has t=" +
+        std::to_string(options_.tensor_parallel) + " p=" + std::to_string(options_.pipeline_stages) +
+        " zero_stage=" + std::to_string(options_.zero_stage) +
+        (options_.recompute ? " with recompute" : ""));
+  }
+  comm::Communicator* comm = options_.comm;
+  world_ = comm != nullptr ? comm->size() : 1;
+  dp_rank_ = comm != nullptr ? comm->rank() : 0;
+  dp_comm_ = comm;
+  KC_RETURN_IF_ERROR(OpenLoaders());
+  KC_ASSIGN_OR_RETURN(cuda_model_, CudaGpt::Create(spec, options_.device,
+                                                   {.batch = spec.batch_per_rank,
+                                                    .precision = options_.precision}));
+  KC_RETURN_IF_ERROR(cuda_model_->InitParameters(spec.training.seed));
+  if (world_ > 1) {
+    // Every rank starts from rank 0's parameters, as DDP does.
+    std::vector<float> params(static_cast<size_t>(cuda_model_->num_parameters()));
+    KC_RETURN_IF_ERROR(cuda_model_->GetParameters(params));
+    KC_ASSIGN_OR_RETURN(auto work, comm->Broadcast(Bytes(std::span<float>(params)), 0));
+    KC_RETURN_IF_ERROR(work->Wait());
+    KC_RETURN_IF_ERROR(cuda_model_->SetParameters(params));
+    host_grads_.resize(params.size());
+  }
+  stage_activation_bytes_ = {cuda_model_->activation_bytes()};
+  KC_ASSIGN_OR_RETURN(cuda_optimizer_, CudaAdamW::Create(spec.training, cuda_model_.get()));
+  return OkStatus();
+}
+
 std::vector<StateTensor> Trainer::StateTensors() {
   std::vector<StateTensor> out;
+  if (cuda_model_ != nullptr) {
+    // A host copy of the device's values and moments, refreshed now.
+    const size_t n = static_cast<size_t>(cuda_model_->num_parameters());
+    host_state_.resize(3 * n);
+    std::span<float> all(host_state_);
+    Status s = cuda_model_->GetParameters(all.first(n));
+    if (s.ok()) {
+      s = hal::CopyDeviceToHost<float>(cuda_model_->stream(), all.subspan(n, 2 * n),
+                                       cuda_optimizer_->moments());
+    }
+    if (s.ok()) s = cuda_model_->Synchronize();
+    // A checkpoint of values that did not come back would be wrong: the rank fails instead,
+    // and the fault layer recovers the run from the last good checkpoint.
+    KC_CHECK(s.ok()) << "trainer: reading the CUDA device's state failed: " << s.ToString();
+    for (const TensorSpec& t : cuda_model_->tensors()) {
+      const size_t at = static_cast<size_t>(t.offset), count = static_cast<size_t>(t.num_elements);
+      out.push_back({.name = t.name,
+                     .shape = t.shape,
+                     .values = all.subspan(at, count),
+                     .moments = {{.offset = 0,
+                                  .m = all.subspan(n + at, count),
+                                  .v = all.subspan(2 * n + at, count)}}});
+    }
+    return out;
+  }
   std::vector<std::vector<int>> index(chunks_.size());  // chunk, tensor -> entry of out
   const std::vector<TensorSpec> whole = ParameterTensors(options_.spec);
   for (size_t c = 0; c < chunks_.size(); ++c) {
@@ -302,12 +375,22 @@ std::vector<StateTensor> Trainer::StateTensors() {
 Status Trainer::RestoreProgress(int64_t steps, const LoaderState& loader) {
   KC_RETURN_IF_ERROR(loader_->Restore(loader));
   step_ = steps;
+  if (cuda_model_ != nullptr) {
+    cuda_optimizer_->set_steps(steps);
+    const size_t n = static_cast<size_t>(cuda_model_->num_parameters());
+    if (host_state_.size() != 3 * n) return OkStatus();  // StateTensors was not written
+    std::span<const float> all(host_state_);
+    KC_RETURN_IF_ERROR(hal::CopyHostToDevice<float>(cuda_model_->stream(),
+                                                    cuda_optimizer_->moments(),
+                                                    all.subspan(n, 2 * n)));
+    return cuda_model_->SetParameters(all.first(n));  // waits, so host_state_ may change after
+  }
   optimizer_->set_steps(steps);
   return OkStatus();
 }
 
 int64_t Trainer::arena_bytes() const {
-  int64_t bytes = 0;
+  int64_t bytes = cuda_model_ != nullptr ? cuda_model_->arena_bytes() : 0;
   for (const auto& chunk : chunks_) bytes += chunk->arena_bytes();
   return bytes;
 }
@@ -505,21 +588,23 @@ Status Trainer::SyncGradients(double* comm_s) {
   return OkStatus();
 }
 
+std::chrono::steady_clock::time_point Trainer::Span(const char* name, SpanKind kind,
+                                                   std::chrono::steady_clock::time_point from) {
+  const std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now();
+  if (options_.timeline != nullptr) options_.timeline->Add(name, kind, step_, from, now);
+  return now;
+}
+
 Result<StepStats> Trainer::Step() {
   KC_LAYER_ENTRY(Layer::kParallel, "trainer");
+  if (cuda_model_ != nullptr) return StepCuda();
   using Clock = std::chrono::steady_clock;
   const Clock::time_point t0 = Clock::now();
-  // Records [from, now) on the timeline, if any, and returns now.
-  auto span = [&](const char* name, SpanKind kind, Clock::time_point from) {
-    const Clock::time_point now = Clock::now();
-    if (options_.timeline != nullptr) options_.timeline->Add(name, kind, step_, from, now);
-    return now;
-  };
   StepStats stats;
   stats.step = step_;
   if (tp_link_ != nullptr) tp_link_->Take(step_);
   loader_->Next(&batch_);
-  Clock::time_point t = span("data", SpanKind::kData, t0);
+  Clock::time_point t = Span("data", SpanKind::kData, t0);
   // Each micro-batch's gradient is scaled to its share of the rank's mean; they add up.
   const int64_t m = options_.micro_batches;
   const size_t micro_tokens = static_cast<size_t>(chunks_.front()->tokens());
@@ -565,7 +650,7 @@ Result<StepStats> Trainer::Step() {
     Gpt<float>& model = *chunks_.front();
     KC_ASSIGN_OR_RETURN(double micro_loss, model.Forward(in, tg, grad_scale));
     loss += micro_loss / static_cast<double>(m);
-    t = span("forward", SpanKind::kCompute, t);
+    t = Span("forward", SpanKind::kCompute, t);
     // Buckets start on the last micro-batch only (DDP's no_sync for the others).
     const bool last = k + 1 == m;
     KC_RETURN_IF_ERROR(model.Backward(k > 0, [&](int tensor) -> Status {
@@ -573,23 +658,23 @@ Result<StepStats> Trainer::Step() {
       const Clock::time_point m0 = Clock::now();
       Status s = buckets_->MarkReady(bucket_index_[0][static_cast<size_t>(tensor)]);
       comm_s += Since(m0);
-      span("mark ready", SpanKind::kComm, m0);
+      Span("mark ready", SpanKind::kComm, m0);
       return s;
     }));
-    t = span("backward", SpanKind::kCompute, t);
+    t = Span("backward", SpanKind::kCompute, t);
   }
   KC_RETURN_IF_ERROR(SyncGradients(&comm_s));
-  t = span(world_ == 1           ? "add tied embedding gradients"
+  t = Span(world_ == 1           ? "add tied embedding gradients"
            : buckets_ != nullptr ? "wait for gradient buckets"
                                  : "all-reduce per tensor",
            SpanKind::kComm, t);
   KC_ASSIGN_OR_RETURN(stats.loss, AverageAcrossRanks(loss));
   comm_s += Since(t);
-  t = span("all-reduce loss", SpanKind::kComm, t);
+  t = Span("all-reduce loss", SpanKind::kComm, t);
   KC_ASSIGN_OR_RETURN(stats.grad_norm, GradNorm());
   stats.lr = LearningRate(options_.spec.training, step_, options_.total_steps);
   optimizer_->Step(stats.lr, ClipScale(options_.spec.training, stats.grad_norm));
-  t = span("optimizer", SpanKind::kCompute, t);
+  t = Span("optimizer", SpanKind::kCompute, t);
   if (options_.zero_stage == 1 && world_ > 1) {
     // Every rank updated its part of each model chunk; gather the others'.
     for (const auto& chunk : chunks_) {
@@ -599,12 +684,68 @@ Result<StepStats> Trainer::Step() {
       KC_RETURN_IF_ERROR(work->Wait());
     }
     comm_s += Since(t);
-    span("all-gather parameters", SpanKind::kComm, t);
+    Span("all-gather parameters", SpanKind::kComm, t);
   }
   if (tp_link_ != nullptr) {
     stats.tp_comm_s = tp_link_->Take(step_ + 1);
     comm_s += stats.tp_comm_s;
   }
+  ++step_;
+  stats.step_s = Since(t0);
+  stats.comm_exposed_s = comm_s;
+  stats.compute_s = stats.step_s - comm_s;
+  stats.tokens = static_cast<int64_t>(micro_tokens) * m * world_;
+  return stats;
+}
+
+Result<StepStats> Trainer::StepCuda() {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point t0 = Clock::now();
+  StepStats stats;
+  stats.step = step_;
+  loader_->Next(&batch_);
+  Clock::time_point t = Span("data", SpanKind::kData, t0);
+  CudaGpt& model = *cuda_model_;
+  const int64_t m = options_.micro_batches;
+  const size_t micro_tokens = static_cast<size_t>(model.tokens());
+  const double grad_scale = 1.0 / static_cast<double>(micro_tokens * m);
+  double loss = 0;
+  double comm_s = 0;
+  KC_RETURN_IF_ERROR(model.ZeroGradients());
+  for (int64_t k = 0; k < m; ++k) {
+    const size_t at = static_cast<size_t>(k) * micro_tokens;
+    KC_ASSIGN_OR_RETURN(
+        double micro_loss,
+        model.Forward(std::span<const int32_t>(batch_.inputs).subspan(at, micro_tokens),
+                      std::span<const int32_t>(batch_.targets).subspan(at, micro_tokens),
+                      grad_scale));
+    loss += micro_loss / static_cast<double>(m);
+    t = Span("forward", SpanKind::kCompute, t);
+    KC_RETURN_IF_ERROR(model.Backward());
+    if (k + 1 == m) KC_RETURN_IF_ERROR(model.Synchronize());
+    t = Span("backward", SpanKind::kCompute, t);
+  }
+  if (world_ > 1) {
+    // The gradients' average over the replicas, through host memory.
+    KC_RETURN_IF_ERROR(
+        hal::CopyDeviceToHost<float>(model.stream(), host_grads_, model.grads()));
+    KC_RETURN_IF_ERROR(model.Synchronize());
+    KC_ASSIGN_OR_RETURN(auto work,
+                        dp_comm_->Allreduce(std::span<float>(host_grads_), comm::ReduceOp::kAvg));
+    KC_RETURN_IF_ERROR(work->Wait());
+    KC_RETURN_IF_ERROR(hal::CopyHostToDevice<float>(model.stream(), model.grads(), host_grads_));
+    comm_s += std::chrono::duration<double>(Clock::now() - t).count();
+    t = Span("all-reduce gradients", SpanKind::kComm, t);
+  }
+  KC_ASSIGN_OR_RETURN(stats.loss, AverageAcrossRanks(loss));
+  comm_s += std::chrono::duration<double>(Clock::now() - t).count();
+  t = Span("all-reduce loss", SpanKind::kComm, t);
+  KC_ASSIGN_OR_RETURN(const double squares, model.GradSquaredNorm());
+  stats.grad_norm = std::sqrt(squares);
+  stats.lr = LearningRate(options_.spec.training, step_, options_.total_steps);
+  KC_RETURN_IF_ERROR(cuda_optimizer_->Step(stats.lr, ClipScale(options_.spec.training, stats.grad_norm)));
+  KC_RETURN_IF_ERROR(model.Synchronize());
+  Span("optimizer", SpanKind::kCompute, t);
   ++step_;
   stats.step_s = Since(t0);
   stats.comm_exposed_s = comm_s;
@@ -622,7 +763,8 @@ Result<double> Trainer::Evaluate(int64_t batches) {
   KC_RETURN_IF_ERROR(validation_->Restore(validation_start_));
   Batch batch;
   double sum = 0;
-  const size_t micro_tokens = static_cast<size_t>(chunks_.front()->tokens());
+  const size_t micro_tokens = static_cast<size_t>(
+      cuda_model_ != nullptr ? cuda_model_->tokens() : chunks_.front()->tokens());
   const int64_t m = options_.micro_batches;
   for (int64_t i = 0; i < batches; ++i) {
     validation_->Next(&batch);
@@ -631,6 +773,11 @@ Result<double> Trainer::Evaluate(int64_t batches) {
           std::span<const int32_t>(batch.inputs).subspan(k * micro_tokens, micro_tokens);
       const std::span<const int32_t> tg =
           std::span<const int32_t>(batch.targets).subspan(k * micro_tokens, micro_tokens);
+      if (cuda_model_ != nullptr) {
+        KC_ASSIGN_OR_RETURN(double loss, cuda_model_->Forward(in, tg, 0));
+        sum += loss / static_cast<double>(m);
+        continue;
+      }
       if (stages_ == 1) {
         KC_ASSIGN_OR_RETURN(double loss, chunks_.front()->Forward(in, tg, 0));
         sum += loss / static_cast<double>(m);

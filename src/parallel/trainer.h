@@ -10,11 +10,13 @@
 // worker today, the resilient runner of L5 later.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "base/check.h"
 #include "base/status.h"
 #include "comm/bucket.h"
 #include "comm/communicator.h"
@@ -25,11 +27,14 @@
 #include "parallel/optimizer.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/plan.h"
+#include "parallel/precision.h"
 #include "parallel/timeline.h"
 
 namespace kc::parallel {
 
 class TensorParallelLink;  // trainer.cc: a TensorParallelGroup over a sub-communicator
+class CudaGpt;             // cuda/cuda_gpt.h
+class CudaAdamW;
 
 // How gradients cross ranks.
 enum class GradSync : uint8_t {
@@ -77,6 +82,10 @@ struct TrainerOptions {
   bool recompute = false;
   GradSync grad_sync = GradSync::kBucketed;
   int64_t bucket_bytes = 2 << 20;
+  // fp32, or bf16 mixed precision (CUDA devices only). On a CUDA device the model is
+  // cuda/cuda_gpt.h's, whole on each rank: data parallelism only (t = p = 1, no ZeRO, no
+  // recompute), its gradients averaged through host memory after the backward.
+  Precision precision = Precision::kFp32;
   // Where each step's spans go (data, forward, backward, optimizer, and the communication
   // the step waits for); not owned; null: none.
   Timeline* timeline = nullptr;
@@ -135,8 +144,12 @@ class Trainer {
   Result<double> Evaluate(int64_t batches);
 
   // This rank's model: the whole GPT, or its pipeline stage's part (its first chunk when
-  // interleaved).
-  Gpt<float>& model() { return *chunks_.front(); }
+  // interleaved). REQUIRES: !on_cuda() (the CUDA model is cuda_model()).
+  Gpt<float>& model() {
+    KC_CHECK(!chunks_.empty()) << "Trainer::model() of a CUDA trainer";
+    return *chunks_.front();
+  }
+  bool on_cuda() const { return cuda_model_ != nullptr; }
   // The bytes of every chunk this rank holds.
   int64_t arena_bytes() const;
   // Every pipeline stage's activation memory (its chunks' slots), the same on every rank; one
@@ -148,11 +161,13 @@ class Trainer {
   int zero_stage() const { return options_.zero_stage; }
 
   // Every parameter tensor this rank holds, with views of its values and moments (valid while
-  // the trainer is): what a checkpoint saves and restores.
+  // the trainer is): what a checkpoint saves and restores. On a CUDA device the views are of
+  // a host copy, which each call refreshes from the device (it waits for the device).
   std::vector<StateTensor> StateTensors();
   // After restoring StateTensors' values and moments: the steps taken and where the data
   // stands, so the next Step is the one after the checkpoint's (learning rate, bias
-  // corrections, batches). kInvalidArgument for a loader state of other data.
+  // corrections, batches); on a CUDA device it also uploads the restored values.
+  // kInvalidArgument for a loader state of other data.
   Status RestoreProgress(int64_t steps, const LoaderState& loader);
   DataLoader& loader() { return *loader_; }
   int64_t steps_done() const { return step_; }
@@ -161,6 +176,14 @@ class Trainer {
  private:
   explicit Trainer(TrainerOptions options);
   Status Init();
+  // Records [from, now) of this step on the timeline, if any, and returns now.
+  std::chrono::steady_clock::time_point Span(const char* name, SpanKind kind,
+                                             std::chrono::steady_clock::time_point from);
+  // The training and validation loaders of this rank's replica.
+  Status OpenLoaders();
+  // Init and Step on a CUDA device.
+  Status InitCuda();
+  Result<StepStats> StepCuda();
   // The sub-communicators of a plan with t > 1 or p > 1 (collective, in one order).
   Status InitGroups();
   Status InitPipeline();
@@ -211,6 +234,12 @@ class Trainer {
   std::vector<SlotRef> slot_refs_;
   Batch batch_;
   int64_t step_ = 0;
+  // On a CUDA device: the model, its optimizer, and host memory for the gradients' all-reduce
+  // and for StateTensors (values, then the moments).
+  std::unique_ptr<CudaGpt> cuda_model_;
+  std::unique_ptr<CudaAdamW> cuda_optimizer_;
+  std::vector<float> host_grads_;
+  std::vector<float> host_state_;
 };
 
 }  // namespace kc::parallel

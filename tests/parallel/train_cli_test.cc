@@ -3,6 +3,7 @@
 // worker starts, and a worker's death stops the others.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
 
 #include <chrono>
@@ -14,7 +15,6 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "tests/support/daemon.h"
@@ -324,6 +324,21 @@ TEST(KcTrainTest, WritesMetricsPlotAndSummary) {
   EXPECT_THAT(plot, HasSubstr("</svg>"));
 }
 
+// More threads than cores: a warning, and MFU against the cores there are, not one per thread.
+TEST(KcTrainTest, OversubscribedCoresAreSaidAndMfuCountsTheCoresThereAre) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  const int cores = CPU_COUNT(&set);
+  TrainRun run = Train(TheCorpus().model(), "--steps 2 --threads-per-rank 256", "oversubscribed");
+  ASSERT_EQ(run.result.exit_code, 0) << run.result.err;
+  EXPECT_THAT(run.result.err, HasSubstr("1 ranks x 256 threads oversubscribe the"));
+  EXPECT_THAT(run.result.out, Not(HasSubstr("of 256 cores")));
+  if (cores > 0 && cores < 256) {
+    EXPECT_THAT(run.result.out, HasSubstr("of " + std::to_string(cores) + " core"));
+  }
+}
+
 TEST(KcTrainTest, TraceHoldsEveryRanksSpansInOneFile) {
   const std::string trace = TheCorpus().dir().Path("traces/run.json");
   TrainRun run =
@@ -436,6 +451,21 @@ TEST_F(KcTrainBadInputTest, PlansThatCannotRunSayWhy) {
                                "batch is 8"));
   r = Expect2(TheCorpus().model(), data() + " --plan d=2,mcro_batches=3");
   EXPECT_THAT(r.err, HasSubstr("mcro_batches"));
+}
+
+// Checked before any GPU is looked for, so the same on machines with and without one.
+TEST_F(KcTrainBadInputTest, DevicesPrecisionsAndWhatRunsOnAGpuSayWhy) {
+  KcRun r = Expect2(TheCorpus().model(), data() + " --device gpu");
+  EXPECT_THAT(r.err, HasSubstr("--device gpu: expected cpu or cuda"));
+  r = Expect2(TheCorpus().model(), data() + " --precision fp16");
+  EXPECT_THAT(r.err, HasSubstr("--precision fp16: expected fp32 or bf16"));
+  r = Expect2(TheCorpus().model(), data() + " --precision bf16");
+  EXPECT_THAT(r.err, HasSubstr("bf16 trains on CUDA devices only; add --device cuda"));
+  r = Expect2(TheCorpus().model(), data() + " --device cuda --ranks 2 --plan t=2");
+  EXPECT_THAT(r.err, HasSubstr("on GPUs the engine runs data-parallel plans only"));
+  r = Expect2(TheCorpus().model(),
+              data() + " --device cuda --export " + TheCorpus().dir().Path("gpu-export"));
+  EXPECT_THAT(r.err, HasSubstr("--export with --device cuda"));
 }
 
 TEST_F(KcTrainBadInputTest, HeartbeatTimeoutUnderTwoPeriods) {

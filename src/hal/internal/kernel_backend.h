@@ -4,11 +4,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <span>
 
 #include "base/clock.h"
 #include "base/status.h"
 #include "hal/compute.h"
 #include "hal/kernels.h"
+#include "hal/runtime_kernels.h"
 
 namespace kc::hal::internal {
 
@@ -29,6 +32,9 @@ class KernelBackend {
 
   // options.gemm: m, n, k >= 0, ld* resolved and valid; batch_count >= 0.
   virtual Status SgemmStridedBatched(Stream& stream, const SgemmStridedBatchedOptions& options) = 0;
+  // options: checked, leading dimensions resolved, types a valid combination. The default runs
+  // f32 products through SgemmStridedBatched and returns kUnimplemented for bf16.
+  virtual Status Gemm(Stream& stream, const GemmOptions& options);
 
   virtual Status ReduceInto(Stream& stream, DataType type, ReduceOp op, void* dst, const void* src,
                             size_t count) = 0;
@@ -41,6 +47,13 @@ class KernelBackend {
   // (dst_type, src_type): (kBf16, kF32) or (kF32, kBf16).
   virtual Status Convert(Stream& stream, DataType dst_type, void* dst, DataType src_type,
                          const void* src, size_t count) = 0;
+
+  // Run-time compiled kernels (hal/runtime_kernels.h). The defaults, for a backend that
+  // compiles nothing, return kUnimplemented. Launch gets a function of this backend's device
+  // and a checked shape.
+  virtual Result<std::unique_ptr<KernelModule>> Compile(const KernelSource& source);
+  virtual Status Launch(Stream& stream, const KernelFunction& function, const LaunchShape& shape,
+                        std::span<void* const> args);
 };
 
 }  // namespace kc::hal::internal

@@ -559,11 +559,10 @@ TEST(PlanSearchTest, RanksFittingPlansAndSaysWhyTheOthersLost) {
 }
 
 // The search offers only what the engine runs (EngineSupports): no recompute with ZB-H1 and
-// no ZeRO above 1, even where memory makes recompute win, on every kind of device.
+// no ZeRO above 1, even where memory makes recompute win; on GPUs, data parallelism only.
 TEST(PlanSearchTest, OffersOnlyPlansTheEngineRuns) {
   const ModelSpec spec = Model(24, 2048, 16, 8192, 51200, 2048);
-  for (hal::DeviceKind kind :
-       {hal::DeviceKind::kSimulated, hal::DeviceKind::kCpu, hal::DeviceKind::kCuda}) {
+  for (hal::DeviceKind kind : {hal::DeviceKind::kSimulated, hal::DeviceKind::kCpu}) {
     ClusterSpec cluster = Cluster(64, 8);
     cluster.device = kind;
     int recomputing = 0, zb = 0;
@@ -582,6 +581,17 @@ TEST(PlanSearchTest, OffersOnlyPlansTheEngineRuns) {
     }
     EXPECT_GT(recomputing, 0);  // with the other schedules
     EXPECT_GT(zb, 0);           // without recompute
+  }
+  // Real GPUs: the CUDA engine runs data parallelism only.
+  ClusterSpec gpus = Cluster(64, 8);
+  gpus.device = hal::DeviceKind::kCuda;
+  const ModelSpec small = Model(12, 768, 12, 3072, 50257, 1024);
+  Result<SearchResult> r = SearchPlans(small, gpus, 512, {}, {}, 100000);
+  ASSERT_TRUE(r.ok()) << r.status();
+  for (const RankedPlan& p : r->ranked) {
+    EXPECT_EQ(p.plan.t * p.plan.p, 1) << PlanToString(p.plan);
+    EXPECT_EQ(p.plan.zero_stage, 0) << PlanToString(p.plan);
+    EXPECT_FALSE(p.plan.recompute) << PlanToString(p.plan);
   }
 }
 
