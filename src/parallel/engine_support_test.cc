@@ -61,7 +61,8 @@ TEST(EngineSupportsTest, OnGpusTheEngineRunsDataParallelPlansOnly) {
   EXPECT_TRUE(EngineSupports(plan, hal::DeviceKind::kCuda).ok());
   for (auto change : std::vector<void (*)(ParallelPlan&)>{
            [](ParallelPlan& p) { p.t = 2; }, [](ParallelPlan& p) { p.p = 2; },
-           [](ParallelPlan& p) { p.zero_stage = 1; }, [](ParallelPlan& p) { p.recompute = true; }}) {
+           [](ParallelPlan& p) { p.zero_stage = 1; },
+           [](ParallelPlan& p) { p.recompute = true; }}) {
     ParallelPlan other = plan;
     change(other);
     EXPECT_EQ(EngineSupports(other, hal::DeviceKind::kCuda).code(), ErrorCode::kUnimplemented)
