@@ -682,6 +682,7 @@ int RunCalibrate(const PlanArgs& a) {
               {"shm_bandwidth", cal.cluster.intra_node_bandwidth},
               {"shm_latency", cal.cluster.intra_node_latency},
               {"allreduce", links->allreduce},
+              {"rendezvous_s", links->rendezvous_s},
               {"dp_overlap",
                {{"backward_s", overlap->backward_s},
                 {"allreduce_s", overlap->allreduce_s},
@@ -718,9 +719,11 @@ int RunCalibrate(const PlanArgs& a) {
                     cal.cpus_per_device == 1 ? "" : "s");
   os << fmt::format(
       "peak     {:.1f} GFLOP/s fp32 per device (sgemm), memory {:.1f} GB/s; all-reduce "
-      "between the devices {:.2f} GB/s, {:.1f} us per ring step\n",
+      "between the devices {:.2f} GB/s, {:.1f} us per ring step (a collective between "
+      "computing devices: {})\n",
       cal.cluster.peak_flops / 1e9, cal.cluster.memory_bandwidth / 1e9,
-      cal.cluster.intra_node_bandwidth / 1e9, cal.cluster.intra_node_latency * 1e6);
+      cal.cluster.intra_node_bandwidth / 1e9, cal.cluster.intra_node_latency * 1e6,
+      Time(links->rendezvous_s));
   for (const std::string& note : cluster->notes) os << "         note: " << note << "\n";
   if (devices > 1) {
     os << fmt::format(

@@ -46,6 +46,14 @@ double Median(std::vector<double> v) {
   return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+// Arithmetic the compiler cannot drop: `iterations` dependent multiply-adds.
+void Spin(int64_t iterations) {
+  volatile double sink = 1;
+  double x = sink;
+  for (int64_t i = 0; i < iterations; ++i) x = x * 0.999999 + 1e-6;
+  sink = x;
+}
+
 // Least squares of y = a + c x over (x, y) points.
 struct Line {
   double a = 0;  // intercept
@@ -431,8 +439,9 @@ Result<ComputeCalibration> MeasureCompute(const ModelSpec& spec,
 }
 
 Result<LinkCalibration> MeasureLinks(const LinkCalibrationOptions& options) {
-  if (options.sizes_bytes.empty() || options.repetitions < 1) {
-    return InvalidArgumentError("calibrate: links need at least one size and one repetition");
+  if (options.sizes_bytes.empty() || options.repetitions < 1 || options.rounds < 1) {
+    return InvalidArgumentError(
+        "calibrate: links need at least one size, one repetition and one round");
   }
   for (int64_t bytes : options.sizes_bytes) {
     if (bytes < 4) {
@@ -443,6 +452,14 @@ Result<LinkCalibration> MeasureLinks(const LinkCalibrationOptions& options) {
   const int k = static_cast<int>(options.device_cpus.size());
   if (k < 2) return out;
   std::vector<std::vector<double>> seconds(static_cast<size_t>(k));  // per rank, per size
+  std::vector<double> rendezvous(static_cast<size_t>(k));
+  // The work between collectives: about options.work_seconds on this thread alone.
+  const auto t0 = std::chrono::steady_clock::now();
+  Spin(1 << 16);
+  const double per_iteration =
+      std::max(1e-12, Seconds(std::chrono::steady_clock::now() - t0).count() / (1 << 16));
+  const int64_t work_iterations =
+      std::max<int64_t>(1, static_cast<int64_t>(options.work_seconds / per_iteration));
   KC_RETURN_IF_ERROR(
       OnRanks(options.device_cpus, "all-reduce", [&](int r, comm::Communicator& c) -> Status {
         for (int64_t bytes : options.sizes_bytes) {
@@ -458,6 +475,26 @@ Result<LinkCalibration> MeasureLinks(const LinkCalibrationOptions& options) {
           }
           seconds[static_cast<size_t>(r)].push_back(Median(times));
         }
+        // The rendezvous: work, then a tiny all-reduce, against the work alone (a barrier
+        // lines the ranks up before each phase).
+        float tiny = 1;
+        auto phase = [&](bool collective) -> Result<double> {
+          KC_ASSIGN_OR_RETURN(std::shared_ptr<comm::Work> b, c.Barrier());
+          KC_RETURN_IF_ERROR(b->Wait());
+          const auto start = std::chrono::steady_clock::now();
+          for (int i = 0; i < options.rounds; ++i) {
+            Spin(work_iterations);
+            if (!collective) continue;
+            KC_ASSIGN_OR_RETURN(std::shared_ptr<comm::Work> w,
+                                c.Allreduce(std::as_writable_bytes(std::span(&tiny, 1)), 1,
+                                            hal::DataType::kF32, comm::ReduceOp::kSum));
+            KC_RETURN_IF_ERROR(w->Wait());
+          }
+          return Seconds(std::chrono::steady_clock::now() - start).count();
+        };
+        KC_ASSIGN_OR_RETURN(const double alone, phase(false));
+        KC_ASSIGN_OR_RETURN(const double together, phase(true));
+        rendezvous[static_cast<size_t>(r)] = std::max(0.0, together - alone) / options.rounds;
         return OkStatus();
       }));
   // The slowest rank's time per size: the collective is done when every rank is.
@@ -466,10 +503,12 @@ Result<LinkCalibration> MeasureLinks(const LinkCalibrationOptions& options) {
     for (const std::vector<double>& rank : seconds) t = std::max(t, rank[i]);
     out.allreduce.emplace_back(static_cast<double>(options.sizes_bytes[i]), t);
   }
-  // time = a + c * bytes: c = 2(k-1)/(k BW), a = 2(k-1) latency.
+  // time = a + c * bytes: c = 2(k-1)/(k BW), a = 2(k-1) latency; the rendezvous' cost is
+  // the ring's 2(k-1) steps when it is the larger.
   const Line line = FitLine(out.allreduce);
   if (line.c > 0) out.bandwidth = 2.0 * (k - 1) / (k * line.c);
-  out.latency = std::max(0.0, line.a) / (2.0 * (k - 1));
+  for (double x : rendezvous) out.rendezvous_s = std::max(out.rendezvous_s, x);
+  out.latency = std::max(std::max(0.0, line.a), out.rendezvous_s) / (2.0 * (k - 1));
   return out;
 }
 

@@ -84,20 +84,28 @@ struct LinkCalibrationOptions {
   std::vector<std::vector<int>> device_cpus;
   std::vector<int64_t> sizes_bytes = {64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20};
   int repetitions = 5;  // timed all-reduces per size, after one untimed; the median is kept
+  // Rounds of the rendezvous probe: every rank computes for about `work_seconds`, then
+  // all-reduces a few bytes, as tensor-parallel ranks do between their products.
+  int rounds = 20;
+  double work_seconds = 2e-3;
 };
 
 // The engine's all-reduce between ranks of this host, through the communicator the trainer
 // uses (shared memory), fitted to the cost model's ring: time = 2(k-1)/k * bytes / bandwidth
-// + 2(k-1) * latency over the k ranks.
+// + 2(k-1) * latency over the k ranks. The latency is the larger of the fit's and what a
+// collective costs between ranks that compute in between (rendezvous): there the ranks reach
+// it at different times, and with more ranks than cores a peer may be descheduled.
 struct LinkCalibration {
   std::vector<std::pair<double, double>> allreduce;  // (bytes, median seconds), every size
   double bandwidth = 0;                              // bytes/s; 0 with fewer than two ranks
   double latency = 0;                                // seconds per ring step
+  double rendezvous_s = 0;  // a small all-reduce's cost between computing ranks
 };
 
-// Times an all-reduce of every size over every rank at once. kInvalidArgument for no sizes
-// or a size below 4 bytes; the communicator's errors otherwise. With one rank: nothing
-// measured (bandwidth and latency 0). Takes about a second.
+// Times an all-reduce of every size over every rank at once, and the rendezvous: rounds of
+// work and a 4-byte all-reduce against the same work alone, every rank at once.
+// kInvalidArgument for no sizes, a size below 4 bytes, or no rounds; the communicator's
+// errors otherwise. With one rank: nothing measured (everything 0). Takes about a second.
 Result<LinkCalibration> MeasureLinks(const LinkCalibrationOptions& options);
 
 struct OverlapCalibrationOptions {

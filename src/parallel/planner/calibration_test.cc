@@ -95,13 +95,18 @@ TEST(MeasureComputeTest, TimesEveryTensorParallelSizeWithItsPassShares) {
 }
 
 TEST(MeasureLinksTest, FitsTheRingToTheEnginesAllReduce) {
-  Result<LinkCalibration> links =
-      MeasureLinks({.device_cpus = {{}, {}}, .sizes_bytes = {4096, 65536}, .repetitions = 2});
+  Result<LinkCalibration> links = MeasureLinks({.device_cpus = {{}, {}},
+                                                .sizes_bytes = {4096, 65536},
+                                                .repetitions = 2,
+                                                .rounds = 3,
+                                                .work_seconds = 1e-4});
   ASSERT_TRUE(links.ok()) << links.status();
   ASSERT_EQ(links->allreduce.size(), 2u);
   EXPECT_EQ(links->allreduce[0].first, 4096);
   EXPECT_GT(links->allreduce[0].second, 0);
   EXPECT_GE(links->latency, 0);
+  EXPECT_GE(links->rendezvous_s, 0);
+  EXPECT_GE(links->latency * 2, links->rendezvous_s);  // the ring's 2(k-1) steps cover it
   // One rank has no link to measure; a size under one float is refused.
   Result<LinkCalibration> one = MeasureLinks({.device_cpus = {{}}});
   ASSERT_TRUE(one.ok()) << one.status();
