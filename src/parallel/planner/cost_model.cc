@@ -276,16 +276,23 @@ Result<PlanEstimate> EstimatePlan(const ModelSpec& spec, const ParallelPlan& pla
   }
 
   // Tensor parallelism (Shoeybi et al. 2019): two all-reduces of b*s*h forward and two
-  // backward per layer, two more when the forward is recomputed; on the critical path.
+  // backward per layer, two more when the forward is recomputed; on the critical path. The
+  // vocabulary-parallel embeddings and head add, per micro-batch, one of b*s*h each way (the
+  // embeddings' output, the head's input gradient) and two of per-token fp32 statistics for
+  // the loss (b*s maxima, then 2*b*s sums and target logits), counted on every device.
   const double tp_message = sbh * o.activation_bytes;
   const int tp_collectives = 4 + (plan.recompute ? 2 : 0);
   e.tp.size = plan.t;
   e.tp.link = GroupLink(plan.t, plan.t, cluster.devices_per_node);
   if (plan.t > 1) {
-    const double count = m * layers_per_device * tp_collectives;
-    e.tp.bytes_per_step = count * 2 * (t - 1) / t * tp_message;
-    e.tp.time_s = count * RingAllReduceSeconds(plan.t, tp_message, Bandwidth(e.tp.link, cluster),
-                                               Latency(e.tp.link, cluster));
+    const double bw = Bandwidth(e.tp.link, cluster);
+    const double lat = Latency(e.tp.link, cluster);
+    const double count = m * (layers_per_device * tp_collectives + 2);
+    const double stats = 4 * static_cast<double>(plan.micro_batch_size * spec.seq_len);
+    e.tp.bytes_per_step = 2 * (t - 1) / t * (count * tp_message + m * 3 * stats);
+    e.tp.time_s = count * RingAllReduceSeconds(plan.t, tp_message, bw, lat) +
+                  m * (RingAllReduceSeconds(plan.t, stats, bw, lat) +
+                       RingAllReduceSeconds(plan.t, 2 * stats, bw, lat));
     e.tp.exposed_s = e.tp.time_s;
   }
 

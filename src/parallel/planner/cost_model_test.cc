@@ -204,9 +204,12 @@ TEST(CostModelTest, GroupTrafficAndLinks) {
   EXPECT_EQ(e->dp.link, Link::kInterNode);  // t*d = 8 > 4
   EXPECT_EQ(e->pp.link, Link::kInterNode);
   const double sbh = 32 * 64;
-  // TP: m * l/p * 4 all-reduces of 2*sbh bytes, each 2(t-1)/t of it sent.
-  EXPECT_DOUBLE_EQ(e->tp.bytes_per_step, 4 * 1 * 4 * (2 * 0.5 * 2 * sbh));
-  EXPECT_DOUBLE_EQ(e->tp.time_s, 4 * 1 * 4 * (2 * 0.5 * 2 * sbh / 100e9));
+  // TP: per micro-batch (m = 4), l/p = 1 layer of 4 all-reduces of 2*sbh bytes, 2 more for
+  // the embeddings and the head, and the loss's statistics: b*s fp32 maxima, then 2*b*s
+  // sums; each 2(t-1)/t of it sent.
+  const double tp_bytes = 4 * ((1 * 4 + 2) * 2 * sbh + 32 * 4 + 2 * 32 * 4);
+  EXPECT_DOUBLE_EQ(e->tp.bytes_per_step, 2 * 0.5 * tp_bytes);
+  EXPECT_DOUBLE_EQ(e->tp.time_s, 2 * 0.5 * tp_bytes / 100e9);
   EXPECT_DOUBLE_EQ(e->tp.exposed_s, e->tp.time_s);
   // PP: 2 sends per micro-batch of 2*sbh/t (scatter/gather).
   EXPECT_DOUBLE_EQ(e->pp.bytes_per_step, 2 * 4 * (2 * sbh / 2));
