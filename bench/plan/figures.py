@@ -122,6 +122,7 @@ def measured_step_s(metrics: Path, warmup: int) -> float:
 def machine(kc: str, model: str, ranks: int, args, data: str, tmp: Path) -> dict:
     name = Path(model).stem
     print(f"== {name}, {ranks} ranks, global batch {args.batch} ({load()})")
+    load_before = os.getloadavg()[0]
     cal = json.loads(run([kc, "plan", model, "--calibrate", "--devices", str(ranks), "--batch",
                           str(args.batch), "--json", "--save",
                           str(tmp / f"cal-{name}-{ranks}.json")]).stdout)
@@ -152,7 +153,8 @@ def machine(kc: str, model: str, ranks: int, args, data: str, tmp: Path) -> dict
               f"{r['measured_s'] * 1e3:8.1f} ms  error {r['error'] * 100:+6.1f}%{mark}")
     chosen = rows[0]["measured_s"]
     print(f"  chosen plan {chosen / fastest - 1:+.1%} against the fastest measured ({load()})\n")
-    return {"rows": rows, "chosen_vs_fastest": chosen / fastest - 1}
+    return {"rows": rows, "chosen_vs_fastest": chosen / fastest - 1,
+            "load_average": [load_before, os.getloadavg()[0]]}
 
 
 def main() -> int:
@@ -172,7 +174,8 @@ def main() -> int:
     args = ap.parse_args()
     if not os.access(args.kc, os.X_OK):
         sys.exit(f"figures: no kc at {args.kc}; build it with cmake --workflow --preset release")
-    out, ok = {}, True
+    out, ok = {"command": " ".join(["bench/plan/figures.py"] + sys.argv[1:]),
+               "cores": os.cpu_count()}, True
     if not args.skip_published:
         out["published"] = published(args.kc, Path(args.cases))
         ok = ok and out["published"]["pass"]
@@ -196,7 +199,8 @@ def main() -> int:
               f"{sum(chosen_ok)} of {len(results)} model/rank sets")
         out["machine"] = {"rows": rows, "sets": [
             {"model": res["rows"][0]["model"], "ranks": res["rows"][0]["ranks"],
-             "chosen_vs_fastest": res["chosen_vs_fastest"]} for res in results]}
+             "chosen_vs_fastest": res["chosen_vs_fastest"],
+             "load_average": res["load_average"]} for res in results]}
         ok = ok and len(within) == len(rows) and all(chosen_ok)
     print(f"\n{'PASS' if ok else 'FAIL'} ({load()})")
     if args.json:
