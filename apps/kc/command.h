@@ -13,6 +13,9 @@ namespace kc::app {
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;   // the command ran and failed
 inline constexpr int kExitBadInput = 2;  // bad arguments or configuration; nothing was done
+// `kc plan --approval-limits`: the chosen plan is past a limit and needs a resource admin's
+// approval; it was reported, not written.
+inline constexpr int kExitNeedsApproval = 3;
 
 // A parsed subcommand, run after the global settings are loaded. Returns the exit code.
 using Action = std::function<int()>;

@@ -11,6 +11,7 @@
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "hal/cpu_devices.h"
@@ -22,6 +23,7 @@
 #include "parallel/planner/calibration.h"
 #include "parallel/planner/cases.h"
 #include "parallel/planner/cost_model.h"
+#include "parallel/planner/hetero.h"
 
 namespace kc::app {
 namespace {
@@ -173,20 +175,99 @@ void PrintEstimate(std::ostream& os, const pl::PlanEstimate& e) {
   }
 }
 
+json DeviceEstimateJson(const pl::DeviceEstimate& e) {
+  json stages = json::array();
+  for (const pl::StageEstimate& s : e.stages) {
+    stages.push_back({{"layers", s.layers},
+                      {"device_model", s.device_model},
+                      {"micro_batch_s", s.micro_batch_s},
+                      {"tp_link_bandwidth", s.tp_link_bandwidth},
+                      {"dp_link_bandwidth", s.dp_link_bandwidth},
+                      {"dp_exposed_s", s.dp_exposed_s},
+                      {"optimizer_s", s.optimizer_s},
+                      {"memory_bytes", s.memory_bytes},
+                      {"capacity", s.capacity}});
+  }
+  return {{"step_time_s", e.step_time_s},
+          {"pipeline_s", e.pipeline_s},
+          {"tokens_per_s", e.tokens_per_s},
+          {"fits", e.fits},
+          {"stages", stages}};
+}
+
+json DevicePlanJson(const pl::DevicePlan& d) {
+  return {{"plan", PlanJson(d.plan)},
+          {"sized", DeviceEstimateJson(d.sized)},
+          {"balanced", DeviceEstimateJson(d.balanced)}};
+}
+
+// "12 A100-SXM4-80GB + 12 A100-PCIE-80GB": each stage's layers and devices.
+std::string StageLayers(const pl::DeviceEstimate& e) {
+  std::string out;
+  for (const pl::StageEstimate& s : e.stages) {
+    if (!out.empty()) out += " + ";
+    out += fmt::format("{} on {}", s.layers, s.device_model);
+  }
+  return out;
+}
+
+void PrintDevicePlans(std::ostream& os, const pl::DeviceSearchResult& r) {
+  os << "\nmixed cluster, each stage priced on its own devices and links (stages sized to them, "
+        "as Metis does):\n";
+  const pl::DevicePlan& h = r.homogeneous;
+  os << fmt::format(
+      "  the chosen plan        t={} p={} d={}: {} with the engine's split ({}), {} with its "
+      "stages sized ({})\n",
+      h.plan.t, h.plan.p, h.plan.d, Time(h.balanced.step_time_s), StageLayers(h.balanced),
+      Time(h.sized.step_time_s), StageLayers(h.sized));
+  const pl::DevicePlan& b = r.best;
+  os << fmt::format(
+      "  best on the devices    {}: {} with its stages sized ({}), {} with the engine's split\n",
+      parallel::PlanToString(b.plan), Time(b.sized.step_time_s), StageLayers(b.sized),
+      Time(b.balanced.step_time_s));
+  os << fmt::format(
+      "  gain                   {:.2f}x over the chosen plan as the engine runs it today "
+      "(the engine does not take stage sizes yet; {} plans priced)\n",
+      h.balanced.step_time_s / b.sized.step_time_s, r.evaluated);
+}
+
 // This host measured through L1 and split into `devices` CPU devices: its topology and the
-// planner's cluster of it.
+// planner's cluster of it, and the cores each device runs on. More devices than cores share
+// them as kc train's ranks do (unpinned, one thread each): the topology has a device per
+// core, and the cluster the devices with their share of each figure.
 struct MeasuredHost {
   hal::Topology topology;
   pl::PlannerCluster cluster;
+  std::vector<std::vector<int>> device_cpus;  // empty entries: unpinned
 };
 Result<MeasuredHost> MeasureLocal(const hal::HostInfo& info, int devices, bool quick) {
+  const int cores = std::max(1, info.pus);
   KC_ASSIGN_OR_RETURN(hal::HostMeasurement host, hal::MeasureHost(info, {.quick = quick}));
-  KC_ASSIGN_OR_RETURN(
-      hal::TopologySpec spec,
-      hal::MakeCpuTopologySpec(info, {.num_devices = devices, .measured = host.cpu}));
+  KC_ASSIGN_OR_RETURN(hal::TopologySpec spec,
+                      hal::MakeCpuTopologySpec(
+                          info, {.num_devices = std::min(devices, cores), .measured = host.cpu}));
   KC_ASSIGN_OR_RETURN(hal::Topology topology, hal::Topology::Build(std::move(spec)));
   KC_ASSIGN_OR_RETURN(pl::PlannerCluster cluster, pl::ClusterFromTopology(topology));
-  return MeasuredHost{std::move(topology), std::move(cluster)};
+  MeasuredHost out{std::move(topology), std::move(cluster), {}};
+  if (devices <= cores) {
+    for (int i = 0; i < out.topology.num_devices(); ++i) {
+      out.device_cpus.push_back(out.topology.device(i).cpus);
+    }
+    return out;
+  }
+  const double share = static_cast<double>(cores) / devices;
+  pl::ClusterSpec& c = out.cluster.spec;
+  c.devices = devices;
+  c.devices_per_node = devices;
+  c.peak_flops *= share;
+  c.memory_bytes *= share;
+  c.memory_bandwidth *= share;
+  c.oversubscription = 1 / share;
+  out.device_cpus.assign(static_cast<size_t>(devices), {});
+  out.cluster.notes.push_back(
+      fmt::format("{} devices share {} cores, as kc train's ranks do: each gets {:.2f} of a core",
+                  devices, cores, share));
+  return out;
 }
 
 // A calibration as the planner's cluster: this host's CPU slices, fp32, its measured constants.
@@ -197,6 +278,7 @@ pl::PlannerCluster FromCalibration(const pl::Calibration& c, const std::string& 
   out.name = c.host;
   out.device_model = fmt::format("{}-core CPU slice", c.cpus_per_device);
   out.fp32 = true;
+  out.spec.device = hal::DeviceKind::kCpu;
   if (c.model != model) {
     out.notes.push_back(
         fmt::format("calibrated with model {}: its kernel efficiencies stand in "
@@ -207,8 +289,10 @@ pl::PlannerCluster FromCalibration(const pl::Calibration& c, const std::string& 
 }
 
 // The cluster named by --cluster: an inventory (YAML), a calibration (JSON), or "local".
+// An inventory's topology is kept in *topology (for a mixed cluster's per-device prices).
 Result<pl::PlannerCluster> LoadCluster(const std::string& name, int local_devices,
-                                       const std::string& model, std::string* source) {
+                                       const std::string& model, std::string* source,
+                                       std::optional<hal::Topology>* topology) {
   if (name == "local") {
     KC_ASSIGN_OR_RETURN(LocalCluster local, ProbeLocalCluster(local_devices, model,
                                                               UserConfigPath("calibration.json")));
@@ -226,9 +310,10 @@ Result<pl::PlannerCluster> LoadCluster(const std::string& name, int local_device
     return FromCalibration(c, model);
   }
   KC_ASSIGN_OR_RETURN(hal::TopologySpec spec, hal::LoadInventory(name));
-  KC_ASSIGN_OR_RETURN(hal::Topology topology, hal::Topology::Build(std::move(spec)));
+  KC_ASSIGN_OR_RETURN(hal::Topology built, hal::Topology::Build(std::move(spec)));
   *source = "inventory " + name;
-  return pl::ClusterFromTopology(topology);
+  topology->emplace(std::move(built));
+  return pl::ClusterFromTopology(**topology);
 }
 
 int Fail(const Status& s) {
@@ -249,23 +334,16 @@ int RunPlan(const PlanArgs& a) {
     limits = *l;
   }
   std::string source;
+  std::optional<hal::Topology> topology;
   Result<pl::PlannerCluster> cluster =
-      LoadCluster(a.cluster, a.devices > 0 ? a.devices : 0, spec->name, &source);
+      LoadCluster(a.cluster, a.devices > 0 ? a.devices : 0, spec->name, &source, &topology);
   if (!cluster.ok()) return Fail(cluster.status());
-  // Real devices (this machine, its calibration, a probed topology) get only the plans the
-  // engine runs; a simulated cluster is planned for what the engine will run.
   const bool local = !cluster->simulated;
-  pl::SearchConstraints constraints = local ? EngineConstraints() : pl::SearchConstraints{};
-  if (a.fixed_t > 0) constraints.fixed_t = a.fixed_t;
-  if (a.max_p > 0) constraints.max_p = a.max_p;
+  pl::SearchConstraints constraints;
+  constraints.fixed_t = a.fixed_t;
+  constraints.max_p = a.max_p;
   constraints.memory_headroom = a.headroom;
   constraints.max_micro_batch_size = a.max_micro_batch_size;
-  if (local && (constraints.fixed_t > 1 || constraints.max_p > 1)) {
-    return Fail(InvalidArgumentError(
-        "--fixed-t/--max-p: on real devices the planner keeps to data-parallel plans (its "
-        "calibration times whole layers; a tensor-parallel or pipeline plan you may give kc "
-        "train --plan yourself); plan a simulated cluster with --cluster INVENTORY.yaml"));
-  }
   const int n = cluster->spec.devices;
   const int64_t batch = a.batch > 0 ? a.batch : spec->batch_per_rank * n;
   Result<pl::SearchResult> found =
@@ -282,11 +360,29 @@ int RunPlan(const PlanArgs& a) {
   }
   const pl::RankedPlan& best = found->ranked.front();
   Result<pl::RankedPlan> baseline = pl::BaselinePlan(*spec, cluster->spec, batch, cluster->options);
+  std::optional<pl::DeviceSearchResult> on_devices;
+  if (cluster->mixed && topology.has_value()) {
+    Result<pl::DeviceSearchResult> r =
+        pl::SearchOnDevices(*spec, *topology, cluster->spec, batch, constraints, cluster->options);
+    if (r.ok()) {
+      on_devices = std::move(*r);
+    } else {
+      cluster->notes.push_back("not priced per device: " + r.status().message());
+    }
+  }
   const pl::ApprovalVerdict approval = pl::CheckApproval(best.plan, best.estimate, a.steps, limits);
-  if (!a.out.empty()) {
+  // A gate: a plan that needs approval is not written for kc train to run.
+  const bool write = !a.out.empty() && !approval.required;
+  if (write) {
     if (Status s = WriteFileAtomically(a.out, parallel::PlanToYaml(best.plan)); !s.ok()) {
       return Fail(s);
     }
+  }
+  const int exit_code = approval.required ? kExitNeedsApproval : kExitOk;
+  if (approval.required) {
+    std::cerr << "kc plan: the chosen plan needs a resource admin's approval (the limits in "
+              << a.approval_limits << ")" << (a.out.empty() ? "" : "; " + a.out + " not written")
+              << "\n";
   }
 
   if (a.json) {
@@ -329,9 +425,14 @@ int RunPlan(const PlanArgs& a) {
     } else {
       j["baseline"] = {{"error", baseline.status().message()}};
     }
-    if (!a.out.empty()) j["written"] = a.out;
+    if (on_devices) {
+      j["on_devices"] = {{"chosen", DevicePlanJson(on_devices->homogeneous)},
+                         {"best", DevicePlanJson(on_devices->best)},
+                         {"evaluated", on_devices->evaluated}};
+    }
+    if (write) j["written"] = a.out;
     std::cout << j.dump(2) << "\n";
-    return kExitOk;
+    return exit_code;
   }
 
   std::ostream& os = std::cout;
@@ -348,10 +449,6 @@ int RunPlan(const PlanArgs& a) {
       cluster->fp32 ? "fp32" : "bf16", c.memory_bytes / 1e9, c.intra_node_bandwidth / 1e9,
       c.inter_node_bandwidth / 1e9, source);
   for (const std::string& note : cluster->notes) os << "         note: " << note << "\n";
-  if (local) {
-    os << "         note: on real devices the search keeps to data-parallel plans (t=1 p=1); a "
-          "tensor-parallel or pipeline plan you may give kc train --plan yourself\n";
-  }
   os << fmt::format("batch    {} sequences x {} tokens per step{}\n\n", batch, spec->seq_len,
                     a.batch > 0 ? "" : " (batch_per_rank x devices; --batch to change)");
   os << "chosen plan: " << parallel::PlanToString(best.plan) << "\n";
@@ -393,15 +490,19 @@ int RunPlan(const PlanArgs& a) {
   } else {
     os << "\nseed's rules: " << baseline.status().message() << "\n";
   }
-  if (!a.out.empty()) {
+  if (on_devices) PrintDevicePlans(os, *on_devices);
+  if (write) {
     os << "plan written to " << a.out
        << (local ? " (kc train --plan " + a.out + ")" : std::string(" (for this cluster)")) << "\n";
   }
-  return kExitOk;
+  return exit_code;
 }
 
+// Every case of the file, each on its own: one that cannot be read or planned is reported
+// and the rest go on. Exit status: 0 when every case planned, 2 when a case is malformed, else
+// 1 when a well-formed case could not be planned.
 int RunCases(const PlanArgs& a) {
-  Result<std::vector<pl::PublishedCase>> cases = pl::LoadCases(a.cases);
+  Result<std::vector<pl::LoadedCase>> cases = pl::LoadCases(a.cases);
   if (!cases.ok()) return Fail(cases.status());
   json records = json::array();
   if (!a.json) {
@@ -409,14 +510,38 @@ int RunCases(const PlanArgs& a) {
                              "published t/p/d", "TFLOP/s", "predicted", "error", "fits",
                              "chosen plan -> predicted TFLOP/s");
   }
-  for (const pl::PublishedCase& c : *cases) {
-    Result<pl::CaseResult> r = pl::EvaluateCase(c);
-    if (!r.ok()) return Fail(r.status().WithContext(a.cases + ": case " + c.id));
+  int malformed = 0, unplanned = 0;
+  std::vector<std::string> assumed;
+  for (const pl::LoadedCase& entry : *cases) {
+    Status failed = entry.status;
+    Result<pl::CaseResult> r =
+        failed.ok() ? pl::EvaluateCase(entry.value) : Result<pl::CaseResult>(failed);
+    if (failed.ok() && !r.ok()) {
+      failed =
+          r.status().WithContext(fmt::format("{}: case {} ({})", a.cases, entry.index, entry.id));
+    }
+    if (failed.ok() && !r->chosen) failed = r->search_status;
+    if (!failed.ok()) {
+      ++(entry.status.ok() ? unplanned : malformed);
+      std::cerr << "kc plan: " << failed.message() << "\n";
+    }
+    if (!r.ok()) {
+      if (a.json) {
+        records.push_back({{"id", entry.id}, {"ok", false}, {"message", failed.message()}});
+      } else {
+        std::cout << fmt::format("{:<32} not planned: {}\n", entry.id, failed.message());
+      }
+      continue;
+    }
+    const pl::PublishedCase& c = entry.value;
+    for (const std::string& what : c.assumed) assumed.push_back(c.id + ": " + what);
     const double error = r->published.model_tflops_per_device / c.published_tflops - 1;
     if (a.json) {
       json rec = {
           {"id", c.id},
+          {"ok", failed.ok()},
           {"published", {{"plan", PlanJson(c.plan)}, {"tflops_per_device", c.published_tflops}}},
+          {"assumed", c.assumed},
           {"predicted", EstimateJson(r->published)},
           {"error", error}};
       if (r->chosen) {
@@ -424,6 +549,7 @@ int RunCases(const PlanArgs& a) {
                          {"estimate", EstimateJson(r->chosen->estimate)}};
       } else {
         rec["chosen"] = {{"error", r->search_status.message()}};
+        rec["message"] = failed.message();
       }
       records.push_back(rec);
       continue;
@@ -435,10 +561,28 @@ int RunCases(const PlanArgs& a) {
         r->chosen ? fmt::format("{} -> {:.1f}{}", parallel::PlanToString(r->chosen->plan),
                                 r->chosen->estimate.model_tflops_per_device,
                                 r->chosen->estimate.memory.fits ? "" : " (does not fit)")
-                  : r->search_status.message());
+                  : "not planned: " + r->search_status.message());
   }
-  if (a.json) std::cout << records.dump(2) << "\n";
-  return kExitOk;
+  if (a.json) {
+    std::cout << records.dump(2) << "\n";
+  } else {
+    for (const std::string& what : assumed) std::cout << "assumed  " << what << "\n";
+  }
+  if (malformed + unplanned > 0) {
+    std::cerr << fmt::format("kc plan: {} of {} cases not planned ({} malformed)\n",
+                             malformed + unplanned, cases->size(), malformed);
+  }
+  return malformed > 0 ? kExitBadInput : unplanned > 0 ? kExitFailure : kExitOk;
+}
+
+// This machine as `devices` devices: up to four per core (kc train's ranks share cores so).
+Status CheckLocalDevices(int devices, const hal::HostInfo& info) {
+  if (devices > 4 * std::max(1, info.pus)) {
+    return InvalidArgumentError(
+        fmt::format("--devices {}: more than four per core of the {} cores this process may use",
+                    devices, info.pus));
+  }
+  return OkStatus();
 }
 
 int RunCalibrate(const PlanArgs& a) {
@@ -447,14 +591,10 @@ int RunCalibrate(const PlanArgs& a) {
   Result<hal::HostInfo> info = hal::ProbeHost();
   if (!info.ok()) return Fail(info.status());
   const int devices = a.devices > 0 ? a.devices : std::max(1, info->pus);
-  if (devices > info->pus) {
-    return Fail(InvalidArgumentError(fmt::format(
-        "--devices {}: more than the {} cores this process may use", devices, info->pus)));
-  }
+  if (Status s = CheckLocalDevices(devices, *info); !s.ok()) return Fail(s);
   std::cerr << "kc plan: measuring this host through L1 (memory, sgemm, shared memory)...\n";
   Result<MeasuredHost> measured = MeasureLocal(*info, devices, a.quick);
   if (!measured.ok()) return Fail(measured.status());
-  const hal::Topology* topology = &measured->topology;
   const pl::PlannerCluster* cluster = &measured->cluster;
 
   // As in kc train's workers (train_command.cc): the large blocks OpenBLAS allocates and frees
@@ -465,22 +605,40 @@ int RunCalibrate(const PlanArgs& a) {
   pl::CalibrationOptions co;
   co.peak_flops = cluster->spec.peak_flops;
   co.repetitions = a.quick ? 2 : 3;
-  for (int i = 0; i < topology->num_devices(); ++i)
-    co.device_cpus.push_back(topology->device(i).cpus);
+  co.device_cpus = measured->device_cpus;
   const int64_t largest = std::min<int64_t>(a.max_micro_batch_size, 8);
   co.micro_batch_sizes.clear();
   for (int64_t b = 1; b <= largest; b *= 2) co.micro_batch_sizes.push_back(b);
+  // Every tensor-parallel size a plan on these devices can have: each device its 1/t share.
+  co.tensor_parallel.clear();
+  for (int64_t t : parallel::Divisors(devices)) {
+    if (spec->heads % t == 0 && spec->ffn_hidden % t == 0) {
+      co.tensor_parallel.push_back(static_cast<int>(t));
+    }
+  }
   std::cerr << fmt::format(
-      "kc plan: timing {}'s forward + backward at micro-batch {} on {} "
-      "device{} at once...\n",
-      spec->name, fmt::join(co.micro_batch_sizes, ", "), devices, devices == 1 ? "" : "s");
+      "kc plan: timing {}'s forward + backward at micro-batch {} and t {} on {} device{} at "
+      "once...\n",
+      spec->name, fmt::join(co.micro_batch_sizes, ", "), fmt::join(co.tensor_parallel, ", "),
+      devices, devices == 1 ? "" : "s");
   Result<pl::ComputeCalibration> compute = pl::MeasureCompute(*spec, co);
   if (!compute.ok()) return Fail(compute.status());
+  // The engine's all-reduce between the devices: what tensor-, pipeline- and data-parallel
+  // messages are timed with (one host: every link is this one).
+  Result<pl::LinkCalibration> links = pl::MeasureLinks({.device_cpus = co.device_cpus});
+  if (!links.ok()) return Fail(links.status());
+  // How much of the gradient all-reduce the trainer's buckets hide behind the backward, with
+  // the longest backward timed.
+  Result<pl::OverlapCalibration> overlap =
+      pl::MeasureOverlap(*spec, {.device_cpus = co.device_cpus,
+                                 .micro_batch_size = co.micro_batch_sizes.back(),
+                                 .repetitions = co.repetitions});
+  if (!overlap.ok()) return Fail(overlap.status());
 
   pl::Calibration cal;
   cal.host = info->hostname;
   cal.model = spec->name;
-  cal.cpus_per_device = static_cast<int>(topology->device(0).cpus.size());
+  cal.cpus_per_device = static_cast<int>(measured->topology.device(0).cpus.size());
   cal.cluster = cluster->spec;
   cal.options = cluster->options;
   cal.options.matmul_efficiency = compute->fit.matmul_efficiency;
@@ -491,6 +649,14 @@ int RunCalibrate(const PlanArgs& a) {
     cal.options.optimizer_step_bytes =
         compute->optimizer_seconds * cal.cluster.memory_bandwidth / params;
   }
+  cal.options.measured_passes = pl::PassTable(compute->points);
+  if (devices > 1) cal.options.dp_overlap_fraction = overlap->fraction;
+  if (links->bandwidth > 0) {
+    cal.cluster.intra_node_bandwidth = links->bandwidth;
+    cal.cluster.intra_node_latency = links->latency;
+    cal.cluster.inter_node_bandwidth = links->bandwidth;
+    cal.cluster.inter_node_latency = links->latency;
+  }
   cal.points = compute->points;
   const std::string save = a.save.empty() ? UserConfigPath("calibration.json") : a.save;
   if (!a.no_save) {
@@ -499,7 +665,7 @@ int RunCalibrate(const PlanArgs& a) {
 
   // The predictions: every plan kc train runs for this batch on these devices.
   const int64_t batch = a.batch > 0 ? a.batch : spec->batch_per_rank * devices;
-  pl::SearchConstraints constraints = EngineConstraints();
+  pl::SearchConstraints constraints;
   constraints.max_micro_batch_size = a.max_micro_batch_size;
   Result<pl::SearchResult> found =
       pl::SearchPlans(*spec, cal.cluster, batch, constraints, cal.options, 1000);
@@ -512,8 +678,16 @@ int RunCalibrate(const PlanArgs& a) {
               {"cpus_per_device", cal.cpus_per_device},
               {"peak_flops_per_device", cal.cluster.peak_flops},
               {"memory_bandwidth_per_device", cal.cluster.memory_bandwidth},
+              {"oversubscription", cal.cluster.oversubscription},
               {"shm_bandwidth", cal.cluster.intra_node_bandwidth},
               {"shm_latency", cal.cluster.intra_node_latency},
+              {"allreduce", links->allreduce},
+              {"rendezvous_s", links->rendezvous_s},
+              {"dp_overlap",
+               {{"backward_s", overlap->backward_s},
+                {"allreduce_s", overlap->allreduce_s},
+                {"together_s", overlap->together_s},
+                {"fraction", overlap->fraction}}},
               {"matmul_efficiency", cal.options.matmul_efficiency},
               {"efficiency_half_size", cal.options.efficiency_half_size},
               {"optimizer_seconds", compute->optimizer_seconds},
@@ -523,8 +697,12 @@ int RunCalibrate(const PlanArgs& a) {
               {"predictions", json::array()}};
     for (const pl::EfficiencyPoint& p : cal.points) {
       j["points"].push_back({{"micro_batch_size", p.micro_batch_size},
+                             {"t", p.t},
                              {"seconds", p.seconds},
-                             {"efficiency", p.efficiency}});
+                             {"efficiency", p.efficiency},
+                             {"forward_share", p.forward_share},
+                             {"weight_share", p.weight_share},
+                             {"block_seconds", p.block_seconds}});
     }
     for (const pl::RankedPlan& r : found->ranked) {
       j["predictions"].push_back({{"plan", PlanJson(r.plan)},
@@ -540,14 +718,27 @@ int RunCalibrate(const PlanArgs& a) {
                     devices == 1 ? "" : "s", cal.cpus_per_device,
                     cal.cpus_per_device == 1 ? "" : "s");
   os << fmt::format(
-      "peak     {:.1f} GFLOP/s fp32 per device (sgemm), memory {:.1f} GB/s, shared "
-      "memory {:.2f} GB/s, {:.1f} us\n",
+      "peak     {:.1f} GFLOP/s fp32 per device (sgemm), memory {:.1f} GB/s; all-reduce "
+      "between the devices {:.2f} GB/s, {:.1f} us per ring step (a collective between "
+      "computing devices: {})\n",
       cal.cluster.peak_flops / 1e9, cal.cluster.memory_bandwidth / 1e9,
-      cal.cluster.intra_node_bandwidth / 1e9, cal.cluster.intra_node_latency * 1e6);
+      cal.cluster.intra_node_bandwidth / 1e9, cal.cluster.intra_node_latency * 1e6,
+      Time(links->rendezvous_s));
+  for (const std::string& note : cluster->notes) os << "         note: " << note << "\n";
+  if (devices > 1) {
+    os << fmt::format(
+        "overlap  the gradient buckets hide {:.0f}% of the all-reduce behind the backward "
+        "(backward {}, all-reduce {}, together {})\n",
+        overlap->fraction * 100, Time(overlap->backward_s), Time(overlap->allreduce_s),
+        Time(overlap->together_s));
+  }
   os << fmt::format("model    {} forward + backward, every device at once:\n", cal.model);
   for (const pl::EfficiencyPoint& p : cal.points) {
-    os << fmt::format("  micro-batch {:>2}: {:>9} per micro-batch, {:5.1f}% of peak\n",
-                      p.micro_batch_size, Time(p.seconds), p.efficiency * 100);
+    os << fmt::format(
+        "  t={} micro-batch {:>2}: {:>9} per micro-batch, {:5.1f}% of peak; forward {:.0f}%, "
+        "weight pass {:.0f}%, one block {}\n",
+        p.t, p.micro_batch_size, Time(p.seconds), p.efficiency * 100, p.forward_share * 100,
+        p.weight_share * 100, p.block_seconds > 0 ? Time(p.block_seconds) : "-");
   }
   os << fmt::format(
       "fit      efficiency = {:.3f} * size / (size + {:.0f}), size = b * seq * "
@@ -573,19 +764,11 @@ int RunCalibrate(const PlanArgs& a) {
 
 }  // namespace
 
-pl::SearchConstraints EngineConstraints() {
-  pl::SearchConstraints c;
-  c.fixed_t = 1;
-  c.max_p = 1;
-  c.allow_recompute = false;
-  c.max_zero_stage = 1;
-  return c;
-}
-
 Result<LocalCluster> ProbeLocalCluster(int devices, const std::string& model,
                                        const std::string& calibration_path) {
   KC_ASSIGN_OR_RETURN(hal::HostInfo info, hal::ProbeHost());
   if (devices <= 0) devices = std::max(1, info.pus);
+  KC_RETURN_IF_ERROR(CheckLocalDevices(devices, info));
   if (fs::exists(calibration_path)) {
     KC_ASSIGN_OR_RETURN(pl::Calibration c, pl::LoadCalibration(calibration_path));
     if (c.cluster.devices == devices) {

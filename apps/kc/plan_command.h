@@ -17,11 +17,6 @@ namespace kc::app {
 // Registers `plan` on `app`; the parsed command is stored in *action.
 void AddPlanCommand(CLI::App& app, Action* action);
 
-// What the planner offers for real devices: data-parallel plans with micro-batches and ZeRO-1
-// (no recompute). kc train also runs pipelines with every schedule, but the search keeps to
-// these until it can leave out the schedules the trainer does not run yet.
-parallel::planner::SearchConstraints EngineConstraints();
-
 // This machine as `devices` CPU devices (its cores split evenly; 0: one per core): the
 // calibration file (`kc plan --calibrate`) when there is one for that many devices (a note
 // says so when it was measured with another model than `model`), else a quick measurement

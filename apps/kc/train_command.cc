@@ -49,6 +49,7 @@
 #include "hal/host_probe.h"
 #include "hal/measure.h"
 #include "parallel/data/loader.h"
+#include "parallel/engine_support.h"
 #include "parallel/model_spec.h"
 #include "parallel/plan.h"
 #include "parallel/precision.h"
@@ -200,10 +201,11 @@ Result<Plan> Check(TrainArgs* args) {
   Plan p;
   // The plan, if any, decides the rank count when --ranks does not.
   parallel::ParallelPlan plan;
+  parallel::PlanKeys stated;
   if (!args->plan.empty()) {
     Result<parallel::ParallelPlan> r = fs::is_regular_file(args->plan)
-                                           ? parallel::LoadPlan(args->plan)
-                                           : parallel::ParsePlanFlag(args->plan);
+                                           ? parallel::LoadPlan(args->plan, &stated)
+                                           : parallel::ParsePlanFlag(args->plan, &stated);
     KC_RETURN_IF_ERROR(r.status());
     plan = *r;
     if (args->ranks == 0) args->ranks = plan.world();
@@ -298,7 +300,12 @@ Result<Plan> Check(TrainArgs* args) {
   }
   KC_ASSIGN_OR_RETURN(p.spec, parallel::LoadModelSpec(a.config));
   if (!a.plan.empty()) {
-    const int64_t global = a.global_batch != 0 ? a.global_batch : plan.global_batch();
+    // A plan that states its micro-batch size says the global batch; else it is the one
+    // without a plan (--global-batch, or batch_per_rank per rank) and the plan follows it.
+    const int64_t global = a.global_batch != 0       ? a.global_batch
+                           : stated.micro_batch_size ? plan.global_batch()
+                                                     : p.spec.batch_per_rank * a.ranks;
+    plan = parallel::FillBatchDefaults(plan, stated, global);
     KC_RETURN_IF_ERROR(
         parallel::ValidatePlan(plan, p.spec, a.ranks, global).WithContext("--plan " + a.plan));
     if (plan.p > 1 && !a.export_dir.empty()) {
@@ -312,14 +319,9 @@ Result<Plan> Check(TrainArgs* args) {
     p.pipeline_stages = plan.p;
     p.schedule = plan.schedule;
     p.virtual_stages = plan.v;
-    if (plan.zero_stage > 1) {
-      return UnimplementedError("--plan " + a.plan + ": zero_stage above 1 is not built yet");
-    }
-    if (plan.recompute && plan.p > 1 && plan.schedule == parallel::Schedule::kZeroBubbleH1) {
-      return UnimplementedError("--plan " + a.plan +
-                                ": recompute with zb-h1 is not built yet (the weight passes "
-                                "need the activations recompute drops)");
-    }
+    KC_RETURN_IF_ERROR(
+        parallel::EngineSupports(plan, p.cuda ? hal::DeviceKind::kCuda : hal::DeviceKind::kCpu)
+            .WithContext("--plan " + a.plan));
     p.recompute = plan.recompute;
     p.spec.batch_per_rank = plan.micro_batch_size;
     p.micro_batches = plan.micro_batches;
@@ -1403,8 +1405,8 @@ Result<double> ResolveAutoPlan(TrainArgs* args) {
   const int64_t batch = a.global_batch != 0 ? a.global_batch : spec.batch_per_rank * a.ranks;
   KC_ASSIGN_OR_RETURN(LocalCluster local,
                       ProbeLocalCluster(a.ranks, spec.name, UserConfigPath("calibration.json")));
-  Result<parallel::planner::SearchResult> found = parallel::planner::SearchPlans(
-      spec, local.cluster.spec, batch, EngineConstraints(), local.cluster.options, 1);
+  Result<parallel::planner::SearchResult> found =
+      parallel::planner::SearchPlans(spec, local.cluster.spec, batch, {}, local.cluster.options, 1);
   KC_RETURN_IF_ERROR(found.status().WithContext("--plan auto"));
   const parallel::planner::RankedPlan& best = found->ranked.front();
   std::string flag = parallel::PlanToString(best.plan);

@@ -263,8 +263,9 @@ struct Dispatcher::Impl {
     return OkStatus();
   }
 
-  // The planner's plan for job `j` on its devices (data-parallel, as the engine runs on CPU
-  // slices), with its estimates, checked against the approval limits.
+  // The planner's plan for job `j` on its devices (data-parallel: the ranks of a job share one
+  // host's CPU slices), among those the engine runs (the search asks EngineSupports), with its
+  // estimates, checked against the approval limits.
   PlanRecord PlanJob(const JobRecord& j, const JobSpec& spec) const {
     namespace pl = parallel::planner;
     PlanRecord rec{.job = j.id};
@@ -280,8 +281,6 @@ struct Dispatcher::Impl {
     pl::SearchConstraints c;
     c.fixed_t = 1;
     c.max_p = 1;
-    c.allow_recompute = false;
-    c.max_zero_stage = 1;
     const int64_t batch =
         spec.global_batch > 0 ? spec.global_batch : model->batch_per_rank * spec.ranks;
     Result<pl::SearchResult> found =

@@ -14,8 +14,12 @@ namespace {
 
 constexpr double kMaxWays = 1 << 20;  // any of t, p, d, v: far beyond a real cluster
 
-Result<ParallelPlan> ParsePlan(config::Document doc) {
+Result<ParallelPlan> ParsePlan(config::Document doc, PlanKeys* stated) {
   config::Map root = doc.root();
+  if (stated != nullptr) {
+    stated->micro_batch_size = root.Has("micro_batch_size");
+    stated->micro_batches = root.Has("micro_batches");
+  }
   ParallelPlan plan;
   const ParallelPlan d;
   plan.t = static_cast<int>(root.OptionalInt("t", d.t, {.min = 1, .max = kMaxWays}));
@@ -69,18 +73,19 @@ std::string_view ScheduleName(Schedule s) {
   return "unknown";
 }
 
-Result<ParallelPlan> LoadPlan(const std::string& path) {
+Result<ParallelPlan> LoadPlan(const std::string& path, PlanKeys* stated) {
   KC_ASSIGN_OR_RETURN(config::Document doc, config::Document::LoadFile(path));
-  return ParsePlan(std::move(doc));
+  return ParsePlan(std::move(doc), stated);
 }
 
-Result<ParallelPlan> LoadPlanFromString(std::string_view text, std::string display_name) {
+Result<ParallelPlan> LoadPlanFromString(std::string_view text, std::string display_name,
+                                        PlanKeys* stated) {
   KC_ASSIGN_OR_RETURN(config::Document doc,
                       config::Document::LoadString(text, std::move(display_name)));
-  return ParsePlan(std::move(doc));
+  return ParsePlan(std::move(doc), stated);
 }
 
-Result<ParallelPlan> ParsePlanFlag(std::string_view text) {
+Result<ParallelPlan> ParsePlanFlag(std::string_view text, PlanKeys* stated) {
   // key=value,key=value becomes the YAML flow map {key: value, key: value}, so the flag and
   // the file share one reader and its errors.
   // Pairs are separated by commas or spaces, so PlanToString's line reads back as it is.
@@ -105,7 +110,43 @@ Result<ParallelPlan> ParsePlanFlag(std::string_view text) {
     start = comma + 1;
   }
   yaml += "}";
-  return LoadPlanFromString(yaml, "--plan");
+  return LoadPlanFromString(yaml, "--plan", stated);
+}
+
+ParallelPlan FillBatchDefaults(ParallelPlan plan, PlanKeys stated, int64_t global_batch) {
+  if ((stated.micro_batch_size && stated.micro_batches) || plan.d < 1 || global_batch < 1 ||
+      global_batch % plan.d != 0) {
+    return plan;
+  }
+  const int64_t share = global_batch / plan.d;
+  if (stated.micro_batches) {
+    if (plan.micro_batches >= 1 && share % plan.micro_batches == 0) {
+      plan.micro_batch_size = share / plan.micro_batches;
+    }
+    return plan;
+  }
+  if (stated.micro_batch_size) {
+    if (plan.micro_batch_size >= 1 && share % plan.micro_batch_size == 0) {
+      plan.micro_batches = share / plan.micro_batch_size;
+    }
+    return plan;
+  }
+  int64_t m = 1;
+  if (plan.p > 1) {
+    // 2p-4p micro-batches keep the bubble small (plans.md, "Choosing m"); fewer than p
+    // leave a stage idle in 1F1B's steady state.
+    auto fits = [&](int64_t x) {
+      return x >= plan.p && (plan.schedule != Schedule::kInterleaved || x % plan.p == 0);
+    };
+    m = 0;
+    for (int64_t x : Divisors(share)) {
+      if (fits(x) && (x <= 4 * plan.p || m == 0)) m = x;
+    }
+    if (m == 0) return plan;
+  }
+  plan.micro_batches = m;
+  plan.micro_batch_size = share / m;
+  return plan;
 }
 
 std::string PlanToString(const ParallelPlan& plan) {
@@ -163,10 +204,11 @@ Status ValidatePlan(const ParallelPlan& plan, const ModelSpec& spec, int world_s
                               plan.d, plan.world(), world_size),
                   fix);
   }
+  // Every t the model splits by (the rank count follows the plan's t*p*d).
   auto divisors_of_both = [&] {
     std::vector<int64_t> ok;
     for (int64_t x : Divisors(spec.heads)) {
-      if (spec.ffn_hidden % x == 0 && x <= world_size) ok.push_back(x);
+      if (spec.ffn_hidden % x == 0) ok.push_back(x);
     }
     return ok;
   };

@@ -40,17 +40,37 @@ struct ParallelPlan {
   friend bool operator==(const ParallelPlan&, const ParallelPlan&) = default;
 };
 
+// Which of the batch keys a plan file or flag stated; the ones left out follow the global
+// batch (FillBatchDefaults).
+struct PlanKeys {
+  bool micro_batch_size = false;
+  bool micro_batches = false;
+};
+
 // Reads a plan file (YAML; keys t, p, d, micro_batch_size, micro_batches, schedule, v,
 // recompute, zero_stage; all optional but one per file at least). kNotFound for a missing
 // file; kInvalidArgument as "FILE:LINE: key: what" for an unknown key, a wrong type or an
-// out-of-range value. Does not check the plan against a model: see ValidatePlan.
-Result<ParallelPlan> LoadPlan(const std::string& path);
+// out-of-range value. Does not check the plan against a model: see ValidatePlan. `stated`,
+// when given, says which batch keys the file has.
+Result<ParallelPlan> LoadPlan(const std::string& path, PlanKeys* stated = nullptr);
 // The same for YAML text in memory; `display_name` stands for the file in errors.
-Result<ParallelPlan> LoadPlanFromString(std::string_view text, std::string display_name);
+Result<ParallelPlan> LoadPlanFromString(std::string_view text, std::string display_name,
+                                        PlanKeys* stated = nullptr);
 // The command-line form, "t=2,p=2,d=1,micro_batches=8,schedule=1f1b": key=value pairs with
 // the file's keys, separated by commas or spaces (PlanToString's line reads back as it is).
 // Errors name "--plan" and the key.
-Result<ParallelPlan> ParsePlanFlag(std::string_view text);
+Result<ParallelPlan> ParsePlanFlag(std::string_view text, PlanKeys* stated = nullptr);
+
+// `plan` with the batch keys it did not state taken from a global batch of `global_batch`
+// sequences, each of the d replicas taking global_batch / d of them:
+//   micro_batches stated: micro_batch_size = the replica's share / micro_batches;
+//   micro_batch_size stated: micro_batches = the share / micro_batch_size;
+//   neither: without a pipeline one micro-batch of the whole share; with p stages the largest
+//     count of micro-batches in [p, 4p] that divides the share (a multiple of p when
+//     interleaved), else the smallest above that does, and the size that makes the share.
+// A key that cannot be made to fit (d or the stated key does not divide) keeps its value, for
+// ValidatePlan to say what would. Both stated: `plan` as it is.
+ParallelPlan FillBatchDefaults(ParallelPlan plan, PlanKeys stated, int64_t global_batch);
 
 // One line, "t=2 p=2 d=1 micro_batch_size=4 micro_batches=8 schedule=1f1b v=1
 // recompute=false zero_stage=0"; ParsePlanFlag reads it back.

@@ -105,7 +105,12 @@ TEST(PlanTest, EveryRuleSaysWhatWouldWork) {
   t4.t = 4;
   t4.p = 1;
   EXPECT_THAT(Rejected(t4, m, 4, 0),
-              HasSubstr("t=4 does not divide the 6 heads of model m; t in 1, 2 or 3 works"));
+              HasSubstr("t=4 does not divide the 6 heads of model m; t in 1, 2, 3 or 6 works"));
+  // Every t that works is listed, above the rank count too (the ranks follow the plan).
+  ParallelPlan t3 = t4;
+  t3.t = 3;
+  EXPECT_THAT(Rejected(t3, Model(6, 4), 3, 0),
+              HasSubstr("t=3 does not divide the 4 heads of model m; t in 1, 2 or 4 works"));
   ModelSpec odd_ffn = Model(6, 4);
   odd_ffn.ffn_hidden = 1538;
   EXPECT_THAT(Rejected(t4, odd_ffn, 4, 0), HasSubstr("does not divide ffn_hidden 1538"));
@@ -152,6 +157,59 @@ TEST(PlanTest, Divisors) {
   EXPECT_EQ(Divisors(12), (std::vector<int64_t>{1, 2, 3, 4, 6, 12}));
   EXPECT_EQ(Divisors(1), (std::vector<int64_t>{1}));
   EXPECT_EQ(Divisors(49), (std::vector<int64_t>{1, 7, 49}));
+}
+
+TEST(PlanTest, BatchKeysLeftOutFollowTheGlobalBatch) {
+  const ParallelPlan given = *ParsePlanFlag("t=2");
+  PlanKeys stated;
+  ASSERT_TRUE(ParsePlanFlag("t=2", &stated).ok());
+  EXPECT_FALSE(stated.micro_batch_size);
+  EXPECT_FALSE(stated.micro_batches);
+  // Without a pipeline: one micro-batch of each replica's share.
+  ParallelPlan plan = FillBatchDefaults(given, stated, 16);
+  EXPECT_EQ(plan.micro_batch_size, 16);
+  EXPECT_EQ(plan.micro_batches, 1);
+  ParallelPlan dp = given;
+  dp.d = 4;
+  plan = FillBatchDefaults(dp, stated, 16);
+  EXPECT_EQ(plan.micro_batch_size, 4);
+  EXPECT_EQ(plan.global_batch(), 16);
+
+  // With p stages: the most micro-batches up to 4p that divide the share.
+  ParallelPlan pipe = *ParsePlanFlag("p=2", &stated);
+  plan = FillBatchDefaults(pipe, stated, 16);
+  EXPECT_EQ(plan.micro_batches, 8);
+  EXPECT_EQ(plan.micro_batch_size, 2);
+  plan = FillBatchDefaults(pipe, stated, 12);
+  EXPECT_EQ(plan.micro_batches, 6);
+  ParallelPlan three = *ParsePlanFlag("p=3,schedule=interleaved,v=2", &stated);
+  plan = FillBatchDefaults(three, stated, 8);  // no multiple of 3 divides 8: left for the rules
+  EXPECT_EQ(plan.micro_batches, 1);
+  plan = FillBatchDefaults(three, stated, 18);
+  EXPECT_EQ(plan.micro_batches, 9);  // 3, 6 or 9 of 2, 3 or 2; 9 is the most up to 12
+  EXPECT_EQ(plan.micro_batch_size, 2);
+
+  // One key stated: the other follows.
+  ParallelPlan m4 = *ParsePlanFlag("d=2,micro_batches=4", &stated);
+  EXPECT_TRUE(stated.micro_batches);
+  EXPECT_FALSE(stated.micro_batch_size);
+  plan = FillBatchDefaults(m4, stated, 16);
+  EXPECT_EQ(plan.micro_batch_size, 2);
+  ParallelPlan b2 = *ParsePlanFlag("d=2,micro_batch_size=2", &stated);
+  plan = FillBatchDefaults(b2, stated, 16);
+  EXPECT_EQ(plan.micro_batches, 4);
+  // What does not divide stays, and the rules say what would.
+  plan = FillBatchDefaults(m4, PlanKeys{.micro_batches = true}, 10);
+  EXPECT_EQ(plan.micro_batch_size, 1);
+  EXPECT_THAT(Rejected(plan, Model(), 2, 10), HasSubstr("each of the d=2 replicas takes 5"));
+
+  // Both stated: the plan as it is.
+  ParallelPlan both = *ParsePlanFlag("micro_batch_size=2,micro_batches=3", &stated);
+  EXPECT_EQ(FillBatchDefaults(both, stated, 16), both);
+  // A file says the same.
+  ASSERT_TRUE(LoadPlanFromString("t: 2\nmicro_batches: 2\n", "plan.yaml", &stated).ok());
+  EXPECT_TRUE(stated.micro_batches);
+  EXPECT_FALSE(stated.micro_batch_size);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "comm/collectives.h"
 #include "hal/kernels.h"
 #include "parallel/cuda/cuda_gpt.h"
+#include "parallel/engine_support.h"
 
 namespace kc::parallel {
 namespace {
@@ -103,11 +104,18 @@ Status Trainer::Init() {
   }
   comm::Communicator* comm = options_.comm;
   const int size = comm != nullptr ? comm->size() : 1;
-  if (options_.micro_batches < 1 || options_.zero_stage < 0 || options_.zero_stage > 1) {
-    return InvalidArgumentError("trainer: micro_batches must be >= 1 and zero_stage 0 or 1");
-  }
+  if (options_.zero_stage < 0) return InvalidArgumentError("trainer: zero_stage must be >= 0");
   stages_ = options_.pipeline_stages;
   tp_ = options_.tensor_parallel;
+  KC_RETURN_IF_ERROR(EngineSupports({.t = tp_,
+                                     .p = stages_,
+                                     .micro_batches = options_.micro_batches,
+                                     .schedule = options_.schedule,
+                                     .v = options_.virtual_stages,
+                                     .recompute = options_.recompute,
+                                     .zero_stage = options_.zero_stage},
+                                    options_.device->id().kind)
+                         .WithContext("trainer"));
   if (tp_ < 1 || stages_ < 1 || size % (tp_ * stages_) != 0 || stages_ > spec.layers) {
     return InvalidArgumentError("trainer: t=" + std::to_string(tp_) +
                                 " and p=" + std::to_string(stages_) + " for " +

@@ -64,6 +64,72 @@ TEST(MeasureComputeTest, TimesEveryDeviceAtEverySize) {
   EXPECT_GT(c->fit.matmul_efficiency, 0);
 }
 
+TEST(MeasureComputeTest, TimesEveryTensorParallelSizeWithItsPassShares) {
+  ModelSpec spec = TinyModel();
+  spec.layers = 3;  // a block of its own in the middle
+  CalibrationOptions o;
+  o.micro_batch_sizes = {2, 1};
+  o.tensor_parallel = {2};  // t = 1 is timed too: the optimizer's model
+  o.repetitions = 1;
+  o.device_cpus = {{}, {}};
+  o.peak_flops = 1e9;
+  Result<ComputeCalibration> c = MeasureCompute(spec, o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->points.size(), 4u);  // (t, b) in (2, 2), (1, 2), (2, 1), (1, 1)
+  for (const EfficiencyPoint& p : c->points) {
+    EXPECT_TRUE(p.t == 1 || p.t == 2);
+    EXPECT_DOUBLE_EQ(p.size, static_cast<double>(p.micro_batch_size * 16 * 32) / p.t);
+    EXPECT_GT(p.seconds, 0);
+    EXPECT_GT(p.forward_share, 0);
+    EXPECT_LT(p.forward_share, 1);
+    EXPECT_GT(p.weight_share, 0);
+    EXPECT_LT(p.weight_share, 1);
+    EXPECT_GT(p.block_seconds, 0);
+  }
+  const std::vector<MeasuredPass> passes = PassTable(c->points);
+  ASSERT_EQ(passes.size(), 4u);
+  EXPECT_EQ(EfficiencyTable(c->points).size(), 2u);  // the curve is t = 1's
+  // A t that does not split the model is refused.
+  o.tensor_parallel = {3};
+  EXPECT_EQ(MeasureCompute(spec, o).status().code(), ErrorCode::kInvalidArgument);
+}
+
+TEST(MeasureLinksTest, FitsTheRingToTheEnginesAllReduce) {
+  Result<LinkCalibration> links = MeasureLinks({.device_cpus = {{}, {}},
+                                                .sizes_bytes = {4096, 65536},
+                                                .repetitions = 2,
+                                                .rounds = 3,
+                                                .work_seconds = 1e-4});
+  ASSERT_TRUE(links.ok()) << links.status();
+  ASSERT_EQ(links->allreduce.size(), 2u);
+  EXPECT_EQ(links->allreduce[0].first, 4096);
+  EXPECT_GT(links->allreduce[0].second, 0);
+  EXPECT_GE(links->latency, 0);
+  EXPECT_GE(links->rendezvous_s, 0);
+  EXPECT_GE(links->latency * 2, links->rendezvous_s);  // the ring's 2(k-1) steps cover it
+  // One rank has no link to measure; a size under one float is refused.
+  Result<LinkCalibration> one = MeasureLinks({.device_cpus = {{}}});
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->bandwidth, 0);
+  EXPECT_EQ(MeasureLinks({.device_cpus = {{}, {}}, .sizes_bytes = {2}}).status().code(),
+            ErrorCode::kInvalidArgument);
+}
+
+TEST(MeasureOverlapTest, TimesTheBackwardTheAllReduceAndTheTwoTogether) {
+  Result<OverlapCalibration> o = MeasureOverlap(
+      TinyModel(),
+      {.device_cpus = {{}, {}}, .micro_batch_size = 2, .bucket_bytes = 4096, .repetitions = 1});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_GT(o->backward_s, 0);
+  EXPECT_GT(o->allreduce_s, 0);
+  EXPECT_GT(o->together_s, 0);
+  EXPECT_GE(o->fraction, 0);
+  EXPECT_LE(o->fraction, 1);
+  Result<OverlapCalibration> alone = MeasureOverlap(TinyModel(), {.device_cpus = {{}}});
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  EXPECT_EQ(alone->fraction, 0);
+}
+
 TEST(MeasureComputeTest, RejectsBadOptions) {
   CalibrationOptions o;
   o.peak_flops = 1e9;
@@ -95,6 +161,11 @@ TEST(CalibrationFileTest, RoundTripsAndNamesAMissingKey) {
   c.options.efficiency_half_size = 1234;
   c.options.optimizer_step_bytes = 77;
   c.points = Curve(0.6, 100);
+  c.points[1].t = 2;
+  c.points[1].forward_share = 0.3;
+  c.points[1].weight_share = 0.25;
+  c.points[1].block_seconds = 0.1;
+  c.cluster.oversubscription = 2;
   const std::string text = CalibrationToJson(c);
   Result<Calibration> back = CalibrationFromJson(text, "cal.json");
   ASSERT_TRUE(back.ok()) << back.status();
@@ -106,9 +177,30 @@ TEST(CalibrationFileTest, RoundTripsAndNamesAMissingKey) {
   EXPECT_DOUBLE_EQ(back->options.efficiency_half_size, 1234);
   EXPECT_DOUBLE_EQ(back->options.optimizer_step_bytes, 77);
   EXPECT_EQ(back->points.size(), 4u);
-  ASSERT_EQ(back->options.efficiency_points.size(), 4u);  // the points drive the estimate
+  EXPECT_DOUBLE_EQ(back->cluster.oversubscription, 2);
+  EXPECT_EQ(back->cluster.device, hal::DeviceKind::kCpu);
+  ASSERT_EQ(back->options.efficiency_points.size(), 3u);  // the t = 1 points drive the curve
   EXPECT_DOUBLE_EQ(back->options.efficiency_points[0].first, 1000);
   EXPECT_DOUBLE_EQ(back->options.efficiency_points[0].second, c.points[0].efficiency);
+  ASSERT_EQ(back->options.measured_passes.size(), 4u);  // and every point times its plans
+  EXPECT_EQ(back->options.measured_passes[1].t, 2);
+  EXPECT_DOUBLE_EQ(back->options.measured_passes[1].forward_share, 0.3);
+  EXPECT_DOUBLE_EQ(back->options.measured_passes[1].weight_share, 0.25);
+  EXPECT_DOUBLE_EQ(back->options.measured_passes[1].block_seconds, 0.1);
+
+  // A file from before the per-t points reads as t = 1 points without shares.
+  std::string old = text;
+  for (const char* key : {"\"t\"", "\"forward_share\"", "\"weight_share\"", "\"block_seconds\"",
+                          "\"oversubscription\""}) {
+    for (size_t at = old.find(key); at != std::string::npos; at = old.find(key)) {
+      old.replace(at, std::string(key).size(), "\"unused\"");
+    }
+  }
+  Result<Calibration> before = CalibrationFromJson(old, "old.json");
+  ASSERT_TRUE(before.ok()) << before.status();
+  EXPECT_EQ(before->points[1].t, 1);
+  EXPECT_EQ(before->points[1].forward_share, 0);
+  EXPECT_DOUBLE_EQ(before->cluster.oversubscription, 1);
 
   std::string broken = text;
   broken.replace(broken.find("\"peak_flops\""), 12, "\"peak_flop\"");

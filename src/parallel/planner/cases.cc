@@ -45,6 +45,32 @@ Status GetOptional(const json& object, const std::string& path, const char* key,
   return Get(object, path, key, out);
 }
 
+// An unstated v for the interleaved `plan`: 2 when it fits the plan rules (the layers per
+// stage divide into v chunks, the micro-batches into groups of p), else the smallest v that
+// does, else 1F1B. Returns what was chosen and why, for the report.
+std::string ChooseInterleaving(const ModelSpec& spec, ParallelPlan* plan) {
+  const int64_t per_stage = spec.layers % plan->p == 0 ? spec.layers / plan->p : 0;
+  const bool groups = plan->micro_batches % plan->p == 0;
+  for (int64_t v : Divisors(per_stage)) {
+    if (v < 2 || !groups) continue;
+    plan->v = static_cast<int>(v);
+    if (v == 2) return "v=2 (unstated)";
+    return fmt::format("v={} (unstated; v=2 does not divide the {} layers per stage)", v,
+                       per_stage);
+  }
+  plan->schedule = Schedule::k1F1B;
+  plan->v = 1;
+  if (!groups) {
+    return fmt::format(
+        "schedule 1f1b (interleaving unstated, and the {} micro-batches do not divide into "
+        "groups of p={})",
+        plan->micro_batches, plan->p);
+  }
+  return fmt::format(
+      "schedule 1f1b (interleaving unstated, and no v >= 2 divides the {} layers over p={})",
+      spec.layers, plan->p);
+}
+
 Result<PublishedCase> ParseCase(const json& c) {
   PublishedCase out;
   KC_RETURN_IF_ERROR(Get(c, "case", "id", &out.id));
@@ -104,11 +130,15 @@ Result<PublishedCase> ParseCase(const json& c) {
   }
   p.micro_batches = out.global_batch / (p.micro_batch_size * p.d);
   // Megatron-LM's published pipelines ran the interleaved schedule (Narayanan et al. 2021,
-  // Sec. 5.1), v unstated: 2 then.
+  // Sec. 5.1).
   if (p.p > 1) {
     p.schedule = Schedule::kInterleaved;
-    p.v = 2;
-    KC_RETURN_IF_ERROR(GetOptional(pub, "published", "interleave", &p.v));
+    if (pub.is_object() && pub.contains("interleave") && !pub["interleave"].is_null()) {
+      KC_RETURN_IF_ERROR(Get(pub, "published", "interleave", &p.v));
+      if (p.v == 1) p.schedule = Schedule::k1F1B;  // no model chunks: not interleaved
+    } else {
+      out.assumed.push_back(ChooseInterleaving(s, &p));
+    }
   }
   std::string recompute;
   KC_RETURN_IF_ERROR(GetOptional(pub, "published", "activation_recompute", &recompute));
@@ -124,12 +154,13 @@ Result<PublishedCase> ParseCase(const json& c) {
     const json& derived = c.contains("derived") ? c["derived"] : json();
     KC_RETURN_IF_ERROR(Get(derived, "derived", "model_tflops_per_gpu", &out.published_tflops));
   }
+  KC_RETURN_IF_ERROR(ValidatePlan(p, s, k.devices, out.global_batch).WithContext("published"));
   return out;
 }
 
 }  // namespace
 
-Result<std::vector<PublishedCase>> LoadCases(const std::string& path) {
+Result<std::vector<LoadedCase>> LoadCases(const std::string& path) {
   std::ifstream in(path);
   if (!in) return NotFoundError(fmt::format("{}: cannot open", path));
   json doc;
@@ -141,20 +172,24 @@ Result<std::vector<PublishedCase>> LoadCases(const std::string& path) {
   if (!doc.is_array()) {
     return InvalidArgumentError(fmt::format("{}: expected an array of cases", path));
   }
-  std::vector<PublishedCase> cases;
+  std::vector<LoadedCase> cases;
   for (size_t i = 0; i < doc.size(); ++i) {
     const json& c = doc[i];
-    const std::string id =
+    LoadedCase& entry = cases.emplace_back();
+    entry.index = static_cast<int>(i + 1);
+    entry.id =
         c.is_object() && c.contains("id") && c["id"].is_string() ? c["id"].get<std::string>() : "";
     if (!c.is_object()) {
-      return InvalidArgumentError(fmt::format("{}: case {}: not an object", path, i + 1));
+      entry.status = InvalidArgumentError(fmt::format("{}: case {}: not an object", path, i + 1));
+      continue;
     }
     Result<PublishedCase> parsed = ParseCase(c);
     if (!parsed.ok()) {
-      return InvalidArgumentError(
-          fmt::format("{}: case {} ({}): {}", path, i + 1, id, parsed.status().message()));
+      entry.status = InvalidArgumentError(
+          fmt::format("{}: case {} ({}): {}", path, i + 1, entry.id, parsed.status().message()));
+      continue;
     }
-    cases.push_back(std::move(*parsed));
+    entry.value = std::move(*parsed);
   }
   return cases;
 }
@@ -163,13 +198,17 @@ Result<CaseResult> EvaluateCase(const PublishedCase& c) {
   CaseResult r;
   KC_ASSIGN_OR_RETURN(r.published,
                       EstimatePlan(c.spec, c.plan, c.cluster, c.global_batch, c.options));
-  Result<SearchResult> found = SearchPlans(c.spec, c.cluster, c.global_batch, {}, c.options, 1);
+  // The search plans for Kuangchao's engine, which overlaps the gradient all-reduce with the
+  // backward (the published runs did not).
+  CostModelOptions engine = c.options;
+  engine.dp_overlap_fraction = kEngineDpOverlap;
+  Result<SearchResult> found = SearchPlans(c.spec, c.cluster, c.global_batch, {}, engine, 1);
   if (found.ok()) {
     r.chosen = found->ranked.front();
   } else {
     r.search_status = found.status();
   }
-  if (Result<RankedPlan> b = BaselinePlan(c.spec, c.cluster, c.global_batch, c.options); b.ok()) {
+  if (Result<RankedPlan> b = BaselinePlan(c.spec, c.cluster, c.global_batch, engine); b.ok()) {
     r.baseline = *b;
   }
   return r;

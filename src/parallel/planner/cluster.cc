@@ -42,11 +42,18 @@ Result<PlannerCluster> ClusterFromTopology(const hal::Topology& topology) {
     memory = std::min(memory, static_cast<double>(d.memory_bytes));
     memory_bw = std::min(memory_bw, d.memory_bandwidth);
   }
+  if (!c.simulated) {  // the engine runs on the real devices: the first one's kind
+    for (int i = 0; i < n && s.device == hal::DeviceKind::kSimulated; ++i) {
+      s.device = topology.device(i).kind;
+    }
+  }
   c.fp32 = bf16 <= 0;
   s.peak_flops = c.fp32 ? fp32 : bf16;
   s.memory_bytes = memory;
   s.memory_bandwidth = memory_bw;
   c.options = c.fp32 ? Fp32Options() : CostModelOptions{};
+  // Transfers beside the compute on GPUs (declared or real); CPU ranks take turns.
+  c.options.dp_overlap_fraction = s.device == hal::DeviceKind::kCpu ? 0 : kEngineDpOverlap;
   if (models.size() > 1) {
     c.device_model = fmt::format("mixed ({} models)", models.size());
     c.notes.push_back(
@@ -60,19 +67,26 @@ Result<PlannerCluster> ClusterFromTopology(const hal::Topology& topology) {
   int smallest = n, largest = 0;
   double intra_bw = std::numeric_limits<double>::infinity(), intra_lat = 0;
   std::vector<int> first_of_host;
+  std::set<std::pair<double, double>> host_links;  // each host's (slowest, fastest) path
   for (const std::vector<int>& devices : by_host) {
     if (devices.empty()) continue;
     first_of_host.push_back(devices.front());
     smallest = std::min(smallest, static_cast<int>(devices.size()));
     largest = std::max(largest, static_cast<int>(devices.size()));
+    double slowest = std::numeric_limits<double>::infinity(), fastest = 0;
     for (size_t a = 0; a < devices.size(); ++a) {
       for (size_t b = a + 1; b < devices.size(); ++b) {
         const hal::PathCost path = topology.Path(devices[a], devices[b]);
         intra_bw = std::min(intra_bw, path.bandwidth);
         intra_lat = std::max(intra_lat, path.latency);
+        slowest = std::min(slowest, path.bandwidth);
+        fastest = std::max(fastest, path.bandwidth);
       }
     }
+    if (devices.size() > 1) host_links.insert({slowest, fastest});
   }
+  c.mixed = models.size() > 1 || smallest != largest || host_links.size() > 1 ||
+            (!host_links.empty() && host_links.begin()->first != host_links.begin()->second);
   s.devices_per_node = smallest;
   if (smallest != largest) {
     c.notes.push_back(

@@ -20,14 +20,18 @@ struct PlannerCluster {
   std::string device_model;  // the devices' model; "mixed (N models)" when they differ
   bool fp32 = false;         // no bf16 arithmetic on some device: the engine trains in fp32
   bool simulated = false;    // every device is declared only (kind simulated): nothing runs here
+  // Devices of several models, hosts of several sizes, or hosts whose devices are joined by
+  // links of different speeds: SearchOnDevices (hetero.h) prices plans on their own devices.
+  bool mixed = false;
   // What the homogeneous model had to approximate: mixed device models, hosts of different
   // sizes, racks behind an oversubscribed spine. Empty when the topology is uniform.
   std::vector<std::string> notes;
 };
 
 // Reduces `topology` to a homogeneous ClusterSpec, the weakest figure winning where devices
-// differ: peak = bf16 FLOP/s (fp32 when any device lacks bf16), memory and memory bandwidth
-// the smallest, devices_per_node the smallest host, intra-node bandwidth the slowest path
+// differ: device = kSimulated when every device is declared only, else the first real
+// device's kind; peak = bf16 FLOP/s (fp32 when any device lacks bf16), memory and memory
+// bandwidth the smallest, devices_per_node the smallest host, intra-node bandwidth the slowest path
 // between two devices of one host (latency the largest), inter-node the slowest path between
 // two hosts (across racks when there are several). kInvalidArgument for a topology with no
 // devices.

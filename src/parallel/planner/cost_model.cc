@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "parallel/pipeline_schedule.h"
+
 namespace kc::parallel::planner {
 namespace {
 
@@ -35,10 +37,11 @@ Status CheckInputs(const ModelSpec& spec, const ClusterSpec& c, const CostModelO
   }
   if (c.devices <= 0 || c.devices_per_node <= 0 || c.peak_flops <= 0 || c.memory_bytes <= 0 ||
       c.intra_node_bandwidth <= 0 || c.inter_node_bandwidth <= 0 || c.memory_bandwidth < 0 ||
-      c.intra_node_latency < 0 || c.inter_node_latency < 0) {
+      c.intra_node_latency < 0 || c.inter_node_latency < 0 || !(c.oversubscription >= 1)) {
     return InvalidArgumentError(
         "cost model: cluster: devices, devices_per_node, peak_flops, memory_bytes and the "
-        "bandwidths must be positive, latencies and memory_bandwidth not negative");
+        "bandwidths must be positive, latencies and memory_bandwidth not negative, "
+        "oversubscription at least 1");
   }
   if (o.matmul_efficiency <= 0 || o.matmul_efficiency > 1 || o.efficiency_half_size < 0 ||
       o.dp_overlap_fraction < 0 || o.dp_overlap_fraction > 1 || o.usable_memory_fraction <= 0 ||
@@ -58,9 +61,10 @@ Status CheckInputs(const ModelSpec& spec, const ClusterSpec& c, const CostModelO
   return OkStatus();
 }
 
-// Micro-batches whose activations the first pipeline stage holds at its peak (Narayanan et
-// al. 2021 Sec. 2.2; Korthikanti et al. 2022 Sec. 4.2.3 for the interleaved factor; ZB-H1 has
-// 1F1B's peak, Qi et al. 2023 Sec. 3).
+}  // namespace
+
+// Narayanan et al. 2021 Sec. 2.2; Korthikanti et al. 2022 Sec. 4.2.3 for the interleaved
+// factor; ZB-H1 has 1F1B's peak, Qi et al. 2023 Sec. 3.
 double MicroBatchesInFlight(const ParallelPlan& plan) {
   const double p = plan.p;
   const double m = static_cast<double>(plan.micro_batches);
@@ -76,6 +80,29 @@ double MicroBatchesInFlight(const ParallelPlan& plan) {
   return m;
 }
 
+LayerActivations ActivationBytesPerLayer(const ModelSpec& spec, const ParallelPlan& plan,
+                                         const CostModelOptions& o) {
+  // Korthikanti et al. 2022 Sec. 4: one layer of one micro-batch keeps s*b*h*(34 + 5as/h)
+  // bytes at 16 bits, (10 + 24/t + 5as/(ht))*sbh with tensor parallelism alone, all of it over
+  // t with sequence parallelism. Full recompute keeps only the layer input, 2*sbh (over t with
+  // sequence parallelism), and needs one whole layer back while it recomputes it.
+  const double t = plan.t;
+  const double s = static_cast<double>(spec.seq_len);
+  const double h = static_cast<double>(spec.hidden);
+  const double a = static_cast<double>(spec.heads);
+  const double sbh = s * static_cast<double>(plan.micro_batch_size) * h;
+  const double scale = o.activation_bytes / 2;
+  // Selective recompute keeps all but the attention core's 5as/h.
+  const double attention = o.selective_recompute && !plan.recompute ? 0 : 5 * a * s / h;
+  LayerActivations out;
+  out.full = scale * (o.sequence_parallel ? sbh * (34 + attention) / t
+                                          : sbh * (10 + 24 / t + attention / t));
+  out.kept = plan.recompute ? scale * 2 * sbh / (o.sequence_parallel ? t : 1) : out.full;
+  return out;
+}
+
+namespace {
+
 MemoryEstimate EstimateMemory(const ModelSpec& spec, const ParallelPlan& plan,
                               const ClusterSpec& cluster, const CostModelOptions& o,
                               double stage_tp_bytes, double stage_pp_bytes, double dp_bytes) {
@@ -89,28 +116,15 @@ MemoryEstimate EstimateMemory(const ModelSpec& spec, const ParallelPlan& plan,
   m.gradients = params * o.gradient_bytes / (plan.zero_stage >= 2 ? d : 1);
   m.weights = params * o.param_bytes / (plan.zero_stage >= 3 ? d : 1);
 
-  // Korthikanti et al. 2022 Sec. 4: one layer of one micro-batch keeps s*b*h*(34 + 5as/h)
-  // bytes at 16 bits, (10 + 24/t + 5as/(ht))*sbh with tensor parallelism alone, all of it over
-  // t with sequence parallelism. Full recompute keeps only the layer input, 2*sbh (over t with
-  // sequence parallelism), and needs one whole layer back while it recomputes it.
   const double s = static_cast<double>(spec.seq_len);
-  const double h = static_cast<double>(spec.hidden);
-  const double a = static_cast<double>(spec.heads);
-  const double sbh = s * static_cast<double>(plan.micro_batch_size) * h;
-  const double scale = o.activation_bytes / 2;
-  // Selective recompute keeps all but the attention core's 5as/h.
-  const double attention = o.selective_recompute && !plan.recompute ? 0 : 5 * a * s / h;
-  const double full_layer = scale * (o.sequence_parallel ? sbh * (34 + attention) / t
-                                                         : sbh * (10 + 24 / t + attention / t));
-  const double kept_layer =
-      plan.recompute ? scale * 2 * sbh / (o.sequence_parallel ? t : 1) : full_layer;
+  const LayerActivations layer = ActivationBytesPerLayer(spec, plan, o);
   const double layers_per_stage = static_cast<double>(spec.layers) / plan.p;
   // The loss reads fp32 logits, b*s*V/t of them on the last stage (vocab-parallel). Counted
   // with the first stage's activations: an overestimate by that much when p > 1.
   const double logits =
       4 * s * static_cast<double>(plan.micro_batch_size) * static_cast<double>(spec.vocab) / t;
-  m.activations = kept_layer * layers_per_stage * MicroBatchesInFlight(plan) +
-                  (plan.recompute ? full_layer : 0) + logits;
+  m.activations = layer.kept * layers_per_stage * MicroBatchesInFlight(plan) +
+                  (plan.recompute ? layer.full : 0) + logits;
 
   // One tensor-parallel all-reduce buffer, a send and a receive buffer each way between
   // stages, and two gradient buckets in flight.
@@ -121,6 +135,44 @@ MemoryEstimate EstimateMemory(const ModelSpec& spec, const ParallelPlan& plan,
   m.capacity = cluster.memory_bytes * o.usable_memory_fraction;
   m.fits = m.total <= m.capacity;
   return m;
+}
+
+const MeasuredPass* FindPass(const CostModelOptions& o, int t, int64_t b) {
+  for (const MeasuredPass& p : o.measured_passes) {
+    if (p.t == t && p.micro_batch_size == b && p.seconds > 0) return &p;
+  }
+  return nullptr;
+}
+
+// One micro-batch's forward + backward on the slowest stage of `plan`, from a measured pass:
+// the stages' chunks as the trainer cuts them (BalanceStages over p * v chunks, stage s
+// holding chunks s, s + p, ...), each block at the measured block's time, and the rest of the
+// whole model's time (the head, the loss, the embeddings) on the stage with the last layer.
+double SlowestStageSeconds(const ModelSpec& spec, const ParallelPlan& plan,
+                           const MeasuredPass& pass) {
+  const double layers = static_cast<double>(spec.layers);
+  double block = pass.block_seconds;
+  if (!(block > 0)) {
+    const std::vector<double> costs = LayerCosts(spec);
+    double total = 0;
+    for (double c : costs) total += c;
+    block = pass.seconds * costs.front() / total;
+  }
+  const double rest = std::max(0.0, pass.seconds - layers * block);
+  if (plan.p == 1) return layers * block + rest;
+  Result<std::vector<int>> bounds = BalanceStages(spec, plan.p * plan.v);
+  if (!bounds.ok()) return (layers * block + rest) / plan.p;  // ValidatePlan let it through
+  double slowest = 0;
+  for (int s = 0; s < plan.p; ++s) {
+    double stage = 0;
+    for (int c = 0; c < plan.v; ++c) {
+      const size_t chunk = static_cast<size_t>(c * plan.p + s);
+      stage += block * ((*bounds)[chunk + 1] - (*bounds)[chunk]);
+      if ((*bounds)[chunk + 1] == spec.layers) stage += rest;
+    }
+    slowest = std::max(slowest, stage);
+  }
+  return slowest;
 }
 
 }  // namespace
@@ -210,21 +262,37 @@ Result<PlanEstimate> EstimatePlan(const ModelSpec& spec, const ParallelPlan& pla
   // Matmuls lose efficiency as they shrink (launch and tile-quantisation overheads); a
   // saturating curve in the per-device activation size, one curve for every case.
   const double size = sbh / t;
-  e.matmul_efficiency = MatmulEfficiency(o, size);
-  e.compute_s =
-      e.hardware_flops_per_step / cluster.devices / (cluster.peak_flops * e.matmul_efficiency);
+  const MeasuredPass* pass = FindPass(o, plan.t, plan.micro_batch_size);
+  if (pass != nullptr) {
+    // Timed on this machine: the slowest stage's micro-batches, with the recomputed forward.
+    const double forward = pass->forward_share > 0 ? pass->forward_share : 1.0 / 3;
+    e.compute_s = m * SlowestStageSeconds(spec, plan, *pass) * (plan.recompute ? 1 + forward : 1.0);
+    e.matmul_efficiency =
+        e.hardware_flops_per_step / cluster.devices / (cluster.peak_flops * e.compute_s);
+  } else {
+    e.matmul_efficiency = MatmulEfficiency(o, size);
+    e.compute_s =
+        e.hardware_flops_per_step / cluster.devices / (cluster.peak_flops * e.matmul_efficiency);
+  }
 
   // Tensor parallelism (Shoeybi et al. 2019): two all-reduces of b*s*h forward and two
-  // backward per layer, two more when the forward is recomputed; on the critical path.
+  // backward per layer, two more when the forward is recomputed; on the critical path. The
+  // vocabulary-parallel embeddings and head add, per micro-batch, one of b*s*h each way (the
+  // embeddings' output, the head's input gradient) and two of per-token fp32 statistics for
+  // the loss (b*s maxima, then 2*b*s sums and target logits), counted on every device.
   const double tp_message = sbh * o.activation_bytes;
   const int tp_collectives = 4 + (plan.recompute ? 2 : 0);
   e.tp.size = plan.t;
   e.tp.link = GroupLink(plan.t, plan.t, cluster.devices_per_node);
   if (plan.t > 1) {
-    const double count = m * layers_per_device * tp_collectives;
-    e.tp.bytes_per_step = count * 2 * (t - 1) / t * tp_message;
-    e.tp.time_s = count * RingAllReduceSeconds(plan.t, tp_message, Bandwidth(e.tp.link, cluster),
-                                               Latency(e.tp.link, cluster));
+    const double bw = Bandwidth(e.tp.link, cluster);
+    const double lat = Latency(e.tp.link, cluster);
+    const double count = m * (layers_per_device * tp_collectives + 2);
+    const double stats = 4 * static_cast<double>(plan.micro_batch_size * spec.seq_len);
+    e.tp.bytes_per_step = 2 * (t - 1) / t * (count * tp_message + m * 3 * stats);
+    e.tp.time_s = count * RingAllReduceSeconds(plan.t, tp_message, bw, lat) +
+                  m * (RingAllReduceSeconds(plan.t, stats, bw, lat) +
+                       RingAllReduceSeconds(plan.t, 2 * stats, bw, lat));
     e.tp.exposed_s = e.tp.time_s;
   }
 
@@ -244,7 +312,15 @@ Result<PlanEstimate> EstimatePlan(const ModelSpec& spec, const ParallelPlan& pla
   }
 
   e.bubble_fraction = BubbleFraction(plan);
-  e.bubble_s = e.bubble_fraction * (e.compute_s + e.tp.exposed_s + e.pp.exposed_s);
+  if (pass != nullptr && pass->weight_share > 0 && plan.schedule == Schedule::kZeroBubbleH1) {
+    // Qi et al.'s (p-1)(F + b - W) with the measured passes, F + b + W = 1.
+    e.bubble_fraction = BubbleFraction(plan) * 3 * std::max(0.0, 1 - 2 * pass->weight_share);
+  }
+  // The stages' busy time stretched by the bubble; with more devices than cores the busy time
+  // was measured with every device sharing a core, and idle stages give theirs back: the
+  // pipeline then takes the longer of the two.
+  const double busy = e.compute_s + e.tp.exposed_s + e.pp.exposed_s;
+  e.bubble_s = busy * std::max(0.0, (1 + e.bubble_fraction) / cluster.oversubscription - 1);
 
   // Data parallelism: a ring all-reduce of this device's gradients (ZeRO-1/2: reduce-scatter
   // plus all-gather, the same volume; ZeRO-3 adds an all-gather of the weights in the forward

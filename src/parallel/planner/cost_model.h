@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "hal/device.h"
 #include "parallel/model_spec.h"
 #include "parallel/plan.h"
 
@@ -26,6 +27,34 @@ struct ClusterSpec {
   double inter_node_bandwidth = 0;    // bytes/s per direction per device across nodes (its NIC)
   double intra_node_latency = 2e-6;   // seconds per ring step inside a node
   double inter_node_latency = 10e-6;  // seconds per ring step across nodes
+  // The kind of device the engine runs on (EngineSupports asks it); kSimulated: declared only,
+  // planned for what the engine runs on any kind.
+  hal::DeviceKind device = hal::DeviceKind::kSimulated;
+  // Devices per core when more devices than cores share a host (CPU ranks time-sliced), else
+  // 1. Its measured passes ran so shared; a pipeline stage that waits lends its core to the
+  // others, so the bubble costs only what the shared cores cannot absorb.
+  double oversubscription = 1;
+};
+
+// The share of the data-parallel all-reduce Kuangchao's trainer can hide where its transfers
+// run beside the compute (GPUs and NICs): its gradient buckets start during the last
+// micro-batch's backward, in backward order, so all of the all-reduce may hide behind that
+// backward (EstimatePlan caps the hidden part at its length). A bound of the design, not a
+// GPU measurement (the engine has none yet). On CPU ranks the reduction shares the ranks'
+// cores with the backward and takes turns with it: kc plan --calibrate measures that
+// (MeasureOverlap; none on this machine's one-core ranks), and a CPU host not calibrated is
+// planned with none.
+inline constexpr double kEngineDpOverlap = 1.0;
+
+// One micro-batch's passes timed on a device (kc plan --calibrate): at tensor-parallel size t
+// the device ran its 1/t share of every layer, without the group's all-reduces.
+struct MeasuredPass {
+  int t = 1;
+  int64_t micro_batch_size = 1;
+  double seconds = 0;        // forward + backward through every layer
+  double block_seconds = 0;  // of which one transformer block's; 0: by LayerCosts' shares
+  double forward_share = 0;  // the forward's part of seconds; 0: a third
+  double weight_share = 0;   // ZB-H1's weight pass's part of forward + backward; 0: a third
 };
 
 // Constants of the engine and the numerics. One set serves every model, plan and cluster.
@@ -43,8 +72,16 @@ struct CostModelOptions {
   // positive. Inside their range they replace the curve, linear in log(size) between points;
   // outside it the curve is scaled to meet the nearest point. Empty: the curve alone.
   std::vector<std::pair<double, double>> efficiency_points;
+  // Passes timed on this machine for the model planned. A plan whose (t, micro-batch size) is
+  // among them is timed from them rather than from FLOPs: each pipeline stage's chunks
+  // (BalanceStages' split, as the trainer cuts them) cost their blocks at block_seconds and
+  // the last one the head's remainder, the slowest stage setting the pace; ZB-H1's bubble
+  // uses the measured weight pass. Empty: FLOPs and the efficiency for every plan.
+  std::vector<MeasuredPass> measured_passes;
   // The fraction of the data-parallel all-reduce hidden behind the backward of the last
-  // micro-batch (never more than that backward lasts). 0: none, the conservative default.
+  // micro-batch (never more than that backward lasts). 0: none, as in the published
+  // Megatron-LM runs; Kuangchao's trainer: kEngineDpOverlap, or what kc plan --calibrate
+  // measured on CPU ranks.
   double dp_overlap_fraction = 0;
   // Megatron sequence parallelism (Korthikanti et al. 2022): the non-matmul activations are
   // split over t; all-gather + reduce-scatter replace each all-reduce at the same volume.
@@ -125,6 +162,20 @@ double BubbleFraction(const ParallelPlan& plan);
 // The matmul efficiency the options give at `size` (micro_batch_size * seq_len * hidden / t):
 // the curve matmul_efficiency * size / (size + efficiency_half_size), or the measured points.
 double MatmulEfficiency(const CostModelOptions& options, double size);
+
+// Micro-batches whose activations the first pipeline stage holds at its peak: m for GPipe,
+// min(p, m) for 1F1B and ZB-H1, p(1 + (p-1)/(pv)) interleaved.
+double MicroBatchesInFlight(const ParallelPlan& plan);
+
+// The activation bytes one layer keeps for one micro-batch on one device (Korthikanti et al.
+// 2022 Sec. 4, scaled to options.activation_bytes): `kept` until its backward, `full` while a
+// recomputed layer is rebuilt (equal without recompute).
+struct LayerActivations {
+  double kept = 0;
+  double full = 0;
+};
+LayerActivations ActivationBytesPerLayer(const ModelSpec& spec, const ParallelPlan& plan,
+                                         const CostModelOptions& options);
 
 // The estimate for running `spec` with `plan` on `cluster` at `global_batch` sequences per
 // step. kInvalidArgument if the plan breaks ValidatePlan for cluster.devices ranks, or the

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <utility>
 
+#include "parallel/engine_support.h"
+
 namespace kc::parallel::planner {
 namespace {
 
@@ -104,7 +106,7 @@ Result<SearchResult> SearchPlans(const ModelSpec& spec, const ClusterSpec& clust
         for (const auto& [schedule, v] : schedules) {
           for (bool recompute : {false, true}) {
             if (recompute && !constraints.allow_recompute) continue;
-            for (int zero = 0; zero <= std::min(constraints.max_zero_stage, d > 1 ? 1 : 0);
+            for (int zero = 0; zero <= std::min(constraints.max_zero_stage, d > 1 ? 3 : 0);
                  ++zero) {
               ParallelPlan plan;
               plan.t = static_cast<int>(t);
@@ -117,6 +119,7 @@ Result<SearchResult> SearchPlans(const ModelSpec& spec, const ClusterSpec& clust
               plan.recompute = recompute;
               plan.zero_stage = zero;
               if (!ValidatePlan(plan, spec, n, global_batch).ok()) continue;
+              if (!EngineSupports(plan, cluster.device).ok()) continue;
               Result<PlanEstimate> e = EstimatePlan(spec, plan, cluster, global_batch, options);
               if (!e.ok()) continue;
               ++result.evaluated;

@@ -16,13 +16,15 @@
 
 namespace kc::parallel::planner {
 
+// What the user narrows the search to. What the engine runs is not a constraint: the search
+// asks EngineSupports(plan, cluster.device) of every plan.
 struct SearchConstraints {
   int fixed_t = 0;             // 0: any
   int max_p = 0;               // 0: any
   double memory_headroom = 0;  // keep this fraction of the usable memory free, [0, 1)
   int64_t max_micro_batch_size = 8;
   bool allow_recompute = true;
-  int max_zero_stage = 1;
+  int max_zero_stage = 3;
 };
 
 struct RankedPlan {
@@ -42,8 +44,9 @@ struct SearchResult {
   int64_t fitting = 0;    // of those, plans that fit in memory
 };
 
-// Searches every valid plan for `global_batch` sequences on cluster.devices devices, with
-// tensor-parallel groups that each lie wholly inside one node (t divides devices_per_node).
+// Searches every valid plan the engine runs (EngineSupports on cluster.device) for
+// `global_batch` sequences on cluster.devices devices, with tensor-parallel groups that each
+// lie wholly inside one node (t divides devices_per_node).
 // kInvalidArgument for a global batch no plan can split, kResourceExhausted when no plan fits
 // in memory, naming the smallest memory per device the best plan would need and the device
 // count that would do.
