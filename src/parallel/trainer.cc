@@ -10,6 +10,7 @@
 #include "base/layer_guard.h"
 #include "comm/collectives.h"
 #include "hal/kernels.h"
+#include "parallel/batch_share.h"
 #include "parallel/cuda/cuda_gpt.h"
 
 namespace kc::parallel {
@@ -120,6 +121,7 @@ Status Trainer::Init() {
   world_ = size / (tp_ * stages_);
   stage_ = global_rank / tp_ / world_;
   dp_rank_ = global_rank / tp_ % world_;
+  KC_RETURN_IF_ERROR(ApplyShare());
   dp_comm_ = comm;
   if (stages_ > 1 || tp_ > 1) KC_RETURN_IF_ERROR(InitGroups());
   if (stages_ > 1) KC_RETURN_IF_ERROR(InitPipeline());
@@ -247,6 +249,18 @@ Status Trainer::Init() {
   return OkStatus();
 }
 
+Status Trainer::ApplyShare() {
+  const int64_t b = options_.spec.batch_per_rank, m = options_.micro_batches;
+  global_batch_ = options_.global_batch > 0 ? options_.global_batch : b * m * world_;
+  KC_ASSIGN_OR_RETURN(BatchShare share, ShareOfBatch(global_batch_, world_, dp_rank_, b, m));
+  options_.spec.batch_per_rank = share.micro_batch_size;
+  options_.micro_batches = share.micro_batches;
+  // Exactly 1 for even shares, so an even split computes what it always did.
+  share_weight_ =
+      static_cast<double>(share.sequences * world_) / static_cast<double>(global_batch_);
+  return OkStatus();
+}
+
 Status Trainer::OpenLoaders() {
   const ModelSpec& spec = options_.spec;
   auto loader_options = [&](LoaderOptions o) {
@@ -254,6 +268,7 @@ Status Trainer::OpenLoaders() {
     o.batch = spec.batch_per_rank * options_.micro_batches;
     o.rank = dp_rank_;
     o.world_size = world_;
+    o.global_batch = global_batch_;
     if (o.seed == 0) o.seed = spec.training.seed;
     return o;
   };
@@ -278,13 +293,14 @@ Status Trainer::InitCuda() {
     return UnimplementedError(
         "trainer: on a CUDA device the engine runs data parallelism only (t=1, p=1, zero_stage "
         "0, no recompute); this plan has t=" +
-        std::to_string(options_.tensor_parallel) + " p=" + std::to_string(options_.pipeline_stages) +
-        " zero_stage=" + std::to_string(options_.zero_stage) +
-        (options_.recompute ? " with recompute" : ""));
+        std::to_string(options_.tensor_parallel) +
+        " p=" + std::to_string(options_.pipeline_stages) + " zero_stage=" +
+        std::to_string(options_.zero_stage) + (options_.recompute ? " with recompute" : ""));
   }
   comm::Communicator* comm = options_.comm;
   world_ = comm != nullptr ? comm->size() : 1;
   dp_rank_ = comm != nullptr ? comm->rank() : 0;
+  KC_RETURN_IF_ERROR(ApplyShare());
   dp_comm_ = comm;
   KC_RETURN_IF_ERROR(OpenLoaders());
   KC_ASSIGN_OR_RETURN(cuda_model_, CudaGpt::Create(spec, options_.device,
@@ -372,9 +388,8 @@ Status Trainer::RestoreProgress(int64_t steps, const LoaderState& loader) {
     const size_t n = static_cast<size_t>(cuda_model_->num_parameters());
     if (host_state_.size() != 3 * n) return OkStatus();  // StateTensors was not written
     std::span<const float> all(host_state_);
-    KC_RETURN_IF_ERROR(hal::CopyHostToDevice<float>(cuda_model_->stream(),
-                                                    cuda_optimizer_->moments(),
-                                                    all.subspan(n, 2 * n)));
+    KC_RETURN_IF_ERROR(hal::CopyHostToDevice<float>(
+        cuda_model_->stream(), cuda_optimizer_->moments(), all.subspan(n, 2 * n)));
     return cuda_model_->SetParameters(all.first(n));  // waits, so host_state_ may change after
   }
   optimizer_->set_steps(steps);
@@ -581,7 +596,7 @@ Status Trainer::SyncGradients(double* comm_s) {
 }
 
 std::chrono::steady_clock::time_point Trainer::Span(const char* name, SpanKind kind,
-                                                   std::chrono::steady_clock::time_point from) {
+                                                    std::chrono::steady_clock::time_point from) {
   const std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now();
   if (options_.timeline != nullptr) options_.timeline->Add(name, kind, step_, from, now);
   return now;
@@ -597,10 +612,12 @@ Result<StepStats> Trainer::Step() {
   if (tp_link_ != nullptr) tp_link_->Take(step_);
   loader_->Next(&batch_);
   Clock::time_point t = Span("data", SpanKind::kData, t0);
-  // Each micro-batch's gradient is scaled to its share of the rank's mean; they add up.
+  // Each token's gradient is scaled to its share of the global batch's mean, times d for the
+  // replicas' average: the micro-batches add up, the average of the replicas is the weighted
+  // mean over every token (with even shares the same as 1 / the rank's tokens).
   const int64_t m = options_.micro_batches;
   const size_t micro_tokens = static_cast<size_t>(chunks_.front()->tokens());
-  const double grad_scale = 1.0 / static_cast<double>(micro_tokens * m);
+  const double grad_scale = GradScale();
   double loss = 0;
   double comm_s = 0;
   if (stages_ > 1) {
@@ -660,7 +677,7 @@ Result<StepStats> Trainer::Step() {
            : buckets_ != nullptr ? "wait for gradient buckets"
                                  : "all-reduce per tensor",
            SpanKind::kComm, t);
-  KC_ASSIGN_OR_RETURN(stats.loss, AverageAcrossRanks(loss));
+  KC_ASSIGN_OR_RETURN(stats.loss, AverageAcrossRanks(loss * share_weight_));
   comm_s += Since(t);
   t = Span("all-reduce loss", SpanKind::kComm, t);
   KC_ASSIGN_OR_RETURN(stats.grad_norm, GradNorm());
@@ -686,8 +703,12 @@ Result<StepStats> Trainer::Step() {
   stats.step_s = Since(t0);
   stats.comm_exposed_s = comm_s;
   stats.compute_s = stats.step_s - comm_s;
-  stats.tokens = static_cast<int64_t>(micro_tokens) * m * world_;
+  stats.tokens = global_batch_ * options_.spec.seq_len;
   return stats;
+}
+
+double Trainer::GradScale() const {
+  return static_cast<double>(world_) / static_cast<double>(global_batch_ * options_.spec.seq_len);
 }
 
 Result<StepStats> Trainer::StepCuda() {
@@ -700,7 +721,7 @@ Result<StepStats> Trainer::StepCuda() {
   CudaGpt& model = *cuda_model_;
   const int64_t m = options_.micro_batches;
   const size_t micro_tokens = static_cast<size_t>(model.tokens());
-  const double grad_scale = 1.0 / static_cast<double>(micro_tokens * m);
+  const double grad_scale = GradScale();
   double loss = 0;
   double comm_s = 0;
   KC_RETURN_IF_ERROR(model.ZeroGradients());
@@ -719,8 +740,7 @@ Result<StepStats> Trainer::StepCuda() {
   }
   if (world_ > 1) {
     // The gradients' average over the replicas, through host memory.
-    KC_RETURN_IF_ERROR(
-        hal::CopyDeviceToHost<float>(model.stream(), host_grads_, model.grads()));
+    KC_RETURN_IF_ERROR(hal::CopyDeviceToHost<float>(model.stream(), host_grads_, model.grads()));
     KC_RETURN_IF_ERROR(model.Synchronize());
     KC_ASSIGN_OR_RETURN(auto work,
                         dp_comm_->Allreduce(std::span<float>(host_grads_), comm::ReduceOp::kAvg));
@@ -729,20 +749,21 @@ Result<StepStats> Trainer::StepCuda() {
     comm_s += std::chrono::duration<double>(Clock::now() - t).count();
     t = Span("all-reduce gradients", SpanKind::kComm, t);
   }
-  KC_ASSIGN_OR_RETURN(stats.loss, AverageAcrossRanks(loss));
+  KC_ASSIGN_OR_RETURN(stats.loss, AverageAcrossRanks(loss * share_weight_));
   comm_s += std::chrono::duration<double>(Clock::now() - t).count();
   t = Span("all-reduce loss", SpanKind::kComm, t);
   KC_ASSIGN_OR_RETURN(const double squares, model.GradSquaredNorm());
   stats.grad_norm = std::sqrt(squares);
   stats.lr = LearningRate(options_.spec.training, step_, options_.total_steps);
-  KC_RETURN_IF_ERROR(cuda_optimizer_->Step(stats.lr, ClipScale(options_.spec.training, stats.grad_norm)));
+  KC_RETURN_IF_ERROR(
+      cuda_optimizer_->Step(stats.lr, ClipScale(options_.spec.training, stats.grad_norm)));
   KC_RETURN_IF_ERROR(model.Synchronize());
   Span("optimizer", SpanKind::kCompute, t);
   ++step_;
   stats.step_s = Since(t0);
   stats.comm_exposed_s = comm_s;
   stats.compute_s = stats.step_s - comm_s;
-  stats.tokens = static_cast<int64_t>(micro_tokens) * m * world_;
+  stats.tokens = global_batch_ * options_.spec.seq_len;
   return stats;
 }
 
@@ -784,7 +805,7 @@ Result<double> Trainer::Evaluate(int64_t batches) {
       }
     }
   }
-  return AverageAcrossRanks(batches > 0 ? sum / static_cast<double>(batches) : 0);
+  return AverageAcrossRanks(batches > 0 ? sum / static_cast<double>(batches) * share_weight_ : 0);
 }
 
 }  // namespace kc::parallel

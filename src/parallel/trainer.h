@@ -1,13 +1,13 @@
 // Training of the GPT on one rank of a t x p x d plan (tensor, pipeline and data parallel;
 // TrainerOptions says how ranks map to groups). Each step loads this rank's share of the
-// global batch, runs forward and backward, reduces the gradients across ranks through L2
-// gradient buckets as the backward produces them (a bucket's all-reduce starts the moment its
-// last gradient is final, so communication hides behind the rest of the backward), clips,
-// and applies AdamW. Every rank runs the same steps; with the same global batch and seed the
-// loss does not depend on the rank count (up to float summation order).
+// global batch (even, or not: parallel/batch_share.h), runs forward and backward, reduces the
+// gradients across ranks through L2 gradient buckets as the backward produces them (a bucket's
+// all-reduce starts the moment its last gradient is final, so communication hides behind the rest
+// of the backward), clips, and applies AdamW. Every rank runs the same steps; with the same global
+// batch and seed the loss does not depend on the rank count (up to float summation order).
 //
-// The step loop itself (cadence, progress, checkpoints) belongs to the caller: `kc train`'s
-// worker today, the resilient runner of L5 later.
+// The step loop itself (cadence, progress, checkpoints) belongs to the caller: the resilient
+// runner of L5 (fault/runner.h), driven by its elastic worker (fault/elastic_worker.h).
 #pragma once
 
 #include <chrono>
@@ -47,7 +47,9 @@ std::string_view GradSyncName(GradSync sync);  // "bucketed", "per-tensor"
 Result<GradSync> ParseGradSync(std::string_view name);
 
 struct TrainerOptions {
-  ModelSpec spec;            // spec.batch_per_rank is this rank's batch
+  // spec.batch_per_rank is the micro-batch: with even shares, micro_batches of it make this
+  // rank's batch.
+  ModelSpec spec;
   LoaderOptions data;        // seq_len, batch, rank and world_size are set from the rest
   LoaderOptions validation;  // empty manifest and files: no validation
   int64_t total_steps = 0;   // for the learning-rate schedule
@@ -58,6 +60,13 @@ struct TrainerOptions {
   // run as that many forward/backward passes whose gradients add up (the buckets start after
   // the last one).
   int64_t micro_batches = 1;
+  // Sequences per step over all data-parallel replicas; 0: spec.batch_per_rank * micro_batches
+  // * d (even shares). Else replica k takes ShareOfBatch(global_batch, d, k, ...) of it
+  // (parallel/batch_share.h: 32 over 3 replicas as 11, 11, 10), cut into micro-batches as near
+  // spec.batch_per_rank x micro_batches as it allows, and its gradient and loss count for its
+  // share of the global batch's tokens (a weighted mean, not a mean of the replicas' means), so
+  // the loss does not depend on how the batch is split.
+  int64_t global_batch = 0;
   // 1: ZeRO stage 1, the optimizer's moments and update sharded over the ranks (each updates
   // its 1/N of the parameters, then the parameters are all-gathered). 0: every rank updates
   // everything.
@@ -181,6 +190,11 @@ class Trainer {
                                              std::chrono::steady_clock::time_point from);
   // The training and validation loaders of this rank's replica.
   Status OpenLoaders();
+  // This replica's share of the global batch (options_.global_batch): sets the micro-batching
+  // in options_ and share_weight_.
+  Status ApplyShare();
+  // What each token's loss gradient is scaled by: d / the global batch's tokens.
+  double GradScale() const;
   // Init and Step on a CUDA device.
   Status InitCuda();
   Result<StepStats> StepCuda();
@@ -199,13 +213,15 @@ class Trainer {
                        bool first_backward, double* loss, double* comm_s);
 
   TrainerOptions options_;
-  int tp_ = 1;                             // t
-  int tp_rank_ = 0;                        // this rank's place in its tensor-parallel group
-  int world_ = 1;                          // data-parallel replicas (d)
-  int dp_rank_ = 0;                        // this rank's replica
-  int stage_ = 0;                          // this rank's pipeline stage
-  int stages_ = 1;                         // p
-  int v_ = 1;                              // model chunks per stage (interleaved)
+  int tp_ = 1;                // t
+  int tp_rank_ = 0;           // this rank's place in its tensor-parallel group
+  int world_ = 1;             // data-parallel replicas (d)
+  int dp_rank_ = 0;           // this rank's replica
+  int stage_ = 0;             // this rank's pipeline stage
+  int stages_ = 1;            // p
+  int v_ = 1;                 // model chunks per stage (interleaved)
+  int64_t global_batch_ = 0;  // sequences per step over the replicas
+  double share_weight_ = 1;   // this replica's share of the global batch, times d (1: even)
   comm::Communicator* dp_comm_ = nullptr;  // the replicas of this stage (options_.comm when p = 1)
   std::unique_ptr<comm::Communicator> dp_owned_;
   std::unique_ptr<comm::Communicator> tp_comm_;     // this rank's tensor-parallel group
