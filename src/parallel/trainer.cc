@@ -249,6 +249,14 @@ Status Trainer::Init() {
   return OkStatus();
 }
 
+void Trainer::Abort(Status reason) {
+  // The pointers were set by Init, before the trainer was handed out, and never change.
+  for (comm::Communicator* c : {options_.comm, dp_owned_.get(), tp_comm_.get(), pipe_comm_.get(),
+                                embed_comm_.get()}) {
+    if (c != nullptr) c->Abort(reason);
+  }
+}
+
 Status Trainer::ApplyShare() {
   const int64_t b = options_.spec.batch_per_rank, m = options_.micro_batches;
   global_batch_ = options_.global_batch > 0 ? options_.global_batch : b * m * world_;

@@ -147,6 +147,11 @@ class Trainer {
   // One training step. A communication failure (a peer gone) returns its error.
   Result<StepStats> Step();
 
+  // From any thread: fails every communicator the trainer uses (options.comm and the groups
+  // split from it), so that a step or an evaluation in flight returns `reason` at once and
+  // peers blocked on this rank fail too. The trainer is of no further use.
+  void Abort(Status reason);
+
   // Mean loss over the first `batches` validation batches of every rank (the same ones each
   // time; collective), or
   // kFailedPrecondition when there is no validation data.
