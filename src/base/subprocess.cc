@@ -114,7 +114,8 @@ Result<Subprocess> Subprocess::Start(const SubprocessOptions& o) {
     _exit(127);
   }
   if (dev_null >= 0) close(dev_null);
-  if (o.group == SubprocessOptions::Group::kNew) setpgid(pid, pid);  // also here: a signal to it may come first
+  if (o.group == SubprocessOptions::Group::kNew)
+    setpgid(pid, pid);  // also here: a signal to it may come first
   const int pidfd = PidfdOpen(pid);
   if (pidfd < 0) {
     const std::string why = Errno("subprocess: pidfd_open (Linux >= 5.3)");
@@ -164,7 +165,8 @@ Result<int> Subprocess::Wait(TimePoint deadline, Clock* clock) {
   if (pid_ <= 0) return FailedPreconditionError("subprocess: released");
   while (!status_) {
     if (deadline != TimePoint::max()) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock->Now());
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock->Now());
       if (left.count() <= 0) return DeadlineExceededError("subprocess: still running");
       pollfd p{.fd = pidfd_, .events = POLLIN, .revents = 0};
       // The real clock bounds the wait; a fake one is read again after each slice.

@@ -95,7 +95,8 @@ class Subprocess {
   pid_t Release();
 
  private:
-  Subprocess(pid_t pid, int pidfd, bool own_group) : pid_(pid), pidfd_(pidfd), own_group_(own_group) {}
+  Subprocess(pid_t pid, int pidfd, bool own_group)
+      : pid_(pid), pidfd_(pidfd), own_group_(own_group) {}
   void Reset();
 
   pid_t pid_ = -1;

@@ -35,7 +35,8 @@ struct Pipe {
   std::string ReadAll() {
     std::string out;
     char buf[256];
-    for (ssize_t n; (n = read(fd[0], buf, sizeof buf)) > 0;) out.append(buf, static_cast<size_t>(n));
+    for (ssize_t n; (n = read(fd[0], buf, sizeof buf)) > 0;)
+      out.append(buf, static_cast<size_t>(n));
     return out;
   }
   int fd[2] = {-1, -1};

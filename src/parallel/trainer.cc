@@ -251,8 +251,8 @@ Status Trainer::Init() {
 
 void Trainer::Abort(Status reason) {
   // The pointers were set by Init, before the trainer was handed out, and never change.
-  for (comm::Communicator* c : {options_.comm, dp_owned_.get(), tp_comm_.get(), pipe_comm_.get(),
-                                embed_comm_.get()}) {
+  for (comm::Communicator* c :
+       {options_.comm, dp_owned_.get(), tp_comm_.get(), pipe_comm_.get(), embed_comm_.get()}) {
     if (c != nullptr) c->Abort(reason);
   }
 }

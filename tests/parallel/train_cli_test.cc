@@ -856,9 +856,9 @@ TEST(KcElasticUnevenTest, FourRanksThatLoseOneGoOnWithAllThreeSurvivors) {
   const std::string common = "--steps 10 --global-batch 16 --threads-per-rank 1 --eval-every 0 ";
   TrainRun base = Train(TheCorpus().model(), common + "--ranks 1", "elastic_uneven_base");
   ASSERT_EQ(base.result.exit_code, 0) << base.result.err;
-  TrainRun run = Train(TheCorpus().model(),
-                       common + "--ranks 4 --min-ranks 2 --inject-fault 1:4:kill",
-                       "elastic_uneven");
+  TrainRun run =
+      Train(TheCorpus().model(), common + "--ranks 4 --min-ranks 2 --inject-fault 1:4:kill",
+            "elastic_uneven");
   ASSERT_EQ(run.result.exit_code, 0) << run.result.err;
   EXPECT_THAT(run.result.err, HasSubstr("generation 1 goes on with 3 ranks (d=3)"));
   ASSERT_EQ(run.losses.size(), base.losses.size());
