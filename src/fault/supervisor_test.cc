@@ -21,6 +21,7 @@
 namespace kc::fault {
 namespace {
 
+using parallel::testing::MaxRelativeDifference;
 using parallel::testing::OneCore;
 using parallel::testing::TinyCorpus;
 using parallel::testing::TinyModel;
@@ -190,15 +191,6 @@ RunResult Train(const RunSpec& spec) {
   EXPECT_TRUE(outcome.ok()) << outcome.status();
   if (outcome.ok()) out.outcome = *outcome;
   return out;
-}
-
-double MaxRelativeDifference(const std::vector<double>& a, const std::vector<double>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double worst = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    worst = std::max(worst, std::fabs(a[i] - b[i]) / std::fabs(a[i]));
-  }
-  return worst;
 }
 
 // One rank, never interrupted: the trajectory every other run must follow.

@@ -14,6 +14,7 @@
 namespace kc::parallel {
 namespace {
 
+using testing::MaxRelativeDifference;
 using testing::OneCore;
 using testing::TinyCorpus;
 using testing::TinyModel;
@@ -68,15 +69,6 @@ Trajectory Train(const TinyCorpus& corpus, int ranks, int64_t global_batch, int 
   }
   threads.clear();
   return out;
-}
-
-double MaxRelativeDifference(const std::vector<double>& a, const std::vector<double>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double worst = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    worst = std::max(worst, std::fabs(a[i] - b[i]) / std::fabs(a[i]));
-  }
-  return worst;
 }
 
 TEST(TrainerTest, UnevenSharesOfTheGlobalBatchGiveTheLossesOfOneRank) {

@@ -3,6 +3,8 @@
 // a temporary directory. Header-only.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <random>
 #include <string>
 #include <vector>
@@ -65,6 +67,17 @@ class TinyCorpus {
  private:
   kc::testing::TempDir dir_;
 };
+
+// The largest |a[i] - b[i]| / |a[i]| over the steps both have (a loss trajectory against
+// another); their sizes must agree too.
+inline double MaxRelativeDifference(const std::vector<double>& a, const std::vector<double>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    worst = std::max(worst, std::fabs(a[i] - b[i]) / std::fabs(a[i]));
+  }
+  return worst;
+}
 
 // The host CPU as a compute device with one thread.
 inline std::unique_ptr<hal::ComputeDevice> OneCore(int index) {
