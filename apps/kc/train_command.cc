@@ -174,7 +174,10 @@ int RunLauncher(TrainArgs a) {
         SubprocessOptions o{.path = "/proc/self/exe",
                             .argv = WorkerArgv(a, p, r.worker, address, group),
                             .env = {{"OPENBLAS_NUM_THREADS", std::to_string(p.blas_threads)},
-                                    {"OMP_NUM_THREADS", "1"}}};
+                                    {"OMP_NUM_THREADS", "1"}},
+                            // Started from this (the main) thread: a launcher killed with
+                            // SIGKILL takes its workers with it.
+                            .die_with_parent = true};
         if (r.join) o.argv.push_back("--elastic-join");
         // Pinned to its cores when they fit (a replacement to those its id would have had).
         for (int i = 0; i < p.threads && p.pin; ++i) {
