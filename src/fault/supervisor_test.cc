@@ -210,15 +210,37 @@ const FaultEvent* Find(const RunResult& r, FaultEvent::Kind kind) {
   return nullptr;
 }
 
-TEST(SupervisorTest, RanksThatAllFinishCompleteTheRunWithTheLossesOfOneRank) {
-  // 8 sequences over 3 ranks: 3, 3, 2.
-  RunResult r = Train({.ranks = 3});
+// Over world sizes, as gloo's tests do: 1, powers of two and not (8 sequences over 3: 3, 3, 2;
+// over 5: 2, 2, 2, 1, 1).
+class SupervisorWorldTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(SupervisorWorldTest, RanksThatAllFinishCompleteTheRunWithTheLossesOfOneRank) {
+  RunResult r = Train({.ranks = GetParam()});
   EXPECT_EQ(r.outcome.end, RunOutcome::End::kCompleted);
   EXPECT_EQ(r.outcome.faults, 0);
   ASSERT_EQ(r.losses.size(), 8u);
   EXPECT_LE(MaxRelativeDifference(r.losses, Uninterrupted()), 1e-5);
   EXPECT_TRUE(r.faults.empty());
 }
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, SupervisorWorldTest, ::testing::Values(1, 2, 3, 5));
+
+// n ranks lose their last one: all n - 1 survivors go on (4 of 5: 2, 2, 2, 2; 2 of 3: 4, 4).
+class SupervisorKillTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(SupervisorKillTest, EverySurvivorOfAKillGoesOnWithTheLossesOfOneRank) {
+  const int n = GetParam();
+  RunResult r = Train({.ranks = n, .min_ranks = 1, .drills = {{.worker = n - 1, .step = 3}}});
+  EXPECT_EQ(r.outcome.end, RunOutcome::End::kCompleted);
+  const FaultEvent* recovered = Find(r, FaultEvent::Kind::kRecovered);
+  ASSERT_NE(recovered, nullptr);
+  EXPECT_EQ(recovered->ranks, n - 1);
+  EXPECT_EQ(recovered->source, "replica");
+  ASSERT_EQ(r.losses.size(), 8u);
+  EXPECT_LE(MaxRelativeDifference(r.losses, Uninterrupted()), 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, SupervisorKillTest, ::testing::Values(2, 3, 4, 5));
 
 TEST(SupervisorTest, AKilledRankOfARunThatIsNotElasticStopsTheOthers) {
   RunResult r = Train({.ranks = 3, .drills = {{.worker = 1, .step = 3}}});
