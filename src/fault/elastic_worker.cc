@@ -23,7 +23,8 @@ Result<int64_t> ParseStep(std::string_view key, std::string_view text) {
   return v;
 }
 
-TimePoint After(Duration d) { return Clock::Real()->Now() + d; }
+// A deadline `d` from now on the clock `store` reads deadlines on.
+TimePoint After(const comm::Store& store, Duration d) { return store.clock()->Now() + d; }
 
 Duration Of(Seconds s) { return std::chrono::duration_cast<Duration>(s); }
 
@@ -102,7 +103,7 @@ bool ElasticWorker::StopAfter(Generation& g, int64_t done) {
     const std::string keys[1] = {key};
     Result<bool> named = stop_store_->Check(keys);
     if (named.ok() && *named) {
-      Result<std::string> v = stop_store_->Get(key, After(o_.timeout));
+      Result<std::string> v = stop_store_->Get(key, After(*stop_store_, o_.timeout));
       if (v.ok()) stop_after_ = ParseStep(key, *v).value_or(-1);
     }
   }
@@ -134,9 +135,10 @@ Result<int> ElasticWorker::Run() {
     // A newcomer: it learns the generation running now, says it is up, and waits (as a
     // spare) for a generation that takes it in.
     if (!elastic) return InvalidArgumentError("elastic worker: a replacement joins elastic runs");
-    KC_ASSIGN_OR_RETURN(std::string current, store_->Get(kCurrentGenerationKey, After(o_.timeout)));
+    KC_ASSIGN_OR_RETURN(std::string current,
+                        store_->Get(kCurrentGenerationKey, After(*store_, o_.timeout)));
     KC_ASSIGN_OR_RETURN(const int64_t number, ParseStep(kCurrentGenerationKey, current));
-    KC_ASSIGN_OR_RETURN(gen, AwaitGeneration(*store_, number, After(o_.timeout)));
+    KC_ASSIGN_OR_RETURN(gen, AwaitGeneration(*store_, number, After(*store_, o_.timeout)));
     Report(ReadyReport{.worker = o_.worker}, /*leader=*/true);
   }
   for (;;) {
@@ -147,8 +149,8 @@ Result<int> ElasticWorker::Run() {
     const int rank = gen.rank_of(o_.worker);
     if (gen.done || (rank < 0 && gen.stop)) return rank;
     if (rank < 0) {  // a spare: it waits for a generation that takes it in
-      KC_ASSIGN_OR_RETURN(
-          gen, AwaitGeneration(*watch_store_, gen.number + 1, After(std::chrono::hours(24 * 365))));
+      KC_ASSIGN_OR_RETURN(gen, AwaitGeneration(*watch_store_, gen.number + 1,
+                                               After(*watch_store_, std::chrono::hours(24 * 365))));
       continue;
     }
     Generation g{.announced = gen, .rank = rank, .world = static_cast<int>(gen.members.size())};
@@ -164,9 +166,9 @@ Result<int> ElasticWorker::Run() {
     if (!elastic || !PeerLoss(s)) return s;
     // The generation failed; this worker kept its state. The supervisor announces the next
     // one when a member dies or goes silent: waiting longer than that is waiting for nothing.
-    Result<fault::Generation> next =
-        AwaitGeneration(*watch_store_, gen.number + 1,
-                        After(Of(o_.heartbeat.timeout + 2 * o_.heartbeat.period + Seconds(10))));
+    Result<fault::Generation> next = AwaitGeneration(
+        *watch_store_, gen.number + 1,
+        After(*watch_store_, Of(o_.heartbeat.timeout + 2 * o_.heartbeat.period + Seconds(10))));
     if (!next.ok()) return s;
     KC_LOG(WARNING) << fmt::format(
         "rank {} (worker {}): generation {} ended ({}); generation {} begins: {}", rank, o_.worker,

@@ -369,8 +369,11 @@ void Supervisor::Impl::StartReplacements() {
 }
 
 // Replacements that are up join a generation that takes them in, as soon as the workers make
-// more replicas than run now.
+// more replicas than run now and the current generation has formed (its leader reported its
+// recovery): a generation announced while the last one's communicators rendezvous would be
+// noticed only when that rendezvous times out.
 void Supervisor::Impl::TakeInReady() {
+  if (recovering_) return;
   for (size_t i = 0; i < awaiting_ready_.size() && elastic_open_ && !ended_;) {
     const int id = awaiting_ready_[i];
     if (!workers_[id].exited && ready_.count(id) == 0) {
