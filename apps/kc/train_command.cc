@@ -101,6 +101,14 @@ int RunLauncher(TrainArgs a) {
   }
   plan->predicted_step_s = predicted_step_s;
   const TrainSetup& p = *plan;
+  if (!p.cuda && a.ranks * p.threads > static_cast<int>(p.cpus.size())) {
+    std::cerr << fmt::format(
+        "kc train: warning: {} ranks x {} thread{} oversubscribe the {} core{} this process may "
+        "use; the ranks take turns on them, so throughput and MFU are those of {} shared "
+        "core{}\n",
+        a.ranks, p.threads, p.threads == 1 ? "" : "s", p.cpus.size(), p.cpus.size() == 1 ? "" : "s",
+        p.cpus.size(), p.cpus.size() == 1 ? "" : "s");
+  }
   if (p.cuda && a.ranks > p.gpus) {
     std::cerr << fmt::format(
         "kc train: warning: {} ranks share {} GPU{} (round robin); throughput and MFU are those of "

@@ -178,7 +178,9 @@ void PrintSummary(const TrainArgs& a, const TrainSetup& p, const TrainProgress& 
   const TrainSummary s = Summarise(m.steps());
   const double flops_per_token = parallel::TrainingFlopsPerToken(p.spec);
   // The units the peak is per: cores, or on GPUs the GPUs the ranks use.
-  const int cores = p.cuda ? std::min(a.ranks, std::max(p.gpus, 1)) : a.ranks * p.threads;
+  // Oversubscribed (more threads than cores): the peak is that of the cores there are.
+  const int cores = p.cuda ? std::min(a.ranks, std::max(p.gpus, 1))
+                           : std::min(a.ranks * p.threads, static_cast<int>(p.cpus.size()));
   const double achieved = s.tokens_per_s * flops_per_token;
   const double mfu = peak_per_core > 0 ? achieved / (cores * peak_per_core) : 0;
   const int64_t global = p.global_batch;

@@ -91,6 +91,19 @@ std::string ProgressLine(int64_t step, int64_t total, double loss, double val, d
   return line;
 }
 
+std::vector<double> SmoothedLosses(const std::vector<StepRecord>& steps, double weight) {
+  std::vector<double> out(steps.size(), std::nan(""));
+  double ema = 0;
+  int64_t seen = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (!std::isfinite(steps[i].loss)) continue;
+    ema = weight * ema + (1 - weight) * steps[i].loss;
+    ++seen;
+    out[i] = ema / (1 - std::pow(weight, static_cast<double>(seen)));
+  }
+  return out;
+}
+
 std::string LossCurveSvg(const std::string& title, const std::vector<StepRecord>& steps,
                          const std::vector<ValRecord>& val) {
   constexpr double kW = 720, kH = 420, kLeft = 60, kRight = 20, kTop = 40, kBottom = 50;
@@ -143,12 +156,11 @@ std::string LossCurveSvg(const std::string& title, const std::vector<StepRecord>
     return p + "\"/>\n";
   };
   std::vector<std::pair<double, double>> raw, smooth;
-  double ema = 0;
+  const std::vector<double> smoothed = SmoothedLosses(steps);
   for (size_t i = 0; i < steps.size(); ++i) {
     if (!std::isfinite(steps[i].loss)) continue;
-    ema = i == 0 ? steps[i].loss : 0.9 * ema + 0.1 * steps[i].loss;
     raw.emplace_back(static_cast<double>(steps[i].step), steps[i].loss);
-    smooth.emplace_back(static_cast<double>(steps[i].step), ema);
+    smooth.emplace_back(static_cast<double>(steps[i].step), smoothed[i]);
   }
   svg += polyline(raw, "stroke=\"#9ecae1\" stroke-width=\"1\"");
   svg += polyline(smooth, "stroke=\"#08519c\" stroke-width=\"2\"");

@@ -53,6 +53,12 @@ TrainSummary Summarise(const std::vector<StepRecord>& steps);
 std::string ProgressLine(int64_t step, int64_t total, double loss, double val, double tokens_per_s,
                          double eta_s, int width);
 
+// The losses smoothed as TensorBoard's slider does: an exponential moving average with
+// `weight` on the past, started from zero and debiased (divided by 1 - weight^n after n
+// finite losses), so the first steps are not dragged towards the first loss. NaN where the
+// loss is not finite.
+std::vector<double> SmoothedLosses(const std::vector<StepRecord>& steps, double weight = 0.9);
+
 // The training loss (raw, faint, and smoothed) and validation losses against the step, as a
 // self-contained SVG document.
 std::string LossCurveSvg(const std::string& title, const std::vector<StepRecord>& steps,

@@ -3,6 +3,7 @@
 // worker starts, and a worker's death stops the others.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
 
 #include <chrono>
@@ -14,7 +15,6 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "tests/support/daemon.h"
@@ -332,6 +332,21 @@ TEST(KcTrainTest, WritesMetricsPlotAndSummary) {
   EXPECT_THAT(plot, HasSubstr("<svg"));
   EXPECT_THAT(plot, HasSubstr("<polyline"));
   EXPECT_THAT(plot, HasSubstr("</svg>"));
+}
+
+// More threads than cores: a warning, and MFU against the cores there are, not one per thread.
+TEST(KcTrainTest, OversubscribedCoresAreSaidAndMfuCountsTheCoresThereAre) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  const int cores = CPU_COUNT(&set);
+  TrainRun run = Train(TheCorpus().model(), "--steps 2 --threads-per-rank 256", "oversubscribed");
+  ASSERT_EQ(run.result.exit_code, 0) << run.result.err;
+  EXPECT_THAT(run.result.err, HasSubstr("1 ranks x 256 threads oversubscribe the"));
+  EXPECT_THAT(run.result.out, Not(HasSubstr("of 256 cores")));
+  if (cores > 0 && cores < 256) {
+    EXPECT_THAT(run.result.out, HasSubstr("of " + std::to_string(cores) + " core"));
+  }
 }
 
 TEST(KcTrainTest, TraceHoldsEveryRanksSpansInOneFile) {

@@ -4,6 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -81,6 +82,29 @@ TEST(LossCurveSvgTest, PlotsTrainAndValidation) {
   EXPECT_EQ(svg.substr(svg.size() - 7), "</svg>\n");
   // Nothing to plot is still a valid document.
   EXPECT_THAT(LossCurveSvg("empty", {}, {}), HasSubstr("</svg>"));
+}
+
+// TensorBoard's debiased smoothing: a steep early drop is followed within a few steps, not
+// dragged towards the first loss for dozens (a plain EMA started at the first loss kept 0.9^9
+// = 39% of it after 10 steps).
+TEST(SmoothedLossesTest, AreDebiasedSoTheFirstStepsAreNotDraggedBack) {
+  std::vector<StepRecord> steps;
+  for (int i = 1; i <= 10; ++i) steps.push_back({.step = i, .loss = i == 1 ? 10.0 : 1.0});
+  const std::vector<double> s = SmoothedLosses(steps);
+  ASSERT_EQ(s.size(), 10u);
+  EXPECT_DOUBLE_EQ(s[0], 10.0);  // one value: itself
+  // After n values, the first one weighs 0.1 * 0.9^(n-1) / (1 - 0.9^n).
+  const double w = 0.1 * std::pow(0.9, 9) / (1 - std::pow(0.9, 10));
+  EXPECT_NEAR(s[9], w * 10.0 + (1 - w) * 1.0, 1e-12);
+  EXPECT_LT(s[9], 1.6);
+  // A constant loss is smoothed to itself from the first step on.
+  for (StepRecord& r : steps) r.loss = 3.0;
+  for (double v : SmoothedLosses(steps)) EXPECT_NEAR(v, 3.0, 1e-12);
+  // Non-finite losses are skipped, not averaged in.
+  steps[4].loss = std::nan("");
+  const std::vector<double> with_nan = SmoothedLosses(steps);
+  EXPECT_TRUE(std::isnan(with_nan[4]));
+  EXPECT_NEAR(with_nan[5], 3.0, 1e-12);
 }
 
 }  // namespace
