@@ -18,6 +18,7 @@
 #include "hal/inventory.h"
 #include "hal/measure.h"
 #include "hal/topology.h"
+#include "parallel/engine_support.h"
 #include "parallel/planner/approval.h"
 #include "parallel/planner/calibration.h"
 #include "parallel/planner/cases.h"
@@ -574,11 +575,11 @@ int RunCalibrate(const PlanArgs& a) {
 }  // namespace
 
 pl::SearchConstraints EngineConstraints() {
-  pl::SearchConstraints c;
+  pl::SearchConstraints c = parallel::EngineSearchConstraints(hal::DeviceKind::kCpu);
+  // The calibration times whole layers of data-parallel steps only.
   c.fixed_t = 1;
   c.max_p = 1;
   c.allow_recompute = false;
-  c.max_zero_stage = 1;
   return c;
 }
 

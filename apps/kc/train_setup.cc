@@ -15,6 +15,7 @@
 #include "hal/cuda/cuda_device.h"
 #include "hal/host_probe.h"
 #include "parallel/batch_share.h"
+#include "parallel/engine_support.h"
 
 namespace kc::app {
 
@@ -169,14 +170,6 @@ Result<TrainSetup> CheckTrainArgs(TrainArgs* args) {
     p.pipeline_stages = plan.p;
     p.schedule = plan.schedule;
     p.virtual_stages = plan.v;
-    if (plan.zero_stage > 1) {
-      return UnimplementedError("--plan " + a.plan + ": zero_stage above 1 is not built yet");
-    }
-    if (plan.recompute && plan.p > 1 && plan.schedule == parallel::Schedule::kZeroBubbleH1) {
-      return UnimplementedError("--plan " + a.plan +
-                                ": recompute with zb-h1 is not built yet (the weight passes "
-                                "need the activations recompute drops)");
-    }
     p.recompute = plan.recompute;
     p.spec.batch_per_rank = plan.micro_batch_size;
     p.micro_batches = plan.micro_batches;
@@ -195,12 +188,12 @@ Result<TrainSetup> CheckTrainArgs(TrainArgs* args) {
   p.global_batch = a.plan.empty() && a.global_batch != 0
                        ? a.global_batch
                        : p.spec.batch_per_rank * p.micro_batches * replicas;
-  if (p.cuda &&
-      (p.tensor_parallel != 1 || p.pipeline_stages != 1 || p.zero_stage != 0 || p.recompute)) {
-    return UnimplementedError(fmt::format(
-        "--plan {} with --device cuda: on GPUs the engine runs data-parallel plans only (t=1, "
-        "p=1, zero_stage 0, no recompute)",
-        a.plan));
+  // What the engine runs: the trainer asks the same.
+  if (Status s = parallel::EngineSupports(p.ParallelPlanFor(a.ranks),
+                                          p.cuda ? hal::DeviceKind::kCuda : hal::DeviceKind::kCpu);
+      !s.ok()) {
+    return s.WithContext(a.plan.empty() ? "--device " + a.device
+                                        : "--plan " + a.plan + " with --device " + a.device);
   }
   if (p.cuda && a.worker_rank < 0) {
     Result<int> gpus = hal::cuda::CudaDeviceCount();
@@ -418,6 +411,18 @@ Status ResolveResume(TrainArgs* a) {
             << (skipped.empty() ? "" : ", the newest good one") << "\n";
   a->resume = good->path;
   return OkStatus();
+}
+
+parallel::ParallelPlan TrainSetup::ParallelPlanFor(int ranks) const {
+  return {.t = tensor_parallel,
+          .p = pipeline_stages,
+          .d = std::max(1, ranks / (tensor_parallel * pipeline_stages)),
+          .micro_batch_size = spec.batch_per_rank,
+          .micro_batches = micro_batches,
+          .schedule = schedule,
+          .v = virtual_stages,
+          .recompute = recompute,
+          .zero_stage = zero_stage};
 }
 
 }  // namespace kc::app

@@ -104,6 +104,9 @@ struct TrainSetup {
   parallel::Precision precision = parallel::Precision::kFp32;
   parallel::GradSync grad_sync = parallel::GradSync::kBucketed;
   comm::TransportKind transport = comm::TransportKind::kAuto;
+
+  // The plan of these fields for `ranks` ranks (d = ranks / (t * p)).
+  parallel::ParallelPlan ParallelPlanFor(int ranks) const;
 };
 
 // The checks of `kc train` that need no worker: the model file, the layout, the data. Fills

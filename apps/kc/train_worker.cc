@@ -212,12 +212,7 @@ int RunTrainWorker(const TrainArgs& a, const TrainSetup& p) {
   t.total_steps = a.steps;
   t.device = device->get();
   t.compute_threads = p.compute_threads;
-  t.zero_stage = p.zero_stage;
-  t.tensor_parallel = p.tensor_parallel;
-  t.pipeline_stages = p.pipeline_stages;
-  t.schedule = p.schedule;
-  t.virtual_stages = p.virtual_stages;
-  t.recompute = p.recompute;
+  t.plan = p.ParallelPlanFor(a.ranks);  // its size and micro-batching are set per generation
   t.grad_sync = p.grad_sync;
   t.precision = p.precision;
   t.bucket_bytes = static_cast<int64_t>(a.bucket_mb * (1 << 20));

@@ -220,20 +220,24 @@ Status ElasticWorker::RunGeneration(Generation& g) {
     }
     parallel::TrainerOptions to = o_.trainer;
     to.comm = g.comm.get();
-    to.spec.batch_per_rank = o_.shape.micro_batch_size;
-    to.micro_batches = o_.shape.micro_batches;
+    // The plan for this generation's size: the run's, with this generation's replicas.
+    to.plan.t = o_.shape.t;
+    to.plan.p = o_.shape.p;
+    to.plan.d = gen.d;
+    to.plan.micro_batch_size = o_.shape.micro_batch_size;
+    to.plan.micro_batches = o_.shape.micro_batches;
     to.global_batch = o_.shape.global_batch;
     RunnerOptions ro = o_.runner;
     if (gen.number > 0) ro.resume_from.clear();
-    ro.plan = {{"t", o_.shape.t},
-               {"p", o_.shape.p},
+    ro.plan = {{"t", to.plan.t},
+               {"p", to.plan.p},
                {"d", gen.d},
                {"micro_batch_size", gen.micro_batch_size},
                {"micro_batches", gen.micro_batches},
-               {"schedule", std::string(parallel::ScheduleName(to.schedule))},
-               {"v", to.virtual_stages},
-               {"recompute", to.recompute},
-               {"zero_stage", to.zero_stage}};
+               {"schedule", std::string(parallel::ScheduleName(to.plan.schedule))},
+               {"v", to.plan.v},
+               {"recompute", to.plan.recompute},
+               {"zero_stage", to.plan.zero_stage}};
     ro.rank = g.rank;
     ro.ranks = g.world;
     if (checkpoint_store_ != nullptr) {

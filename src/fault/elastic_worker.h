@@ -71,9 +71,10 @@ struct ElasticWorkerOptions {
   comm::TransportKind transport = comm::TransportKind::kAuto;
   Duration timeout = std::chrono::minutes(5);  // rendezvous and collectives
   HeartbeatOptions heartbeat;                  // its period; its timeout bounds waits
-  // The engine: everything but its communicator and its batch, set per generation (the batch
-  // is the shape's: trainer.global_batch, with the micro-batching trainer.spec.batch_per_rank x
-  // trainer.micro_batches; each replica takes its share). trainer.device is not owned.
+  // The engine: everything but its communicator, its plan's size and its batch, set per
+  // generation (trainer.plan's t, p and micro-batching are the shape's, its d the generation's;
+  // the batch is the shape's global batch, each replica taking its share). trainer.plan's
+  // schedule, v, recompute and zero_stage are the run's. trainer.device is not owned.
   parallel::TrainerOptions trainer;
   // The runner: everything but its rank, ranks, store and plan, set per generation.
   // runner.resume_from applies to the first generation only.

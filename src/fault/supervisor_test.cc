@@ -137,7 +137,7 @@ RunResult Train(const RunSpec& spec) {
                              o.trainer.data = Corpus().train();
                              o.trainer.total_steps = spec.steps;
                              o.trainer.device = device.get();
-                             o.trainer.tensor_parallel = spec.t;
+                             o.trainer.plan.t = spec.t;
                              o.runner.steps = spec.steps;
                              o.runner.checkpoint.dir = spec.checkpoint_dir;
                              o.runner.checkpoint_every = spec.checkpoint_every;

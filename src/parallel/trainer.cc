@@ -1,5 +1,7 @@
 #include "parallel/trainer.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -12,6 +14,7 @@
 #include "hal/kernels.h"
 #include "parallel/batch_share.h"
 #include "parallel/cuda/cuda_gpt.h"
+#include "parallel/engine_support.h"
 
 namespace kc::parallel {
 namespace {
@@ -92,23 +95,29 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& options) 
 }
 
 Status Trainer::Init() {
+  const ParallelPlan& plan = options_.plan;
+  if (plan.micro_batch_size < 1 || plan.micro_batches < 1) {
+    return InvalidArgumentError(
+        "trainer: the plan's micro_batch_size and micro_batches must be >= 1");
+  }
+  options_.spec.batch_per_rank = plan.micro_batch_size;
   const ModelSpec& spec = options_.spec;
   KC_RETURN_IF_ERROR(ValidateModelSpec(spec));
-  if (options_.micro_batches < 1) {
-    return InvalidArgumentError("trainer: micro_batches must be >= 1");
+  comm::Communicator* comm = options_.comm;
+  const int size = comm != nullptr ? comm->size() : 1;
+  if (plan.world() != size) {
+    return InvalidArgumentError(
+        fmt::format("trainer: the plan ({}) is for t*p*d = {} ranks; this group has {}",
+                    PlanToString(plan), plan.world(), size));
   }
+  KC_RETURN_IF_ERROR(EngineSupports(plan, options_.device->id().kind).WithContext("trainer"));
   if (options_.device->id().kind == hal::DeviceKind::kCuda) return InitCuda();
   if (options_.precision != Precision::kFp32) {
     return UnimplementedError("trainer: " + std::string(PrecisionName(options_.precision)) +
                               " training runs on CUDA devices only; the CPU engine trains in fp32");
   }
-  comm::Communicator* comm = options_.comm;
-  const int size = comm != nullptr ? comm->size() : 1;
-  if (options_.micro_batches < 1 || options_.zero_stage < 0 || options_.zero_stage > 1) {
-    return InvalidArgumentError("trainer: micro_batches must be >= 1 and zero_stage 0 or 1");
-  }
-  stages_ = options_.pipeline_stages;
-  tp_ = options_.tensor_parallel;
+  stages_ = options_.plan.p;
+  tp_ = options_.plan.t;
   if (tp_ < 1 || stages_ < 1 || size % (tp_ * stages_) != 0 || stages_ > spec.layers) {
     return InvalidArgumentError("trainer: t=" + std::to_string(tp_) +
                                 " and p=" + std::to_string(stages_) + " for " +
@@ -137,7 +146,7 @@ Status Trainer::Init() {
   }
   for (int c = 0; c < v_; ++c) {
     GptOptions gpt{.threads = options_.compute_threads,
-                   .recompute = options_.recompute,
+                   .recompute = options_.plan.recompute,
                    .tensor_parallel = tp_link_.get()};
     if (stages_ > 1) {
       const size_t vs = static_cast<size_t>(c * stages_ + stage_);
@@ -151,7 +160,7 @@ Status Trainer::Init() {
         held = std::max(held, in_flight);
       }
       gpt.slots = std::max(held, 1);
-      gpt.split_backward = options_.schedule == Schedule::kZeroBubbleH1;
+      gpt.split_backward = options_.plan.schedule == Schedule::kZeroBubbleH1;
     }
     KC_ASSIGN_OR_RETURN(std::unique_ptr<Gpt<float>> chunk,
                         Gpt<float>::Create(spec, options_.device, gpt));
@@ -227,7 +236,7 @@ Status Trainer::Init() {
   for (const auto& chunk : chunks_) {
     const std::vector<TensorSpec>& tensors = chunk->tensors();
     size_t lo = 0, hi = chunk->params().size();
-    if (options_.zero_stage == 1 && world_ > 1) {
+    if (options_.plan.zero_stage == 1 && world_ > 1) {
       const comm::ChunkRange c = comm::ChunkOf(hi, world_, rank);
       lo = c.offset;
       hi = c.offset + c.count;
@@ -258,11 +267,11 @@ void Trainer::Abort(Status reason) {
 }
 
 Status Trainer::ApplyShare() {
-  const int64_t b = options_.spec.batch_per_rank, m = options_.micro_batches;
+  const int64_t b = options_.spec.batch_per_rank, m = options_.plan.micro_batches;
   global_batch_ = options_.global_batch > 0 ? options_.global_batch : b * m * world_;
   KC_ASSIGN_OR_RETURN(BatchShare share, ShareOfBatch(global_batch_, world_, dp_rank_, b, m));
   options_.spec.batch_per_rank = share.micro_batch_size;
-  options_.micro_batches = share.micro_batches;
+  options_.plan.micro_batches = share.micro_batches;
   // Exactly 1 for even shares, so an even split computes what it always did.
   share_weight_ =
       static_cast<double>(share.sequences * world_) / static_cast<double>(global_batch_);
@@ -273,7 +282,7 @@ Status Trainer::OpenLoaders() {
   const ModelSpec& spec = options_.spec;
   auto loader_options = [&](LoaderOptions o) {
     o.seq_len = spec.seq_len;
-    o.batch = spec.batch_per_rank * options_.micro_batches;
+    o.batch = spec.batch_per_rank * options_.plan.micro_batches;
     o.rank = dp_rank_;
     o.world_size = world_;
     o.global_batch = global_batch_;
@@ -296,15 +305,6 @@ Status Trainer::OpenLoaders() {
 
 Status Trainer::InitCuda() {
   const ModelSpec& spec = options_.spec;
-  if (options_.tensor_parallel != 1 || options_.pipeline_stages != 1 || options_.zero_stage != 0 ||
-      options_.recompute) {
-    return UnimplementedError(
-        "trainer: on a CUDA device the engine runs data parallelism only (t=1, p=1, zero_stage "
-        "0, no recompute); this plan has t=" +
-        std::to_string(options_.tensor_parallel) +
-        " p=" + std::to_string(options_.pipeline_stages) + " zero_stage=" +
-        std::to_string(options_.zero_stage) + (options_.recompute ? " with recompute" : ""));
-  }
   comm::Communicator* comm = options_.comm;
   world_ = comm != nullptr ? comm->size() : 1;
   dp_rank_ = comm != nullptr ? comm->rank() : 0;
@@ -457,15 +457,15 @@ Status Trainer::InitGroups() {
 }
 
 Status Trainer::InitPipeline() {
-  v_ = options_.schedule == Schedule::kInterleaved ? options_.virtual_stages : 1;
+  v_ = options_.plan.schedule == Schedule::kInterleaved ? options_.plan.v : 1;
   if (v_ < 1 || stages_ * v_ > options_.spec.layers) {
     return InvalidArgumentError(
         "trainer: " + std::to_string(stages_) + " stages x " + std::to_string(v_) + " chunks for " +
         std::to_string(options_.spec.layers) + " layers: every chunk needs a layer");
   }
   KC_ASSIGN_OR_RETURN(std::vector<std::vector<PipeOp>> schedule,
-                      BuildPipelineSchedule(options_.schedule, stages_,
-                                            static_cast<int>(options_.micro_batches), v_));
+                      BuildPipelineSchedule(options_.plan.schedule, stages_,
+                                            static_cast<int>(options_.plan.micro_batches), v_));
   ops_ = std::move(schedule[static_cast<size_t>(stage_)]);
   return OkStatus();
 }
@@ -523,7 +523,7 @@ Status Trainer::RunPipelineOp(const PipeOp& op, std::span<const int32_t> inputs,
                                       last ? targets : std::span<const int32_t>(), grad_scale));
     pass_s_ += Since(t0);
     span("forward", SpanKind::kCompute, t0);
-    if (last) *loss += micro_loss / static_cast<double>(options_.micro_batches);
+    if (last) *loss += micro_loss / static_cast<double>(options_.plan.micro_batches);
     if (!last) {
       KC_RETURN_IF_ERROR(
           send(next, model.stage_output(slot), activation_tag(vs), "send activations"));
@@ -623,7 +623,7 @@ Result<StepStats> Trainer::Step() {
   // Each token's gradient is scaled to its share of the global batch's mean, times d for the
   // replicas' average: the micro-batches add up, the average of the replicas is the weighted
   // mean over every token (with even shares the same as 1 / the rank's tokens).
-  const int64_t m = options_.micro_batches;
+  const int64_t m = options_.plan.micro_batches;
   const size_t micro_tokens = static_cast<size_t>(chunks_.front()->tokens());
   const double grad_scale = GradScale();
   double loss = 0;
@@ -692,7 +692,7 @@ Result<StepStats> Trainer::Step() {
   stats.lr = LearningRate(options_.spec.training, step_, options_.total_steps);
   optimizer_->Step(stats.lr, ClipScale(options_.spec.training, stats.grad_norm));
   t = Span("optimizer", SpanKind::kCompute, t);
-  if (options_.zero_stage == 1 && world_ > 1) {
+  if (options_.plan.zero_stage == 1 && world_ > 1) {
     // Every rank updated its part of each model chunk; gather the others'.
     for (const auto& chunk : chunks_) {
       std::span<float> params = chunk->params();
@@ -727,7 +727,7 @@ Result<StepStats> Trainer::StepCuda() {
   loader_->Next(&batch_);
   Clock::time_point t = Span("data", SpanKind::kData, t0);
   CudaGpt& model = *cuda_model_;
-  const int64_t m = options_.micro_batches;
+  const int64_t m = options_.plan.micro_batches;
   const size_t micro_tokens = static_cast<size_t>(model.tokens());
   const double grad_scale = GradScale();
   double loss = 0;
@@ -786,7 +786,7 @@ Result<double> Trainer::Evaluate(int64_t batches) {
   double sum = 0;
   const size_t micro_tokens = static_cast<size_t>(
       cuda_model_ != nullptr ? cuda_model_->tokens() : chunks_.front()->tokens());
-  const int64_t m = options_.micro_batches;
+  const int64_t m = options_.plan.micro_batches;
   for (int64_t i = 0; i < batches; ++i) {
     validation_->Next(&batch);
     for (int64_t k = 0; k < m; ++k) {

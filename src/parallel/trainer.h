@@ -47,53 +47,43 @@ std::string_view GradSyncName(GradSync sync);  // "bucketed", "per-tensor"
 Result<GradSync> ParseGradSync(std::string_view name);
 
 struct TrainerOptions {
-  // spec.batch_per_rank is the micro-batch: with even shares, micro_batches of it make this
-  // rank's batch.
+  // The model; its batch_per_rank is not read: plan.micro_batch_size is the micro-batch.
   ModelSpec spec;
+  // The plan this rank runs, as planned (and approved): t x p x d must be the communicator's
+  // size (d: this generation's replicas), and EngineSupports(plan, device) must accept it.
+  // Ranks are numbered Megatron's way, tensor-parallel rank fastest, then replica, then stage:
+  // rank = (stage * d + replica) * t + tp_rank, so a tensor-parallel group is t consecutive ranks
+  // (the launcher keeps consecutive ranks on neighbouring cores of one host: the fastest links).
+  // t: each rank holds its shard of every layer (GptOptions::tensor_parallel) and all-reduces
+  // within its group on the activation lane; data-parallel buckets, ZeRO-1 and the pipeline run
+  // per tensor-parallel rank. p: stage s holds BalanceStages' layers and runs the schedule's
+  // passes over micro_batches micro-batches, activations and their gradients crossing stages by
+  // send/recv on the activation lane (interleaved: v model chunks per stage; stage s holds
+  // virtual stages s, s + p, ...). micro_batches: the rank's batch is micro_batches x
+  // micro_batch_size sequences, run as that many forward/backward passes whose gradients add up
+  // (the buckets start after the last one). zero_stage 1: the optimizer's moments and update
+  // sharded over the replicas (each updates its 1/d of the parameters, then the parameters are
+  // all-gathered). recompute (GptOptions::recompute): each layer's forward runs again in the
+  // backward; not with ZB-H1.
+  ParallelPlan plan;
   LoaderOptions data;        // seq_len, batch, rank and world_size are set from the rest
   LoaderOptions validation;  // empty manifest and files: no validation
   int64_t total_steps = 0;   // for the learning-rate schedule
   hal::ComputeDevice* device = nullptr;  // not owned; outlives the trainer
   comm::Communicator* comm = nullptr;    // not owned; null for one rank
   int compute_threads = 1;  // threads sharing each pass, by sequences (GptOptions::threads)
-  // Micro-batches per step: the rank's batch is micro_batches * spec.batch_per_rank sequences,
-  // run as that many forward/backward passes whose gradients add up (the buckets start after
-  // the last one).
-  int64_t micro_batches = 1;
-  // Sequences per step over all data-parallel replicas; 0: spec.batch_per_rank * micro_batches
-  // * d (even shares). Else replica k takes ShareOfBatch(global_batch, d, k, ...) of it
-  // (parallel/batch_share.h: 32 over 3 replicas as 11, 11, 10), cut into micro-batches as near
-  // spec.batch_per_rank x micro_batches as it allows, and its gradient and loss count for its
-  // share of the global batch's tokens (a weighted mean, not a mean of the replicas' means), so
-  // the loss does not depend on how the batch is split.
+  // Sequences per step over all data-parallel replicas; 0: plan.global_batch() (even shares).
+  // Else replica k takes ShareOfBatch(global_batch, d, k, ...) of it (parallel/batch_share.h:
+  // 32 over 3 replicas as 11, 11, 10), cut into micro-batches as near plan.micro_batch_size x
+  // plan.micro_batches as it allows, and its gradient and loss count for its share of the
+  // global batch's tokens (a weighted mean, not a mean of the replicas' means), so the loss does
+  // not depend on how the batch is split.
   int64_t global_batch = 0;
-  // 1: ZeRO stage 1, the optimizer's moments and update sharded over the ranks (each updates
-  // its 1/N of the parameters, then the parameters are all-gathered). 0: every rank updates
-  // everything.
-  int zero_stage = 0;
-  // Tensor parallelism: the plan's t. Ranks are numbered Megatron's way, tensor-parallel rank
-  // fastest, then replica, then stage: rank = (stage * d + replica) * t + tp_rank, so a
-  // tensor-parallel group is t consecutive ranks (the launcher keeps consecutive ranks on
-  // neighbouring cores of one host: the fastest links). Each rank holds its shard of every
-  // layer (GptOptions::tensor_parallel) and all-reduces within its group on the activation
-  // lane; data-parallel buckets, ZeRO-1 and the pipeline run per tensor-parallel rank.
-  int tensor_parallel = 1;
-  // Pipeline parallelism: the plan's p (d = world / (t * p)); stage s holds BalanceStages'
-  // layers and runs the schedule's passes over `micro_batches` micro-batches, activations and
-  // their gradients crossing stages by send/recv on the activation lane; any of the four
-  // schedules.
-  int pipeline_stages = 1;
-  Schedule schedule = Schedule::k1F1B;
-  // Interleaved: v model chunks per stage; stage s holds virtual stages s, s + p, ...
-  int virtual_stages = 1;
-  // Activation recompute (GptOptions::recompute): each layer's forward runs again in the
-  // backward; not with ZB-H1.
-  bool recompute = false;
   GradSync grad_sync = GradSync::kBucketed;
   int64_t bucket_bytes = 2 << 20;
   // fp32, or bf16 mixed precision (CUDA devices only). On a CUDA device the model is
-  // cuda/cuda_gpt.h's, whole on each rank: data parallelism only (t = p = 1, no ZeRO, no
-  // recompute), its gradients averaged through host memory after the backward.
+  // cuda/cuda_gpt.h's, whole on each rank: data parallelism only (EngineSupports), its
+  // gradients averaged through host memory after the backward.
   Precision precision = Precision::kFp32;
   // Where each step's spans go (data, forward, backward, optimizer, and the communication
   // the step waits for); not owned; null: none.
@@ -172,7 +162,7 @@ class Trainer {
   int stage() const { return stage_; }
   int dp_rank() const { return dp_rank_; }
   int tp_rank() const { return tp_rank_; }
-  int zero_stage() const { return options_.zero_stage; }
+  int zero_stage() const { return options_.plan.zero_stage; }
 
   // Every parameter tensor this rank holds, with views of its values and moments (valid while
   // the trainer is): what a checkpoint saves and restores. On a CUDA device the views are of

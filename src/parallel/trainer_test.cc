@@ -45,7 +45,8 @@ Trajectory Train(const TinyCorpus& corpus, int ranks, int64_t global_batch, int 
       auto device = OneCore(r);
       TrainerOptions o;
       o.spec = TinyModel();
-      o.spec.batch_per_rank = global_batch / ranks;  // the plan's micro-batch: the even part
+      // The plan's micro-batch: the even part; the global batch says what is uneven.
+      o.plan = {.d = ranks, .micro_batch_size = global_batch / ranks};
       o.global_batch = global_batch;
       o.data = corpus.train();
       o.validation = corpus.val();
@@ -91,6 +92,24 @@ TEST(TrainerTest, AnEvenSplitStillGivesTheLossesOfOneRank) {
   const Trajectory one = Train(corpus, 1, 4, 4);
   const Trajectory two = Train(corpus, 2, 4, 4);
   EXPECT_LE(MaxRelativeDifference(one.losses, two.losses), 1e-5);
+}
+
+// What runs is what was planned: a plan for another group size, or one the engine does not run,
+// is refused before anything is built.
+TEST(TrainerTest, APlanForAnotherSizeOrOneTheEngineDoesNotRunIsRefused) {
+  const TinyCorpus corpus;
+  auto device = OneCore(0);
+  TrainerOptions o;
+  o.spec = TinyModel();
+  o.data = corpus.train();
+  o.total_steps = 1;
+  o.device = device.get();
+  o.plan = {.d = 2};
+  EXPECT_EQ(Trainer::Create(o).status().code(), ErrorCode::kInvalidArgument);
+  o.plan = {.zero_stage = 2};
+  EXPECT_EQ(Trainer::Create(o).status().code(), ErrorCode::kUnimplemented);
+  o.plan = {};
+  EXPECT_TRUE(Trainer::Create(o).ok());
 }
 
 }  // namespace
