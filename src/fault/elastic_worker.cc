@@ -329,12 +329,13 @@ Status ElasticWorker::RunGeneration(Generation& g) {
     };
     callbacks.on_checkpoint = [&](const SaveStats& c) { Report(ToCheckpointReport(c), leader); };
     callbacks.stop_after = [&](int64_t done) { return StopAfter(g, done); };
-    callbacks.on_interval = [&](int64_t steps, double cost_s, double interval_s) {
+    callbacks.on_interval = [&](const RunnerCallbacks::Interval& i) {
       Report(IntervalReport{.step = g.trainer->steps_done(),
-                            .every_steps = steps,
-                            .cost_s = cost_s,
-                            .interval_s = interval_s,
-                            .mtbf_s = ro.mtbf_s},
+                            .every_steps = i.steps,
+                            .cost_s = i.cost_s,
+                            .interval_s = i.interval_s,
+                            .mtbf_s = i.mtbf_s,
+                            .source = i.source},
              leader);
     };
     if (gen.stop) {

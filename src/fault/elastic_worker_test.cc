@@ -95,6 +95,43 @@ TEST(ElasticWorkerTest, AStopRequestedBeforeTheRunStopsItAfterItsFirstStepWithAC
   EXPECT_EQ(w.observer.All<CheckpointReport>().back().step, 1);
 }
 
+// checkpoint_every: auto on a cluster: the scheduler's advice is asked at every re-estimate,
+// so a change of it is followed, and each interval records the advice it came from.
+TEST(ElasticWorkerTest, AnAdvisedIntervalFollowsTheAdviceAndSaysWhoseItIs) {
+  OneWorker w;
+  ElasticWorkerOptions o = w.Options(6);
+  o.runner.checkpoint_every = 0;
+  int asked = 0;
+  // Mean times between interruptions so short that every interval is one step.
+  o.runner.advised_mtbf = [&asked] {
+    ++asked;
+    return RunnerOptions::AdvisedMtbf{.mtbf_s = asked == 1 ? 1e-9 : 2e-9,
+                                      .source = "advised: pool cpu, class preemptible"};
+  };
+  ElasticWorker worker(o);
+  Result<int> rank = worker.Run();
+  ASSERT_TRUE(rank.ok()) << rank.status();
+  const auto intervals = w.observer.All<IntervalReport>();
+  ASSERT_GE(intervals.size(), 2u);
+  EXPECT_EQ(static_cast<int>(intervals.size()), asked);
+  EXPECT_EQ(intervals.front().mtbf_s, 1e-9);
+  EXPECT_EQ(intervals.back().mtbf_s, 2e-9);
+  for (const IntervalReport& i : intervals) {
+    EXPECT_EQ(i.source, "advised: pool cpu, class preemptible");
+    EXPECT_EQ(i.every_steps, 1);
+  }
+  // A checkpoint after every step.
+  EXPECT_EQ(w.observer.All<CheckpointReport>().size(), 6u);
+}
+
+TEST(ElasticWorkerTest, AnMtbfAndAnAdviceTogetherAreRefused) {
+  OneWorker w;
+  ElasticWorkerOptions o = w.Options(2);
+  o.runner.mtbf_s = 3600;
+  o.runner.advised_mtbf = [] { return RunnerOptions::AdvisedMtbf{.mtbf_s = 60}; };
+  EXPECT_EQ(ElasticWorker(o).Run().status().code(), ErrorCode::kInvalidArgument);
+}
+
 TEST(ElasticWorkerTest, SeveralRanksWithoutAStoreOrAReplacementOfNoElasticRunAreRefused) {
   OneWorker w;
   ElasticWorkerOptions o = w.Options(2);

@@ -71,9 +71,13 @@ struct Encoder {
             {"chunks_reused", r.chunks_reused}};
   }
   Json operator()(const IntervalReport& r) const {
-    return {{"type", "checkpoint_interval"}, {"step", r.step},
-            {"every_steps", r.every_steps},  {"cost_s", r.cost_s},
-            {"interval_s", r.interval_s},    {"mtbf_s", r.mtbf_s}};
+    return {{"type", "checkpoint_interval"},
+            {"step", r.step},
+            {"every_steps", r.every_steps},
+            {"cost_s", r.cost_s},
+            {"interval_s", r.interval_s},
+            {"mtbf_s", r.mtbf_s},
+            {"source", r.source}};
   }
   Json operator()(const RecoveryReport& r) const {
     return {{"type", "recovery"},
@@ -137,7 +141,8 @@ Result<Report> Decode(const Json& j) {  // nlohmann's accessors throw Json::exce
                           .every_steps = j.at("every_steps").get<int64_t>(),
                           .cost_s = j.at("cost_s").get<double>(),
                           .interval_s = j.at("interval_s").get<double>(),
-                          .mtbf_s = j.at("mtbf_s").get<double>()};
+                          .mtbf_s = j.at("mtbf_s").get<double>(),
+                          .source = j.value("source", "")};
   }
   if (type == "recovery") {
     return RecoveryReport{.generation = j.at("generation").get<int64_t>(),

@@ -73,6 +73,7 @@ struct IntervalReport {
   double cost_s = 0;
   double interval_s = 0;
   double mtbf_s = 0;
+  std::string source;  // where mtbf_s came from: "mtbf_s" (given) or the scheduler's advice
 };
 
 // A generation after the first restored its state ("recovery"): by its leader.
