@@ -36,7 +36,8 @@ Status ValidateRestartPolicy(const RestartPolicy& policy) {
   }
   if (policy.max_backoff < policy.backoff) {
     return InvalidArgumentError(fmt::format("restart max_backoff {} s: below the backoff ({} s)",
-                                            InSeconds(policy.max_backoff), InSeconds(policy.backoff)));
+                                            InSeconds(policy.max_backoff),
+                                            InSeconds(policy.backoff)));
   }
   return OkStatus();
 }
