@@ -357,6 +357,14 @@ struct Agent::Impl {
     if (j.spec.checkpoint_every > 0) {
       args.insert(args.end(), {"--checkpoint-every", std::to_string(j.spec.checkpoint_every)});
     }
+    // The plan kcd decided or the job file gave, as it is: what every rank runs.
+    if (!j.spec.plan.empty()) args.insert(args.end(), {"--plan", j.spec.plan});
+    // Elastic within [min_devices, ranks]: the survivors of a loss go on, and a replacement
+    // starts on the lost rank's device for each loss.
+    if (j.spec.min_devices > 0 && j.spec.min_devices < j.spec.ranks) {
+      args.insert(args.end(), {"--min-ranks", std::to_string(j.spec.min_devices), "--max-restarts",
+                               std::to_string(j.spec.ranks)});
+    }
     if (j.spec.global_batch > 0) {
       args.insert(args.end(), {"--global-batch", std::to_string(j.spec.global_batch)});
     }

@@ -21,6 +21,7 @@
 #include "base/mutex.h"
 #include "hal/inventory.h"
 #include "hal/topology.h"
+#include "parallel/engine_support.h"
 #include "parallel/model_spec.h"
 #include "parallel/plan.h"
 #include "parallel/planner/approval.h"
@@ -263,8 +264,9 @@ struct Dispatcher::Impl {
     return OkStatus();
   }
 
-  // The planner's plan for job `j` on its devices (data-parallel, as the engine runs on CPU
-  // slices), with its estimates, checked against the approval limits.
+  // The plan for job `j` on its devices, with its estimates, checked against the approval
+  // limits: the one its job file gives (checked at submission), or the planner's (data-parallel,
+  // within what the engine runs: parallel::EngineSearchConstraints).
   PlanRecord PlanJob(const JobRecord& j, const JobSpec& spec) const {
     namespace pl = parallel::planner;
     PlanRecord rec{.job = j.id};
@@ -277,31 +279,61 @@ struct Dispatcher::Impl {
     }
     cluster->spec.devices = spec.ranks;
     cluster->spec.devices_per_node = std::min(cluster->spec.devices_per_node, spec.ranks);
-    pl::SearchConstraints c;
+    pl::SearchConstraints c = parallel::EngineSearchConstraints(hal::DeviceKind::kCpu);
+    // Calibrated on whole layers of data-parallel steps, as kc plan on real devices.
     c.fixed_t = 1;
     c.max_p = 1;
     c.allow_recompute = false;
-    c.max_zero_stage = 1;
     const int64_t batch =
         spec.global_batch > 0 ? spec.global_batch : model->batch_per_rank * spec.ranks;
-    Result<pl::SearchResult> found =
-        pl::SearchPlans(*model, cluster->spec, batch, c, cluster->options, 1);
-    if (!found.ok() || found->ranked.empty()) {
-      rec.summary =
-          fmt::format("no plan found: {}", found.ok() ? "none fits" : found.status().message());
-      return rec;
+    pl::RankedPlan best;
+    if (!spec.plan.empty()) {
+      Result<parallel::ParallelPlan> given = parallel::ParsePlanFlag(spec.plan);
+      Result<pl::PlanEstimate> e = given.ok()
+                                       ? pl::EstimatePlan(*model, *given, cluster->spec,
+                                                          given->global_batch(), cluster->options)
+                                       : Result<pl::PlanEstimate>(given.status());
+      if (!e.ok()) {
+        rec.summary =
+            fmt::format("the job file's plan cannot be estimated: {}", e.status().message());
+        return rec;
+      }
+      best = {.plan = *given, .estimate = *e};
+    } else {
+      Result<pl::SearchResult> found =
+          pl::SearchPlans(*model, cluster->spec, batch, c, cluster->options, 1);
+      if (!found.ok() || found->ranked.empty()) {
+        rec.summary =
+            fmt::format("no plan found: {}", found.ok() ? "none fits" : found.status().message());
+        return rec;
+      }
+      best = found->ranked.front();
     }
-    const pl::RankedPlan& best = found->ranked.front();
     const pl::ApprovalVerdict v = pl::CheckApproval(best.plan, best.estimate, spec.steps, limits);
     rec.plan_yaml = parallel::PlanToYaml(best.plan);
     rec.summary = fmt::format(
-        "{} devices; {:.3f} s a step predicted ({:.2f} h for {} steps); {:.2f} GB per device; "
+        "{}{} devices; {:.3f} s a step predicted ({:.2f} h for {} steps); {:.2f} GB per device; "
         "{:.3f} GB sent a step",
-        v.devices, best.estimate.step_time_s, v.runtime_s / 3600, v.steps,
-        v.memory_bytes_per_device / 1e9, v.comm_bytes_per_step / 1e9);
+        spec.plan.empty() ? "" : "the job file's plan; ", v.devices, best.estimate.step_time_s,
+        v.runtime_s / 3600, v.steps, v.memory_bytes_per_device / 1e9, v.comm_bytes_per_step / 1e9);
     rec.approval_required = v.required;
     rec.reasons = v.reasons;
     return rec;
+  }
+
+  // Job `j`'s spec as its start order carries it: with the plan kcd decided (and a resource
+  // admin approved, if it had to) when the job file gave none, so that every rank runs it.
+  std::string SpecWithPlan(const JobRecord& j) const {
+    if (o.plans == nullptr) return j.spec;
+    Result<JobSpec> spec = ParseJobSpec(j.spec, fmt::format("job {} spec", j.id));
+    if (!spec.ok() || !spec->plan.empty()) return j.spec;
+    Result<PlanRecord> rec = o.plans->Get(j.id);
+    if (!rec.ok() || rec->plan_yaml.empty()) return j.spec;
+    Result<parallel::ParallelPlan> plan =
+        parallel::LoadPlanFromString(rec->plan_yaml, fmt::format("job {} plan", j.id));
+    if (!plan.ok()) return j.spec;
+    spec->plan = parallel::PlanToString(*plan);
+    return JobSpecText(*spec);
   }
 
   // Hands job `j` (pending, or queued without a scheduler submission) to the scheduler.
@@ -418,7 +450,7 @@ struct Dispatcher::Impl {
     kc::v1::StartOrder order;
     order.set_job(job);
     order.set_run(run.run);
-    order.set_spec(j->spec);
+    order.set_spec(SpecWithPlan(*j));
     for (int dev : d.devices) {
       const auto& mine = host_devices[h];
       order.add_devices(static_cast<int>(std::find(mine.begin(), mine.end(), dev) - mine.begin()));
