@@ -284,6 +284,9 @@ struct Dispatcher::Impl {
     c.fixed_t = 1;
     c.max_p = 1;
     c.allow_recompute = false;
+    // An elastic job's survivors go on from their own state: with ZeRO-1 a lost rank's part of
+    // the optimizer state would have to come from a checkpoint.
+    if (spec.min_devices > 0) c.max_zero_stage = 0;
     const int64_t batch =
         spec.global_batch > 0 ? spec.global_batch : model->batch_per_rank * spec.ranks;
     pl::RankedPlan best;
@@ -564,7 +567,15 @@ struct Dispatcher::Impl {
           Move(job, JobPhase::kQueued, d.reason);
           break;
         }
-        default:  // shrink, grow: jobs here are not elastic; demote, interval: advice only
+        case sched::DecisionKind::kDemote: {
+          // A job whose ranks fail too often drops a priority level in the scheduler.
+          auto sj = sched_jobs.find(d.job);
+          if (sj != sched_jobs.end()) {
+            Audit("kcd", "job.demote", fmt::format("job/{}", sj->second), "ok", d.reason);
+          }
+          break;
+        }
+        default:  // shrink, grow: not applied to running jobs yet; interval: advice only
           KC_LOG(INFO) << "dispatcher: " << DecisionKindName(d.kind) << " " << d.job << ": "
                        << d.reason;
           break;
@@ -759,14 +770,21 @@ Result<kc::v1::AgentHeartbeatResponse> Dispatcher::Heartbeat(
   bool changed = false;
   for (const kc::v1::AgentJobReport& r : req.jobs()) {
     if (!r.log().empty()) m.o.jobs->AppendLog(r.job(), r.log()).IgnoreError();  // unknown: no log
+    int detected = 0;
     for (const std::string& f : r.faults()) {  // the fault layer's events, into the audit log
       const nlohmann::json e = nlohmann::json::parse(f, nullptr, false);
       const std::string event = e.is_object() ? e.value("event", "") : "";
       m.Audit("kcd", "fault." + (event.empty() ? std::string("unknown") : event),
               fmt::format("job/{}", r.job()), "ok", fmt::format("on {}: {}", req.host(), f));
+      if (event == "detected") ++detected;
     }
     if (m.StopIfUnknown(a, r)) continue;
     Run& run = m.runs[r.job()];
+    // A rank's failure counts toward the job's fault rate (demotion of flaky jobs) and its
+    // pool's interruptions (checkpoint advice), as in kc sim.
+    for (int i = 0; i < detected && !run.adopted; ++i) {
+      m.scheduler->Faulted(run.sched_id, now).IgnoreError();  // unknown: it ended already
+    }
     const std::string where = fmt::format("job/{}", run.job);
     m.o.jobs
         ->SetProgress(run.job,

@@ -96,6 +96,11 @@ std::optional<std::string> PlanProblem(const JobSpec& s) {
   if (Status e = parallel::EngineSupports(*plan, hal::DeviceKind::kCpu); !e.ok()) {
     return std::string(e.message());
   }
+  if (plan->zero_stage > 0 && s.min_devices > 0 && s.checkpoint_every == 0) {
+    return std::string(
+        "zero_stage 1 with min_devices needs checkpoint_every: a lost rank's part of the "
+        "optimizer state comes back from the newest checkpoint");
+  }
   return std::nullopt;
 }
 

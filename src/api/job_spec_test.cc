@@ -57,6 +57,8 @@ TEST(JobSpecTest, BadJobFilesAreRefusedNamingFileLineAndKey) {
            {"name: x\nmodel: " + model + "\nranks: 2\nplan: \"d=2 zero_stage=2\"\n",
             "job.yaml:4: plan: zero_stage 2"},
            {"name: x\nmodel: " + model + "\nplan: \"q=1\"\n", "job.yaml:3: plan: --plan"},
+           {"name: x\nmodel: " + model + "\nranks: 2\nmin_devices: 1\nplan: \"d=2 zero_stage=1\"\n",
+            "job.yaml:5: plan: zero_stage 1 with min_devices needs checkpoint_every"},
            // Other jobs' directories and the agent's own are no job's to name.
            {"name: x\nmodel: " + model + "\ncheckpoint_dir: jobs/7/checkpoints\n",
             "job.yaml:3: checkpoint_dir: expected a directory outside jobs/ and agent/"},
@@ -77,9 +79,10 @@ TEST(JobSpecTest, BadJobFilesAreRefusedNamingFileLineAndKey) {
 TEST(JobSpecTest, DevicesAndAPlanLoadAndTravelAsText) {
   testing::TempDir dir("kc_job_spec");
   const std::string model = testing::RepoRoot() + "/examples/models/gpt-tiny.yaml";
-  Result<JobSpec> s = LoadJobFile(
-      dir.Write("job.yaml", "name: x\nmodel: " + model +
-                                "\nmin_devices: 1\nmax_devices: 2\nplan: \"d=2 zero_stage=1\"\n"));
+  Result<JobSpec> s = LoadJobFile(dir.Write(
+      "job.yaml",
+      "name: x\nmodel: " + model +
+          "\nmin_devices: 1\nmax_devices: 2\ncheckpoint_every: 10\nplan: \"d=2 zero_stage=1\"\n"));
   ASSERT_TRUE(s.ok()) << s.status().message();
   EXPECT_EQ(s->ranks, 2);
   EXPECT_EQ(s->min_devices, 1);

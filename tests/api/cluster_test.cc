@@ -172,6 +172,24 @@ class ClusterTest : public ::testing::Test {
     return rank;
   }
 
+  // Once elastic job `id` has taken 2 steps, kill -9 of one of its ranks; it must train on, in
+  // the same run, 20 steps past the kill; then it is cancelled.
+  void KillARankAndTrainOn(int64_t id) {
+    Await(id,
+          [](const nlohmann::json& j) { return j["phase"] == "running" && Int(j, "step") >= 2; });
+    const pid_t rank = ARankOf(id);
+    ASSERT_GT(rank, 0);
+    const int64_t killed_at = Int(Show(id), "step");
+    ASSERT_EQ(kill(rank, SIGKILL), 0);
+    nlohmann::json j = Await(id, [&](const nlohmann::json& x) {
+      return Ended(x["phase"]) || Int(x, "step") >= killed_at + 20;
+    });
+    EXPECT_EQ(j["phase"], "running") << Kc(fmt::format("job logs {}", id)).out;
+    KcRun cancel = Kc(fmt::format("job cancel {}", id));
+    EXPECT_EQ(cancel.exit_code, 0) << cancel.err;
+    Await(id, [](const nlohmann::json& x) { return Ended(x["phase"]); });
+  }
+
   static int64_t Int(const nlohmann::json& j, const char* key) {
     // Protobuf's JSON writes 64-bit integers as strings.
     const nlohmann::json& v = j.at(key);
@@ -512,19 +530,7 @@ TEST_F(ClusterTest, AnElasticJobRunsItsPlanAndSurvivesKillNineOfARank) {
                     " --json");
   ASSERT_EQ(submit.exit_code, 0) << submit.err;
   const int64_t id = Int(nlohmann::json::parse(submit.out), "id");
-  Await(id, [](const nlohmann::json& j) { return j["phase"] == "running" && Int(j, "step") >= 2; });
-  const pid_t rank = ARankOf(id);
-  ASSERT_GT(rank, 0);
-  const int64_t killed_at = Int(Show(id), "step");
-  ASSERT_EQ(kill(rank, SIGKILL), 0);
-  // It trains on past the kill, in the same run.
-  nlohmann::json j = Await(id, [&](const nlohmann::json& x) {
-    return Ended(x["phase"]) || Int(x, "step") >= killed_at + 20;
-  });
-  EXPECT_EQ(j["phase"], "running");
-  KcRun cancel = Kc(fmt::format("job cancel {}", id));
-  EXPECT_EQ(cancel.exit_code, 0) << cancel.err;
-  Await(id, [](const nlohmann::json& x) { return Ended(x["phase"]); });
+  KillARankAndTrainOn(id);
   EXPECT_EQ(up->Stop(SIGTERM), 0);
 
   // The run recorded the plan it ran: the job file's.
@@ -549,6 +555,32 @@ TEST_F(ClusterTest, AnElasticJobRunsItsPlanAndSurvivesKillNineOfARank) {
   std::vector<std::string> actions;
   for (const AuditRecord& r : *faults) actions.push_back(r.action);
   EXPECT_THAT(actions, ::testing::IsSupersetOf({"fault.detected", "fault.recovered"}));
+}
+
+// A run's faults reach kcd's scheduler: with a pools file that demotes a job at its first fault,
+// kill -9 of a rank of an elastic job demotes it, audited.
+TEST_F(ClusterTest, ARanksFaultReachesTheSchedulerAndDemotesAFlakyJob) {
+  std::unique_ptr<Daemon> up = Up();
+  const std::string pools =
+      dir_.Write("pools.yaml",
+                 "pools:\n  - {name: all, classes: [high, normal, preemptible], rest: true}\n"
+                 "scheduler: {demote_min_faults: 1, demote_faults_per_hour: 1}\n");
+  KcRun put = Kc("pools put " + pools);
+  ASSERT_EQ(put.exit_code, 0) << put.err;
+  EXPECT_EQ(up->Stop(SIGTERM), 0);
+  up = Up();  // kcd lays the pools file at its start
+  KcRun submit = Kc("submit " + JobFile("flaky", 100000, "min_devices: 1\n") + " --json");
+  ASSERT_EQ(submit.exit_code, 0) << submit.err;
+  const int64_t id = Int(nlohmann::json::parse(submit.out), "id");
+  KillARankAndTrainOn(id);
+  EXPECT_EQ(up->Stop(SIGTERM), 0);
+
+  Result<std::unique_ptr<AuditLog>> audit = AuditLog::Open(dir_.Path("cluster/audit.db"));
+  ASSERT_TRUE(audit.ok());
+  Result<std::vector<AuditRecord>> demoted = (*audit)->Query({.action = "job.demote", .limit = 10});
+  ASSERT_TRUE(demoted.ok());
+  ASSERT_EQ(demoted->size(), 1u);
+  EXPECT_EQ((*demoted)[0].resource, fmt::format("job/{}", id));
 }
 
 TEST_F(ClusterTest, KillNineOfKcdAmidSubmissionsLosesNoAcknowledgedJob) {
