@@ -5,7 +5,6 @@
 
 #include <fmt/format.h>
 #include <sched.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,10 +21,9 @@
 #include <thread>
 #include <vector>
 
+#include "base/subprocess.h"
 #include "comm/communicator.h"
 #include "comm/tcp_store.h"
-
-extern char** environ;
 
 namespace kc::app {
 namespace {
@@ -684,40 +682,30 @@ int RunBench(BenchArgs a) {
     return kExitBadInput;
   }
 
-  std::vector<pid_t> pids;
+  // Every rank is killed if this function leaves before it ended (the handles' destructors).
+  std::vector<Subprocess> ranks;
   for (int i = 0; i < a.ranks; ++i) {
-    std::vector<std::string> args = WorkerArgv(a, a.first_rank + i, store, plan->world);
-    std::vector<char*> argv;
-    for (std::string& s : args) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    pid_t pid = 0;
-    if (int err = posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), environ);
-        err != 0) {
+    Result<Subprocess> child = Subprocess::Start(
+        {.path = "/proc/self/exe", .argv = WorkerArgv(a, a.first_rank + i, store, plan->world)});
+    if (!child.ok()) {
       std::cerr << "kc bench comm: cannot start rank " << a.first_rank + i << ": "
-                << std::strerror(err) << "\n";
-      for (pid_t p : pids) kill(p, SIGKILL);
-      for (pid_t p : pids) waitpid(p, nullptr, 0);
+                << child.status().message() << "\n";
       return kExitFailure;
     }
-    pids.push_back(pid);
+    ranks.push_back(*std::move(child));
   }
   // Wait for every rank; once one fails the others fail within their deadline (peers
   // notice a dead process), so plain waiting ends.
   int rc = kExitOk;
-  for (size_t done = 0; done < pids.size(); ++done) {
-    int status = 0;
-    const pid_t pid = wait(&status);
-    if (pid < 0) break;
-    const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    if (!ok) {
-      const auto it = std::find(pids.begin(), pids.end(), pid);
-      const int rank = a.first_rank + static_cast<int>(it - pids.begin());
-      if (WIFSIGNALED(status)) {
-        std::cerr << "kc bench comm: rank " << rank << " killed by signal " << WTERMSIG(status)
-                  << "\n";
-      }
-      rc = WIFEXITED(status) && WEXITSTATUS(status) == kExitBadInput ? kExitBadInput : kExitFailure;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    Result<int> waited = ranks[i].Wait();
+    const int status = waited.value_or(0);
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
+    if (WIFSIGNALED(status)) {
+      std::cerr << "kc bench comm: rank " << a.first_rank + static_cast<int>(i) << " "
+                << DescribeWaitStatus(status) << "\n";
     }
+    rc = WIFEXITED(status) && WEXITSTATUS(status) == kExitBadInput ? kExitBadInput : kExitFailure;
   }
   if (server != nullptr) server->Stop();
   return rc;

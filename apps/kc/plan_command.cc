@@ -19,6 +19,7 @@
 #include "hal/inventory.h"
 #include "hal/measure.h"
 #include "hal/topology.h"
+#include "parallel/engine_support.h"
 #include "parallel/planner/approval.h"
 #include "parallel/planner/calibration.h"
 #include "parallel/planner/cases.h"

@@ -24,6 +24,7 @@
 #include "base/file.h"
 #include "base/log.h"
 #include "base/mutex.h"
+#include "base/subprocess.h"
 #include "kc/v1/agent.grpc.pb.h"
 #include "kc/v1/permission.grpc.pb.h"
 
@@ -40,9 +41,10 @@ constexpr size_t kMaxLogPerReport = 64 << 10;
 struct Job {
   kc::v1::StartOrder order;
   JobSpec spec;
-  pid_t pid = -1;   // the process group's leader (kc train)
-  int out_fd = -1;  // its stdout and stderr
-  std::string log;  // output not yet delivered to kcd
+  pid_t pid = -1;                     // the process group's leader (kc train)
+  std::optional<Subprocess> process;  // it, killed with its group if the job is dropped
+  int out_fd = -1;                    // its stdout and stderr
+  std::string log;                    // output not yet delivered to kcd
   std::string last_line;
   std::string metrics_path;
   int64_t metrics_offset = 0;
@@ -355,6 +357,14 @@ struct Agent::Impl {
     if (j.spec.checkpoint_every > 0) {
       args.insert(args.end(), {"--checkpoint-every", std::to_string(j.spec.checkpoint_every)});
     }
+    // The plan kcd decided or the job file gave, as it is: what every rank runs.
+    if (!j.spec.plan.empty()) args.insert(args.end(), {"--plan", j.spec.plan});
+    // Elastic within [min_devices, ranks]: the survivors of a loss go on, and a replacement
+    // starts on the lost rank's device for each loss.
+    if (j.spec.min_devices > 0 && j.spec.min_devices < j.spec.ranks) {
+      args.insert(args.end(), {"--min-ranks", std::to_string(j.spec.min_devices), "--max-restarts",
+                               std::to_string(j.spec.ranks)});
+    }
     if (j.spec.global_batch > 0) {
       args.insert(args.end(), {"--global-batch", std::to_string(j.spec.global_batch)});
     }
@@ -371,34 +381,26 @@ struct Agent::Impl {
     j.faults_path = (fs::path(out) / "faults.jsonl").string();
     int pipefd[2];
     if (pipe2(pipefd, O_CLOEXEC) != 0) return fail(fmt::format("pipe: {}", strerror(errno)));
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const pid_t pid = fork();
-    if (pid < 0) {
-      close(pipefd[0]);
-      close(pipefd[1]);
-      return fail(fmt::format("fork: {}", strerror(errno)));
-    }
-    if (pid == 0) {
-      // The child: only async-signal-safe calls until exec. Its signal mask is the agent
-      // thread's, inherited through exec: a caller that blocked SIGTERM for sigwait (kc agent,
-      // kc up) would leave the job deaf to its stop order until the SIGKILL.
-      sigset_t none;
-      sigemptyset(&none);
-      pthread_sigmask(SIG_SETMASK, &none, nullptr);
-      setsid();
-      dup2(pipefd[1], 1);
-      dup2(pipefd[1], 2);
-      const int null = open("/dev/null", O_RDONLY);
-      if (null >= 0) dup2(null, 0);
-      if (chdir(dir.c_str()) != 0) _exit(127);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
+    // A session of its own (setsid), so that its ranks go with it; an empty signal mask (a
+    // caller that blocked SIGTERM for sigwait, kc agent or kc up, would leave the job deaf to
+    // its stop order until the SIGKILL).
+    Result<Subprocess> process =
+        Subprocess::Start({.path = args[0],
+                           .argv = args,
+                           .working_dir = dir,
+                           .fds = {{.child = 0, .parent = ChildFd::kDevNull},
+                                   {.child = 1, .parent = pipefd[1]},
+                                   {.child = 2, .parent = pipefd[1]}},
+                           .group = SubprocessOptions::Group::kNewSession});
     close(pipefd[1]);
+    if (!process.ok()) {
+      close(pipefd[0]);
+      return fail(std::string(process.status().message()));
+    }
     fcntl(pipefd[0], F_SETFL, O_NONBLOCK);
+    const pid_t pid = process->pid();
     j.pid = pid;
+    j.process = *std::move(process);
     j.out_fd = pipefd[0];
     RecordProcess(j.order.job(), pid);
     KC_LOG(INFO) << "agent: job " << j.order.job() << " run " << j.order.run() << " started (pid "
@@ -406,7 +408,7 @@ struct Agent::Impl {
   }
 
   void Signal(Job& j, int sig) {
-    if (j.pid > 0 && !j.ended) kill(-j.pid, sig);
+    if (j.process && !j.ended) j.process->SignalGroup(sig);
   }
 
   // Output and progress since the last look; whether it ended.
@@ -430,11 +432,12 @@ struct Agent::Impl {
     ReadNewLines(j.faults_path, &j.faults_offset, [&](const std::string& line) {
       if (j.faults.size() < 1000) j.faults.push_back(line);  // a storm is cut, not kept whole
     });
-    if (j.pid <= 0 || j.ended) return;
-    int status = 0;
-    if (waitpid(j.pid, &status, WNOHANG) != j.pid) return;
+    if (!j.process || j.ended) return;
+    const std::optional<int> exited = j.process->TryWait();
+    if (!exited) return;
+    const int status = *exited;
     // Its group may still hold ranks: they go with it.
-    kill(-j.pid, SIGKILL);
+    j.process->SignalGroup(SIGKILL);
     ForgetProcess(j.order.job());
     j.ended = true;
     if (j.end_state == Report::STATE_REVOKED) return;

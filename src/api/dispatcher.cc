@@ -21,6 +21,7 @@
 #include "base/mutex.h"
 #include "hal/inventory.h"
 #include "hal/topology.h"
+#include "parallel/engine_support.h"
 #include "parallel/model_spec.h"
 #include "parallel/plan.h"
 #include "parallel/planner/approval.h"
@@ -263,9 +264,9 @@ struct Dispatcher::Impl {
     return OkStatus();
   }
 
-  // The planner's plan for job `j` on its devices (data-parallel: the ranks of a job share one
-  // host's CPU slices), among those the engine runs (the search asks EngineSupports), with its
-  // estimates, checked against the approval limits.
+  // The plan for job `j` on its devices, with its estimates, checked against the approval
+  // limits: the one its job file gives (checked at submission), or the planner's (data-parallel,
+  // within what the engine runs: parallel::EngineSearchConstraints).
   PlanRecord PlanJob(const JobRecord& j, const JobSpec& spec) const {
     namespace pl = parallel::planner;
     PlanRecord rec{.job = j.id};
@@ -278,29 +279,64 @@ struct Dispatcher::Impl {
     }
     cluster->spec.devices = spec.ranks;
     cluster->spec.devices_per_node = std::min(cluster->spec.devices_per_node, spec.ranks);
-    pl::SearchConstraints c;
+    pl::SearchConstraints c = parallel::EngineSearchConstraints(hal::DeviceKind::kCpu);
+    // Calibrated on whole layers of data-parallel steps, as kc plan on real devices.
     c.fixed_t = 1;
     c.max_p = 1;
+    c.allow_recompute = false;
+    // An elastic job's survivors go on from their own state: with ZeRO-1 a lost rank's part of
+    // the optimizer state would have to come from a checkpoint.
+    if (spec.min_devices > 0) c.max_zero_stage = 0;
     const int64_t batch =
         spec.global_batch > 0 ? spec.global_batch : model->batch_per_rank * spec.ranks;
-    Result<pl::SearchResult> found =
-        pl::SearchPlans(*model, cluster->spec, batch, c, cluster->options, 1);
-    if (!found.ok() || found->ranked.empty()) {
-      rec.summary =
-          fmt::format("no plan found: {}", found.ok() ? "none fits" : found.status().message());
-      return rec;
+    pl::RankedPlan best;
+    if (!spec.plan.empty()) {
+      Result<parallel::ParallelPlan> given = parallel::ParsePlanFlag(spec.plan);
+      Result<pl::PlanEstimate> e = given.ok()
+                                       ? pl::EstimatePlan(*model, *given, cluster->spec,
+                                                          given->global_batch(), cluster->options)
+                                       : Result<pl::PlanEstimate>(given.status());
+      if (!e.ok()) {
+        rec.summary =
+            fmt::format("the job file's plan cannot be estimated: {}", e.status().message());
+        return rec;
+      }
+      best = {.plan = *given, .estimate = *e};
+    } else {
+      Result<pl::SearchResult> found =
+          pl::SearchPlans(*model, cluster->spec, batch, c, cluster->options, 1);
+      if (!found.ok() || found->ranked.empty()) {
+        rec.summary =
+            fmt::format("no plan found: {}", found.ok() ? "none fits" : found.status().message());
+        return rec;
+      }
+      best = found->ranked.front();
     }
-    const pl::RankedPlan& best = found->ranked.front();
     const pl::ApprovalVerdict v = pl::CheckApproval(best.plan, best.estimate, spec.steps, limits);
     rec.plan_yaml = parallel::PlanToYaml(best.plan);
     rec.summary = fmt::format(
-        "{} devices; {:.3f} s a step predicted ({:.2f} h for {} steps); {:.2f} GB per device; "
+        "{}{} devices; {:.3f} s a step predicted ({:.2f} h for {} steps); {:.2f} GB per device; "
         "{:.3f} GB sent a step",
-        v.devices, best.estimate.step_time_s, v.runtime_s / 3600, v.steps,
-        v.memory_bytes_per_device / 1e9, v.comm_bytes_per_step / 1e9);
+        spec.plan.empty() ? "" : "the job file's plan; ", v.devices, best.estimate.step_time_s,
+        v.runtime_s / 3600, v.steps, v.memory_bytes_per_device / 1e9, v.comm_bytes_per_step / 1e9);
     rec.approval_required = v.required;
     rec.reasons = v.reasons;
     return rec;
+  }
+
+  // Job `j`'s spec as its start order carries it: with the plan kcd decided (and a resource
+  // admin approved, if it had to) when the job file gave none, so that every rank runs it.
+  std::string SpecWithPlan(const JobRecord& j) const {
+    if (o.plans == nullptr) return j.spec;
+    Result<JobSpec> spec = ParseJobSpec(j.spec, fmt::format("job {} spec", j.id));
+    if (!spec.ok() || !spec->plan.empty()) return j.spec;
+    Result<PlanRecord> rec = o.plans->Get(j.id);
+    if (!rec.ok() || rec->plan_yaml.empty()) return j.spec;
+    Result<parallel::ParallelPlan> plan =
+        parallel::LoadPlanFromString(rec->plan_yaml, fmt::format("job {} plan", j.id));
+    if (!plan.ok()) return j.spec;
+    spec->plan = parallel::PlanToString(*plan);
+    return JobSpecText(*spec);
   }
 
   // Hands job `j` (pending, or queued without a scheduler submission) to the scheduler.
@@ -417,7 +453,7 @@ struct Dispatcher::Impl {
     kc::v1::StartOrder order;
     order.set_job(job);
     order.set_run(run.run);
-    order.set_spec(j->spec);
+    order.set_spec(SpecWithPlan(*j));
     for (int dev : d.devices) {
       const auto& mine = host_devices[h];
       order.add_devices(static_cast<int>(std::find(mine.begin(), mine.end(), dev) - mine.begin()));
@@ -531,7 +567,15 @@ struct Dispatcher::Impl {
           Move(job, JobPhase::kQueued, d.reason);
           break;
         }
-        default:  // shrink, grow: jobs here are not elastic; demote, interval: advice only
+        case sched::DecisionKind::kDemote: {
+          // A job whose ranks fail too often drops a priority level in the scheduler.
+          auto sj = sched_jobs.find(d.job);
+          if (sj != sched_jobs.end()) {
+            Audit("kcd", "job.demote", fmt::format("job/{}", sj->second), "ok", d.reason);
+          }
+          break;
+        }
+        default:  // shrink, grow: not applied to running jobs yet; interval: advice only
           KC_LOG(INFO) << "dispatcher: " << DecisionKindName(d.kind) << " " << d.job << ": "
                        << d.reason;
           break;
@@ -726,14 +770,21 @@ Result<kc::v1::AgentHeartbeatResponse> Dispatcher::Heartbeat(
   bool changed = false;
   for (const kc::v1::AgentJobReport& r : req.jobs()) {
     if (!r.log().empty()) m.o.jobs->AppendLog(r.job(), r.log()).IgnoreError();  // unknown: no log
+    int detected = 0;
     for (const std::string& f : r.faults()) {  // the fault layer's events, into the audit log
       const nlohmann::json e = nlohmann::json::parse(f, nullptr, false);
       const std::string event = e.is_object() ? e.value("event", "") : "";
       m.Audit("kcd", "fault." + (event.empty() ? std::string("unknown") : event),
               fmt::format("job/{}", r.job()), "ok", fmt::format("on {}: {}", req.host(), f));
+      if (event == "detected") ++detected;
     }
     if (m.StopIfUnknown(a, r)) continue;
     Run& run = m.runs[r.job()];
+    // A rank's failure counts toward the job's fault rate (demotion of flaky jobs) and its
+    // pool's interruptions (checkpoint advice), as in kc sim.
+    for (int i = 0; i < detected && !run.adopted; ++i) {
+      m.scheduler->Faulted(run.sched_id, now).IgnoreError();  // unknown: it ended already
+    }
     const std::string where = fmt::format("job/{}", run.job);
     m.o.jobs
         ->SetProgress(run.job,

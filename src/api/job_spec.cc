@@ -8,7 +8,10 @@
 
 #include "base/config.h"
 #include "base/file.h"
+#include "hal/device.h"
+#include "parallel/engine_support.h"
 #include "parallel/model_spec.h"
+#include "parallel/plan.h"
 
 namespace kc::api {
 namespace {
@@ -36,6 +39,22 @@ JobSpec ReadCommon(config::Map root) {
   s.team = root.OptionalString("team", "");
   s.job_class = root.OptionalChoice("class", "normal", {"high", "normal", "preemptible"});
   s.ranks = static_cast<int>(root.OptionalInt("ranks", 1, config::InRange(1, 4096)));
+  if (root.Has("max_devices")) {
+    const int max_devices =
+        static_cast<int>(root.OptionalInt("max_devices", 1, config::InRange(1, 4096)));
+    if (root.Has("ranks") && max_devices != s.ranks) {
+      root.Reject("max_devices", fmt::format("{} differs from ranks ({}): ranks is shorthand for "
+                                             "min_devices and max_devices; give one or the others",
+                                             max_devices, s.ranks));
+    }
+    s.ranks = max_devices;
+  }
+  s.min_devices = static_cast<int>(root.OptionalInt("min_devices", 0, config::InRange(0, 4096)));
+  if (s.min_devices > s.ranks) {
+    root.Reject("min_devices", fmt::format("{} is above max_devices ({})", s.min_devices, s.ranks));
+  }
+  if (s.min_devices == s.ranks) s.min_devices = 0;
+  s.plan = root.OptionalString("plan", "");
   s.steps = root.OptionalInt("steps", 100, config::Positive());
   s.global_batch = root.OptionalInt("global_batch", 0, config::NonNegative());
   s.checkpoint_every = root.OptionalInt("checkpoint_every", 0, config::NonNegative());
@@ -61,6 +80,28 @@ Status CheckModel(const JobSpec& s, std::string_view where) {
   Result<parallel::ModelSpec> m = parallel::LoadModelSpecFromString(s.model_yaml, "model");
   if (!m.ok()) return InvalidArgumentError(fmt::format("{}: {}", where, m.status().message()));
   return OkStatus();
+}
+
+// A plan the job gives must cut its model over its ranks and be one the engine runs (on CPU
+// slices, as agents run jobs): why not, for the key `plan`.
+std::optional<std::string> PlanProblem(const JobSpec& s) {
+  if (s.plan.empty()) return std::nullopt;
+  Result<parallel::ParallelPlan> plan = parallel::ParsePlanFlag(s.plan);
+  if (!plan.ok()) return std::string(plan.status().message());
+  Result<parallel::ModelSpec> m = parallel::LoadModelSpecFromString(s.model_yaml, "model");
+  if (!m.ok()) return std::nullopt;  // the model's own error is reported for its key
+  if (Status v = parallel::ValidatePlan(*plan, *m, s.ranks, s.global_batch); !v.ok()) {
+    return std::string(v.message());
+  }
+  if (Status e = parallel::EngineSupports(*plan, hal::DeviceKind::kCpu); !e.ok()) {
+    return std::string(e.message());
+  }
+  if (plan->zero_stage > 0 && s.min_devices > 0 && s.checkpoint_every == 0) {
+    return std::string(
+        "zero_stage 1 with min_devices needs checkpoint_every: a lost rank's part of the "
+        "optimizer state comes back from the newest checkpoint");
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -107,6 +148,9 @@ Result<JobSpec> LoadJobFile(const std::string& path) {
       if (!m.ok()) model_error = m.status().message();
     }
   }
+  if (!model_error && !s.model_yaml.empty()) {
+    if (std::optional<std::string> why = PlanProblem(s)) root.Reject("plan", *why);
+  }
   KC_RETURN_IF_ERROR(doc.Finish());
   if (model_error) {
     return InvalidArgumentError(fmt::format("{}: model: {}", path, *model_error));
@@ -119,6 +163,8 @@ std::string JobSpecText(const JobSpec& s) {
                               {"team", s.team},
                               {"class", s.job_class},
                               {"ranks", s.ranks},
+                              {"min_devices", s.min_devices},
+                              {"plan", s.plan},
                               {"steps", s.steps},
                               {"global_batch", s.global_batch},
                               {"checkpoint_every", s.checkpoint_every},
@@ -136,6 +182,7 @@ Result<JobSpec> ParseJobSpec(std::string_view text, std::string display_name) {
   config::Map root = doc.root();
   JobSpec s = ReadCommon(root);
   s.model_yaml = root.String("model_yaml");
+  if (std::optional<std::string> why = PlanProblem(s)) root.Reject("plan", *why);
   KC_RETURN_IF_ERROR(doc.Finish());
   KC_RETURN_IF_ERROR(CheckModel(s, display_name + ": model_yaml"));
   return s;

@@ -31,6 +31,14 @@ struct JobSpec {
   std::string job_class = "normal";  // "high", "normal" or "preemptible"
   std::string model_yaml;            // the model file's text
   int ranks = 1;                     // worker processes, one device each, on one host
+  // Elastic within [min_devices, ranks]: a run that loses ranks goes on down to min_devices,
+  // and replacements start for the lost ones. The job file's `max_devices` is `ranks` (which is
+  // shorthand for both); 0 here: min_devices = ranks (not elastic).
+  int min_devices = 0;
+  // The plan every rank runs, in kc train's --plan form ("t=1 p=1 d=2 ..."; PlanToString): the
+  // job file's, checked at submission, or "" and kcd's planner's, which kcd writes here in the
+  // spec of each start order, so that what runs is what was planned (and approved).
+  std::string plan;
   int64_t steps = 100;
   int64_t global_batch = 0;      // 0: kc train's default
   int64_t checkpoint_every = 0;  // steps; 0: kc train's (after the last step only)

@@ -47,6 +47,18 @@ TEST(JobSpecTest, BadJobFilesAreRefusedNamingFileLineAndKey) {
            {"name: x\nmodel: " + model + "\nexpected_hours: .nan\n",
             "job.yaml:3: expected_hours: expected a number in (0, 100000], got \".nan\""},
            {"name: x\nmodel: " + model + "\nstorage_gb: .inf\n", "job.yaml:3: storage_gb"},
+           // Devices: ranks is shorthand for min_devices and max_devices.
+           {"name: x\nmodel: " + model + "\nranks: 2\nmax_devices: 4\n",
+            "job.yaml:4: max_devices: 4 differs from ranks (2)"},
+           {"name: x\nmodel: " + model + "\nmax_devices: 2\nmin_devices: 3\n",
+            "job.yaml:4: min_devices: 3 is above max_devices (2)"},
+           // A plan is checked against the model and the devices, and what the engine runs.
+           {"name: x\nmodel: " + model + "\nranks: 2\nplan: \"d=3\"\n", "job.yaml:4: plan: "},
+           {"name: x\nmodel: " + model + "\nranks: 2\nplan: \"d=2 zero_stage=2\"\n",
+            "job.yaml:4: plan: zero_stage 2"},
+           {"name: x\nmodel: " + model + "\nplan: \"q=1\"\n", "job.yaml:3: plan: --plan"},
+           {"name: x\nmodel: " + model + "\nranks: 2\nmin_devices: 1\nplan: \"d=2 zero_stage=1\"\n",
+            "job.yaml:5: plan: zero_stage 1 with min_devices needs checkpoint_every"},
            // Other jobs' directories and the agent's own are no job's to name.
            {"name: x\nmodel: " + model + "\ncheckpoint_dir: jobs/7/checkpoints\n",
             "job.yaml:3: checkpoint_dir: expected a directory outside jobs/ and agent/"},
@@ -62,6 +74,28 @@ TEST(JobSpecTest, BadJobFilesAreRefusedNamingFileLineAndKey) {
   Result<JobSpec> s = LoadJobFile(dir.Write("job.yaml", "name: x\nmodel: m.yaml\n"));
   ASSERT_FALSE(s.ok());
   EXPECT_THAT(s.status().message(), HasSubstr("job.yaml: model:"));
+}
+
+TEST(JobSpecTest, DevicesAndAPlanLoadAndTravelAsText) {
+  testing::TempDir dir("kc_job_spec");
+  const std::string model = testing::RepoRoot() + "/examples/models/gpt-tiny.yaml";
+  Result<JobSpec> s = LoadJobFile(dir.Write(
+      "job.yaml",
+      "name: x\nmodel: " + model +
+          "\nmin_devices: 1\nmax_devices: 2\ncheckpoint_every: 10\nplan: \"d=2 zero_stage=1\"\n"));
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_EQ(s->ranks, 2);
+  EXPECT_EQ(s->min_devices, 1);
+  EXPECT_EQ(s->plan, "d=2 zero_stage=1");
+  Result<JobSpec> back = ParseJobSpec(JobSpecText(*s), "spec");
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->min_devices, 1);
+  EXPECT_EQ(back->plan, s->plan);
+  // min_devices = max_devices is no range: not elastic.
+  s = LoadJobFile(
+      dir.Write("job.yaml", "name: x\nmodel: " + model + "\nranks: 2\nmin_devices: 2\n"));
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_EQ(s->min_devices, 0);
 }
 
 TEST(JobSpecTest, SpecsFromTheWireAreCheckedAsJobFilesAre) {

@@ -4,8 +4,10 @@
 #include <chrono>
 #include <cstring>
 #include <set>
+#include <tuple>
 
 #include "base/layer_guard.h"
+#include "parallel/batch_share.h"
 
 namespace kc::fault {
 
@@ -54,39 +56,32 @@ Result<Generation> Generation::FromJson(const Json& j) {
   }
 }
 
+namespace {
+
+// Replica 0's micro-batching of its share of the global batch with d replicas.
+std::pair<int64_t, int64_t> Batching(const ElasticShape& s, int d) {
+  Result<parallel::BatchShare> share =
+      parallel::ShareOfBatch(s.global_batch, d, 0, s.micro_batch_size, s.micro_batches);
+  if (!share.ok()) return {s.micro_batch_size, s.micro_batches};  // d is never above G here
+  return {share->micro_batch_size, share->micro_batches};
+}
+
+}  // namespace
+
 Generation FirstGeneration(const ElasticShape& shape, int ranks) {
   Generation g;
   g.d = ranks / (shape.t * shape.p);
-  g.micro_batch_size = shape.micro_batch_size;
-  g.micro_batches = shape.micro_batches;
+  std::tie(g.micro_batch_size, g.micro_batches) = Batching(shape, g.d);
   for (int w = 0; w < ranks; ++w) g.members.push_back({.worker = w, .has_state = true});
   g.reason = "start";
   return g;
 }
 
-namespace {
-
-// The micro-batching of a replica's share of the global batch with d replicas, or nullopt when
-// the global batch does not divide by d.
-std::optional<std::pair<int64_t, int64_t>> Batching(const ElasticShape& s, int d) {
-  if (d < 1 || s.global_batch % d != 0) return std::nullopt;
-  const int64_t share = s.global_batch / d;
-  if (share % s.micro_batch_size == 0) {
-    return std::pair(s.micro_batch_size, share / s.micro_batch_size);
-  }
-  if (share % s.micro_batches == 0) return std::pair(share / s.micro_batches, s.micro_batches);
-  return std::pair(share, int64_t{1});
-}
-
-}  // namespace
-
 int UsableReplicas(const ElasticShape& shape, int workers) {
   const int tp = shape.t * shape.p;
-  const int cap = std::min(workers / tp, shape.max_ranks / tp);
-  for (int k = cap; k >= 1; --k) {
-    if (Batching(shape, k)) return k;
-  }
-  return 0;
+  return static_cast<int>(
+      std::min<int64_t>({static_cast<int64_t>(workers / tp),
+                         static_cast<int64_t>(shape.max_ranks / tp), shape.global_batch}));
 }
 
 Result<Generation> NextGeneration(const Generation& current, const ElasticShape& shape,
@@ -130,11 +125,7 @@ Result<Generation> NextGeneration(const Generation& current, const ElasticShape&
     d = whole.empty() ? 0 : 1;
   }
   next.d = d;
-  if (d > 0) {
-    const auto batching = Batching(shape, d);
-    next.micro_batch_size = batching->first;
-    next.micro_batches = batching->second;
-  }
+  if (d > 0) std::tie(next.micro_batch_size, next.micro_batches) = Batching(shape, d);
   // Replicas: whole ones first, then the others in groups of t * p.
   std::vector<std::vector<Member>> replicas;
   for (const auto& w : whole) {
@@ -174,8 +165,6 @@ Result<Generation> NextGeneration(const Generation& current, const ElasticShape&
 std::string GenerationKey(int64_t number) {
   return "kc/elastic/generation/" + std::to_string(number);
 }
-
-std::string ReadyKey(int worker) { return "kc/elastic/ready/" + std::to_string(worker); }
 
 Status AnnounceGeneration(comm::Store& store, const Generation& generation) {
   KC_RETURN_IF_ERROR(store.Set(GenerationKey(generation.number), generation.ToJson().dump()));

@@ -1,6 +1,6 @@
 // Elastic recovery: when a rank is lost the survivors go on as the next generation of the job
 // instead of the whole job restarting, and ranks that come back (or replacements) join a later
-// generation. The supervisor (kc train's launcher; kcd's later) decides each generation and
+// generation. The supervisor (fault::Supervisor) decides each generation and
 // announces it through the rendezvous store; every worker watches for the announcement, aborts
 // its communicator when it comes (so a collective blocked on a lost or stopped peer returns at
 // once), rebuilds its communicator and engine as the generation's rank, and brings its state to
@@ -13,7 +13,8 @@
 //                KC_ASSIGN_OR_RETURN(Generation next, AwaitGeneration(store, g.number + 1, dl));
 //                ... rebuild; RestoreFromReplicas(trainer, world, member.has_state) ...
 //
-// Design: docs/design/elastic-recovery.md.
+// fault::Supervisor (supervisor.h) and fault::ElasticWorker (elastic_worker.h) are these two
+// sides. Design: docs/design/elastic-recovery.md.
 #pragma once
 
 #include <atomic>
@@ -35,13 +36,15 @@
 namespace kc::fault {
 
 // What does not change from one generation to the next: the plan's t and p, and the global
-// batch (so the loss trajectory does not depend on how many replicas are left).
+// batch (so the loss trajectory does not depend on how many replicas are left). Any count of
+// replicas up to the global batch can train it: each takes its share, evenly or not
+// (parallel/batch_share.h), cut into micro-batches as near the first generation's as it allows.
 struct ElasticShape {
   int t = 1;
   int p = 1;
   int64_t global_batch = 1;      // sequences per step over all replicas
-  int64_t micro_batch_size = 1;  // the first generation's
-  int64_t micro_batches = 1;     // the first generation's
+  int64_t micro_batch_size = 1;  // the first generation's (the plan's)
+  int64_t micro_batches = 1;     // the first generation's (the plan's)
   int min_ranks = 1;             // fewer: the job stops (with a checkpoint)
   int max_ranks = 1;             // more alive workers than this wait as spares
 };
@@ -55,6 +58,7 @@ struct Member {
 struct Generation {
   int64_t number = 0;
   int d = 1;  // data-parallel replicas; members.size() == t * p * d
+  // Replica 0's micro-batching of its share (the others' differ when the shares do).
   int64_t micro_batch_size = 1;
   int64_t micro_batches = 1;
   // Rank r = (stage * d + replica) * t + tp_rank is members[r] (trainer.h's numbering).
@@ -77,17 +81,18 @@ struct Generation {
 // The first generation: workers 0..ranks-1 in rank order, with the plan's layout.
 Generation FirstGeneration(const ElasticShape& shape, int ranks);
 
-// The most data-parallel replicas `workers` alive workers can form under `shape` (max_ranks
-// and the global batch, which must divide by the count); 0 when not one.
+// The most data-parallel replicas `workers` alive workers can form under `shape`: whole groups
+// of t * p, at most max_ranks of them and at most the global batch (a sequence each); 0 when
+// not one.
 int UsableReplicas(const ElasticShape& shape, int workers);
 
 // The supervisor's choice after `current`: `alive` are the workers running now (members,
 // spares and newcomers alike). Whole replicas of `current` (every one of their t * p members
 // alive) keep their state and go first; the other alive workers fill further replicas, whose
 // state is broadcast to them. d is the largest count of replicas that the alive workers,
-// max_ranks and the global batch allow (the global batch must divide by d; the micro-batch
-// size is kept when it divides the replica's share, else the count of micro-batches, else one
-// micro-batch takes the share). Below min_ranks the generation is a stop. `zero_sharded`:
+// max_ranks and the global batch allow: every survivor of a data-parallel run trains, the
+// replicas taking uneven shares of the global batch when it does not divide by d (32 over 3:
+// 11, 11, 10). Below min_ranks the generation is a stop. `zero_sharded`:
 // optimizer state is sharded over the replicas, so a lost replica's part is gone and every
 // generation after a loss restores from a checkpoint.
 Result<Generation> NextGeneration(const Generation& current, const ElasticShape& shape,
@@ -97,8 +102,6 @@ Result<Generation> NextGeneration(const Generation& current, const ElasticShape&
 std::string GenerationKey(int64_t number);
 // The newest announced generation's number (decimal), set by AnnounceGeneration.
 inline constexpr std::string_view kCurrentGenerationKey = "kc/elastic/current";
-// A newcomer `worker` sets this once it is up, to be taken into the next generation.
-std::string ReadyKey(int worker);
 // Sets the generation's key, then kCurrentGenerationKey.
 Status AnnounceGeneration(comm::Store& store, const Generation& generation);
 // Blocks until generation `number` is announced or `deadline` (kDeadlineExceeded).

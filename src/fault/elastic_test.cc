@@ -57,35 +57,47 @@ TEST(ElasticTest, DataParallelSurvivorsKeepTheirStateAndTheGlobalBatch) {
   EXPECT_EQ(g1->reason, "worker 2 failed");
 }
 
-TEST(ElasticTest, TheGlobalBatchDecidesHowManyReplicasGoOn) {
-  // 16 sequences do not split over 3 replicas: 2 go on (the micro-batch kept, two of them),
-  // the third survivor waits as a spare.
+TEST(ElasticTest, EverySurvivorTrainsWithAnUnevenShareOfTheGlobalBatch) {
+  // 16 sequences over 3 survivors: 6, 5, 5. Replica 0's 6 in one micro-batch (4 does not
+  // divide it).
   const ElasticShape s = Shape(1, 1, 16, 4, 1, 2, 4);
   auto g1 = NextGeneration(FirstGeneration(s, 4), s, {0, 1, 2}, false, "x");
   ASSERT_TRUE(g1.ok());
-  EXPECT_EQ(g1->d, 2);
-  EXPECT_THAT(Workers(*g1), ElementsAre(0, 1));
-  EXPECT_THAT(g1->spares, ElementsAre(2));
-  EXPECT_EQ(g1->micro_batch_size, 4);
-  EXPECT_EQ(g1->micro_batches, 2);
-  EXPECT_EQ(UsableReplicas(s, 3), 2);
+  EXPECT_EQ(g1->d, 3);
+  EXPECT_THAT(Workers(*g1), ElementsAre(0, 1, 2));
+  EXPECT_THAT(g1->spares, IsEmpty());
+  EXPECT_EQ(g1->micro_batch_size, 6);
+  EXPECT_EQ(g1->micro_batches, 1);
+  EXPECT_EQ(UsableReplicas(s, 3), 3);
   EXPECT_EQ(UsableReplicas(s, 5), 4);  // max_ranks
+  // At most one replica per sequence: 2 sequences keep 2 of 3 workers busy.
+  EXPECT_EQ(UsableReplicas(Shape(1, 1, 2, 1, 1, 1, 4), 3), 2);
+  // Whole groups of t * p only.
+  EXPECT_EQ(UsableReplicas(Shape(2, 1, 16, 4, 1, 2, 8), 7), 3);
 }
 
 TEST(ElasticTest, NewcomersFillReplicasWithoutStateAndGrowTheJobBack) {
   const ElasticShape s = Shape(1, 1, 16, 4, 1, 2, 4);
   auto g1 = NextGeneration(FirstGeneration(s, 4), s, {0, 1, 3}, false, "worker 2 failed");
   ASSERT_TRUE(g1.ok());
-  EXPECT_THAT(g1->spares, ElementsAre(3));
-  // Worker 4 (a replacement) is up: with the spare, 4 replicas again.
+  EXPECT_EQ(g1->d, 3);
+  EXPECT_THAT(g1->spares, IsEmpty());
+  // Worker 4 (a replacement) is up: 4 replicas again.
   auto g2 = NextGeneration(*g1, s, {0, 1, 3, 4}, false, "worker 4 joined");
   ASSERT_TRUE(g2.ok());
   EXPECT_EQ(g2->number, 2);
   EXPECT_EQ(g2->d, 4);
   EXPECT_THAT(Workers(*g2), ElementsAre(0, 1, 3, 4));
-  EXPECT_THAT(States(*g2), ElementsAre(true, true, false, false));
+  EXPECT_THAT(States(*g2), ElementsAre(true, true, true, false));
   EXPECT_EQ(g2->micro_batch_size, 4);
   EXPECT_EQ(g2->micro_batches, 1);
+}
+
+TEST(ElasticTest, TheFirstGenerationOfAnUnevenSplitRecordsReplicaZerosShare) {
+  const Generation g = FirstGeneration(Shape(1, 1, 32, 10, 1, 3, 3), 3);
+  EXPECT_EQ(g.d, 3);
+  EXPECT_EQ(g.micro_batch_size, 11);
+  EXPECT_EQ(g.micro_batches, 1);
 }
 
 TEST(ElasticTest, OnlyWholeReplicasOfATensorAndPipelineParallelPlanKeepState) {
@@ -131,20 +143,21 @@ TEST(ElasticTest, WithoutAWholeReplicaOrWithShardedMomentsStateComesFromACheckpo
 }
 
 TEST(ElasticTest, BelowMinRanksTheGenerationIsAStopByOneWholeReplica) {
-  const ElasticShape s = Shape(1, 1, 16, 4, 1, 3, 4);
+  // t=2, d=2: replicas {0, 1} and {2, 3}. Losing 3 leaves one whole replica: 2 ranks, below 3.
+  const ElasticShape s = Shape(2, 1, 16, 4, 1, 3, 4);
   auto g1 = NextGeneration(FirstGeneration(s, 4), s, {0, 1, 2}, false, "worker 3 failed");
   ASSERT_TRUE(g1.ok());
   EXPECT_TRUE(g1->stop);
   EXPECT_EQ(g1->d, 1);
-  EXPECT_THAT(Workers(*g1), ElementsAre(0));
-  EXPECT_THAT(g1->spares, ElementsAre(1, 2));
+  EXPECT_THAT(Workers(*g1), ElementsAre(0, 1));
+  EXPECT_THAT(g1->spares, ElementsAre(2));
   EXPECT_EQ(g1->micro_batch_size, 4);
   EXPECT_EQ(g1->micro_batches, 4);
 }
 
 TEST(ElasticTest, GenerationsRoundTripThroughTheStore) {
   const ElasticShape s = Shape(1, 1, 16, 4, 1, 2, 4);
-  auto g1 = NextGeneration(FirstGeneration(s, 4), s, {0, 1, 2}, false, "worker 3 failed");
+  auto g1 = NextGeneration(FirstGeneration(s, 4), s, {0, 1}, false, "workers 2 and 3 failed");
   ASSERT_TRUE(g1.ok());
   comm::HashStore store;
   // Nothing announced: the wait ends at its deadline.
@@ -156,7 +169,7 @@ TEST(ElasticTest, GenerationsRoundTripThroughTheStore) {
   EXPECT_EQ(back->ToJson(), g1->ToJson());
   EXPECT_EQ(*store.Get(kCurrentGenerationKey, store.clock()->Now()), "1");
   EXPECT_EQ(back->rank_of(1), 1);
-  EXPECT_EQ(back->rank_of(2), -1);  // a spare
+  EXPECT_EQ(back->rank_of(2), -1);  // not a member
   ASSERT_TRUE(store.Set(GenerationKey(2), "{\"number\": 2}").ok());
   EXPECT_THAT(AwaitGeneration(store, 2, store.clock()->Now()).status().message(),
               HasSubstr("generation record"));

@@ -4,7 +4,7 @@
 
 namespace kc::fault {
 
-std::string HeartbeatKey(int rank) { return "kc/heartbeat/" + std::to_string(rank); }
+std::string HeartbeatKey(int rank) { return std::string(kHeartbeatPrefix) + std::to_string(rank); }
 
 Result<std::unique_ptr<Heartbeat>> Heartbeat::Start(comm::Store* store, int rank, Seconds period) {
   if (store == nullptr) return InvalidArgumentError("heartbeat: no store");
@@ -36,7 +36,7 @@ void Heartbeat::Loop() {
     const int64_t beat = ++beats_;
     mu_.Unlock();
     // A failed Set (the store gone) is the supervisor's to notice; keep beating.
-    (void)store_->Set(HeartbeatKey(rank_), std::to_string(beat));
+    store_->Set(HeartbeatKey(rank_), std::to_string(beat)).IgnoreError();
     mu_.Lock();
     const auto until = std::chrono::steady_clock::now() + period;
     while (!stop_ && std::chrono::steady_clock::now() < until) cv_.WaitUntil(&mu_, until);

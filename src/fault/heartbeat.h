@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -24,7 +25,8 @@ namespace kc::fault {
 
 using Seconds = std::chrono::duration<double>;
 
-// The store key rank `rank` beats on.
+// The store key rank `rank` beats on: kHeartbeatPrefix and the rank.
+inline constexpr std::string_view kHeartbeatPrefix = "kc/heartbeat/";
 std::string HeartbeatKey(int rank);
 
 // A thread that sets HeartbeatKey(rank) to a counter every `period` until destroyed. The store

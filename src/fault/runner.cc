@@ -28,10 +28,12 @@ Result<std::unique_ptr<ResilientRunner>> ResilientRunner::Create(parallel::Train
     return InvalidArgumentError("runner: steps " + std::to_string(options.steps) +
                                 " must be at least 1");
   }
-  if (options.mtbf_s < 0 || (options.mtbf_s > 0 && options.checkpoint.dir.empty())) {
+  const bool auto_interval = options.mtbf_s > 0 || options.advised_mtbf != nullptr;
+  if (options.mtbf_s < 0 || (options.mtbf_s > 0 && options.advised_mtbf != nullptr) ||
+      (auto_interval && options.checkpoint.dir.empty())) {
     return InvalidArgumentError(
-        "runner: a checkpoint interval from the MTBF needs an MTBF above "
-        "0 and a checkpoint directory");
+        "runner: a checkpoint interval from the MTBF needs one MTBF above 0 (given or "
+        "advised, not both) and a checkpoint directory");
   }
   if (options.checkpoint_every < 0) {
     return InvalidArgumentError("checkpoint every " + std::to_string(options.checkpoint_every) +
@@ -127,9 +129,17 @@ Result<int64_t> ResilientRunner::NextInterval(const RunnerCallbacks& callbacks) 
       const double slowdown = std::max(0.0, median(busy_steps_) / step_s - 1.0);
       cost_s = last.stall_s + slowdown * last.persist_s;
     }
-    const double interval_s = sched::YoungDalyInterval(cost_s, options_.mtbf_s);
+    RunnerOptions::AdvisedMtbf mtbf{.mtbf_s = options_.mtbf_s, .source = "mtbf_s"};
+    if (options_.advised_mtbf) mtbf = options_.advised_mtbf();
+    const double interval_s = sched::YoungDalyInterval(cost_s, mtbf.mtbf_s);
     steps = std::clamp<int64_t>(std::llround(interval_s / step_s), 1, options_.steps);
-    if (callbacks.on_interval) callbacks.on_interval(steps, cost_s, interval_s);
+    if (callbacks.on_interval) {
+      callbacks.on_interval({.steps = steps,
+                             .cost_s = cost_s,
+                             .interval_s = interval_s,
+                             .mtbf_s = mtbf.mtbf_s,
+                             .source = std::move(mtbf.source)});
+    }
   }
   if (options_.ranks > 1) KC_RETURN_IF_ERROR(options_.store->Set(key, std::to_string(steps)));
   return steps;
@@ -173,13 +183,13 @@ Status ResilientRunner::Run(const RunnerCallbacks& callbacks) {
     if (callbacks.on_step) KC_RETURN_IF_ERROR(callbacks.on_step(stats));
     const int64_t done = trainer_->steps_done();
     stopped = callbacks.stop_after && done < options_.steps && callbacks.stop_after(done);
-    const bool due = stopped || done == options_.steps ||
-                     (options_.mtbf_s > 0
-                          ? done >= next_checkpoint_
-                          : options_.checkpoint_every > 0 && done % options_.checkpoint_every == 0);
+    const bool due =
+        stopped || done == options_.steps ||
+        (auto_interval() ? done >= next_checkpoint_
+                         : options_.checkpoint_every > 0 && done % options_.checkpoint_every == 0);
     if (writer_ != nullptr && due) {
       KC_RETURN_IF_ERROR(Checkpoint(callbacks));
-      if (options_.mtbf_s > 0) {
+      if (auto_interval()) {
         KC_ASSIGN_OR_RETURN(int64_t steps, NextInterval(callbacks));
         next_checkpoint_ = done + steps;
       }

@@ -32,6 +32,16 @@ struct RunnerOptions {
   // stall plus what the background persist slows the steps it overlaps. Re-estimated at every
   // checkpoint; rank 0's choice is every rank's (through the store).
   double mtbf_s = 0;
+  // checkpoint_every: auto on a cluster: instead of mtbf_s (which is then 0), the mean time
+  // between interruptions L4 advises for the job's pool and class (sched::CheckpointAdvice's
+  // mtbi_s), asked again at every re-estimate so that the run follows changes of the advice.
+  // `source` says whose advice it is; it is recorded with each interval. An advice of 0 or less
+  // checkpoints after every step until a positive one comes.
+  struct AdvisedMtbf {
+    double mtbf_s = 0;
+    std::string source;
+  };
+  std::function<AdvisedMtbf()> advised_mtbf;
   std::string resume_from;  // a checkpoint directory (DIR/step-N) to start from, or empty
   nlohmann::json plan;      // recorded in the manifest
   nlohmann::json model;     // recorded in the manifest; checked when resuming
@@ -53,8 +63,16 @@ struct RunnerCallbacks {
   // for the same step. The run then saves a checkpoint of that step (with a checkpoint
   // directory), waits until it is persisted, and returns kCancelled.
   std::function<bool(int64_t done)> stop_after;
-  // With mtbf_s: each new interval, its steps, and the cost and interval in seconds behind it.
-  std::function<void(int64_t steps, double cost_s, double interval_s)> on_interval;
+  // With mtbf_s or advised_mtbf: each new interval, its steps, and the cost, the interval in
+  // seconds and the MTBF behind it, with where the MTBF came from.
+  struct Interval {
+    int64_t steps = 0;
+    double cost_s = 0;
+    double interval_s = 0;
+    double mtbf_s = 0;
+    std::string source;  // "mtbf_s" (given), or the advice's source
+  };
+  std::function<void(const Interval&)> on_interval;
 };
 
 class ResilientRunner {
@@ -86,7 +104,10 @@ class ResilientRunner {
       : trainer_(trainer), options_(std::move(options)) {}
   Status Checkpoint(const RunnerCallbacks& callbacks);
   Ownership Owner() const;  // which pieces of the state this rank saves
-  // With mtbf_s: the steps until the next checkpoint, from the last persisted one's cost.
+  // Whether the interval is Young/Daly's (mtbf_s or advised_mtbf), not checkpoint_every.
+  bool auto_interval() const { return options_.mtbf_s > 0 || options_.advised_mtbf != nullptr; }
+  // With auto_interval(): the steps until the next checkpoint, from the last persisted one's
+  // cost.
   Result<int64_t> NextInterval(const RunnerCallbacks& callbacks);
 
   parallel::Trainer* const trainer_;

@@ -71,5 +71,15 @@ TEST(EngineSupportsTest, OnGpusTheEngineRunsDataParallelPlansOnly) {
   }
 }
 
+TEST(EngineSupportsTest, ThePlannerIsKeptToWhatTheEngineRuns) {
+  const planner::SearchConstraints cpu = EngineSearchConstraints(hal::DeviceKind::kCpu);
+  EXPECT_EQ(cpu.max_zero_stage, 1);
+  const planner::SearchConstraints gpu = EngineSearchConstraints(hal::DeviceKind::kCuda);
+  EXPECT_EQ(gpu.fixed_t, 1);
+  EXPECT_EQ(gpu.max_p, 1);
+  EXPECT_FALSE(gpu.allow_recompute);
+  EXPECT_EQ(gpu.max_zero_stage, 0);
+}
+
 }  // namespace
 }  // namespace kc::parallel

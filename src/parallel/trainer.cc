@@ -1,5 +1,7 @@
 #include "parallel/trainer.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -10,6 +12,7 @@
 #include "base/layer_guard.h"
 #include "comm/collectives.h"
 #include "hal/kernels.h"
+#include "parallel/batch_share.h"
 #include "parallel/cuda/cuda_gpt.h"
 #include "parallel/engine_support.h"
 
@@ -92,30 +95,29 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& options) 
 }
 
 Status Trainer::Init() {
+  const ParallelPlan& plan = options_.plan;
+  if (plan.micro_batch_size < 1 || plan.micro_batches < 1) {
+    return InvalidArgumentError(
+        "trainer: the plan's micro_batch_size and micro_batches must be >= 1");
+  }
+  options_.spec.batch_per_rank = plan.micro_batch_size;
   const ModelSpec& spec = options_.spec;
   KC_RETURN_IF_ERROR(ValidateModelSpec(spec));
-  if (options_.micro_batches < 1) {
-    return InvalidArgumentError("trainer: micro_batches must be >= 1");
+  comm::Communicator* comm = options_.comm;
+  const int size = comm != nullptr ? comm->size() : 1;
+  if (plan.world() != size) {
+    return InvalidArgumentError(
+        fmt::format("trainer: the plan ({}) is for t*p*d = {} ranks; this group has {}",
+                    PlanToString(plan), plan.world(), size));
   }
+  KC_RETURN_IF_ERROR(EngineSupports(plan, options_.device->id().kind).WithContext("trainer"));
   if (options_.device->id().kind == hal::DeviceKind::kCuda) return InitCuda();
   if (options_.precision != Precision::kFp32) {
     return UnimplementedError("trainer: " + std::string(PrecisionName(options_.precision)) +
                               " training runs on CUDA devices only; the CPU engine trains in fp32");
   }
-  comm::Communicator* comm = options_.comm;
-  const int size = comm != nullptr ? comm->size() : 1;
-  if (options_.zero_stage < 0) return InvalidArgumentError("trainer: zero_stage must be >= 0");
-  stages_ = options_.pipeline_stages;
-  tp_ = options_.tensor_parallel;
-  KC_RETURN_IF_ERROR(EngineSupports({.t = tp_,
-                                     .p = stages_,
-                                     .micro_batches = options_.micro_batches,
-                                     .schedule = options_.schedule,
-                                     .v = options_.virtual_stages,
-                                     .recompute = options_.recompute,
-                                     .zero_stage = options_.zero_stage},
-                                    options_.device->id().kind)
-                         .WithContext("trainer"));
+  stages_ = options_.plan.p;
+  tp_ = options_.plan.t;
   if (tp_ < 1 || stages_ < 1 || size % (tp_ * stages_) != 0 || stages_ > spec.layers) {
     return InvalidArgumentError("trainer: t=" + std::to_string(tp_) +
                                 " and p=" + std::to_string(stages_) + " for " +
@@ -128,6 +130,7 @@ Status Trainer::Init() {
   world_ = size / (tp_ * stages_);
   stage_ = global_rank / tp_ / world_;
   dp_rank_ = global_rank / tp_ % world_;
+  KC_RETURN_IF_ERROR(ApplyShare());
   dp_comm_ = comm;
   if (stages_ > 1 || tp_ > 1) KC_RETURN_IF_ERROR(InitGroups());
   if (stages_ > 1) KC_RETURN_IF_ERROR(InitPipeline());
@@ -143,7 +146,7 @@ Status Trainer::Init() {
   }
   for (int c = 0; c < v_; ++c) {
     GptOptions gpt{.threads = options_.compute_threads,
-                   .recompute = options_.recompute,
+                   .recompute = options_.plan.recompute,
                    .tensor_parallel = tp_link_.get()};
     if (stages_ > 1) {
       const size_t vs = static_cast<size_t>(c * stages_ + stage_);
@@ -157,7 +160,7 @@ Status Trainer::Init() {
         held = std::max(held, in_flight);
       }
       gpt.slots = std::max(held, 1);
-      gpt.split_backward = options_.schedule == Schedule::kZeroBubbleH1;
+      gpt.split_backward = options_.plan.schedule == Schedule::kZeroBubbleH1;
     }
     KC_ASSIGN_OR_RETURN(std::unique_ptr<Gpt<float>> chunk,
                         Gpt<float>::Create(spec, options_.device, gpt));
@@ -233,7 +236,7 @@ Status Trainer::Init() {
   for (const auto& chunk : chunks_) {
     const std::vector<TensorSpec>& tensors = chunk->tensors();
     size_t lo = 0, hi = chunk->params().size();
-    if (options_.zero_stage == 1 && world_ > 1) {
+    if (options_.plan.zero_stage == 1 && world_ > 1) {
       const comm::ChunkRange c = comm::ChunkOf(hi, world_, rank);
       lo = c.offset;
       hi = c.offset + c.count;
@@ -255,13 +258,34 @@ Status Trainer::Init() {
   return OkStatus();
 }
 
+void Trainer::Abort(Status reason) {
+  // The pointers were set by Init, before the trainer was handed out, and never change.
+  for (comm::Communicator* c :
+       {options_.comm, dp_owned_.get(), tp_comm_.get(), pipe_comm_.get(), embed_comm_.get()}) {
+    if (c != nullptr) c->Abort(reason);
+  }
+}
+
+Status Trainer::ApplyShare() {
+  const int64_t b = options_.spec.batch_per_rank, m = options_.plan.micro_batches;
+  global_batch_ = options_.global_batch > 0 ? options_.global_batch : b * m * world_;
+  KC_ASSIGN_OR_RETURN(BatchShare share, ShareOfBatch(global_batch_, world_, dp_rank_, b, m));
+  options_.spec.batch_per_rank = share.micro_batch_size;
+  options_.plan.micro_batches = share.micro_batches;
+  // Exactly 1 for even shares, so an even split computes what it always did.
+  share_weight_ =
+      static_cast<double>(share.sequences * world_) / static_cast<double>(global_batch_);
+  return OkStatus();
+}
+
 Status Trainer::OpenLoaders() {
   const ModelSpec& spec = options_.spec;
   auto loader_options = [&](LoaderOptions o) {
     o.seq_len = spec.seq_len;
-    o.batch = spec.batch_per_rank * options_.micro_batches;
+    o.batch = spec.batch_per_rank * options_.plan.micro_batches;
     o.rank = dp_rank_;
     o.world_size = world_;
+    o.global_batch = global_batch_;
     if (o.seed == 0) o.seed = spec.training.seed;
     return o;
   };
@@ -281,18 +305,10 @@ Status Trainer::OpenLoaders() {
 
 Status Trainer::InitCuda() {
   const ModelSpec& spec = options_.spec;
-  if (options_.tensor_parallel != 1 || options_.pipeline_stages != 1 || options_.zero_stage != 0 ||
-      options_.recompute) {
-    return UnimplementedError(
-        "trainer: on a CUDA device the engine runs data parallelism only (t=1, p=1, zero_stage "
-        "0, no recompute); this plan has t=" +
-        std::to_string(options_.tensor_parallel) +
-        " p=" + std::to_string(options_.pipeline_stages) + " zero_stage=" +
-        std::to_string(options_.zero_stage) + (options_.recompute ? " with recompute" : ""));
-  }
   comm::Communicator* comm = options_.comm;
   world_ = comm != nullptr ? comm->size() : 1;
   dp_rank_ = comm != nullptr ? comm->rank() : 0;
+  KC_RETURN_IF_ERROR(ApplyShare());
   dp_comm_ = comm;
   KC_RETURN_IF_ERROR(OpenLoaders());
   KC_ASSIGN_OR_RETURN(cuda_model_, CudaGpt::Create(spec, options_.device,
@@ -441,15 +457,15 @@ Status Trainer::InitGroups() {
 }
 
 Status Trainer::InitPipeline() {
-  v_ = options_.schedule == Schedule::kInterleaved ? options_.virtual_stages : 1;
+  v_ = options_.plan.schedule == Schedule::kInterleaved ? options_.plan.v : 1;
   if (v_ < 1 || stages_ * v_ > options_.spec.layers) {
     return InvalidArgumentError(
         "trainer: " + std::to_string(stages_) + " stages x " + std::to_string(v_) + " chunks for " +
         std::to_string(options_.spec.layers) + " layers: every chunk needs a layer");
   }
   KC_ASSIGN_OR_RETURN(std::vector<std::vector<PipeOp>> schedule,
-                      BuildPipelineSchedule(options_.schedule, stages_,
-                                            static_cast<int>(options_.micro_batches), v_));
+                      BuildPipelineSchedule(options_.plan.schedule, stages_,
+                                            static_cast<int>(options_.plan.micro_batches), v_));
   ops_ = std::move(schedule[static_cast<size_t>(stage_)]);
   return OkStatus();
 }
@@ -507,7 +523,7 @@ Status Trainer::RunPipelineOp(const PipeOp& op, std::span<const int32_t> inputs,
                                       last ? targets : std::span<const int32_t>(), grad_scale));
     pass_s_ += Since(t0);
     span("forward", SpanKind::kCompute, t0);
-    if (last) *loss += micro_loss / static_cast<double>(options_.micro_batches);
+    if (last) *loss += micro_loss / static_cast<double>(options_.plan.micro_batches);
     if (!last) {
       KC_RETURN_IF_ERROR(
           send(next, model.stage_output(slot), activation_tag(vs), "send activations"));
@@ -604,10 +620,12 @@ Result<StepStats> Trainer::Step() {
   if (tp_link_ != nullptr) tp_link_->Take(step_);
   loader_->Next(&batch_);
   Clock::time_point t = Span("data", SpanKind::kData, t0);
-  // Each micro-batch's gradient is scaled to its share of the rank's mean; they add up.
-  const int64_t m = options_.micro_batches;
+  // Each token's gradient is scaled to its share of the global batch's mean, times d for the
+  // replicas' average: the micro-batches add up, the average of the replicas is the weighted
+  // mean over every token (with even shares the same as 1 / the rank's tokens).
+  const int64_t m = options_.plan.micro_batches;
   const size_t micro_tokens = static_cast<size_t>(chunks_.front()->tokens());
-  const double grad_scale = 1.0 / static_cast<double>(micro_tokens * m);
+  const double grad_scale = GradScale();
   double loss = 0;
   double comm_s = 0;
   if (stages_ > 1) {
@@ -667,14 +685,14 @@ Result<StepStats> Trainer::Step() {
            : buckets_ != nullptr ? "wait for gradient buckets"
                                  : "all-reduce per tensor",
            SpanKind::kComm, t);
-  KC_ASSIGN_OR_RETURN(stats.loss, AverageAcrossRanks(loss));
+  KC_ASSIGN_OR_RETURN(stats.loss, AverageAcrossRanks(loss * share_weight_));
   comm_s += Since(t);
   t = Span("all-reduce loss", SpanKind::kComm, t);
   KC_ASSIGN_OR_RETURN(stats.grad_norm, GradNorm());
   stats.lr = LearningRate(options_.spec.training, step_, options_.total_steps);
   optimizer_->Step(stats.lr, ClipScale(options_.spec.training, stats.grad_norm));
   t = Span("optimizer", SpanKind::kCompute, t);
-  if (options_.zero_stage == 1 && world_ > 1) {
+  if (options_.plan.zero_stage == 1 && world_ > 1) {
     // Every rank updated its part of each model chunk; gather the others'.
     for (const auto& chunk : chunks_) {
       std::span<float> params = chunk->params();
@@ -693,8 +711,12 @@ Result<StepStats> Trainer::Step() {
   stats.step_s = Since(t0);
   stats.comm_exposed_s = comm_s;
   stats.compute_s = stats.step_s - comm_s;
-  stats.tokens = static_cast<int64_t>(micro_tokens) * m * world_;
+  stats.tokens = global_batch_ * options_.spec.seq_len;
   return stats;
+}
+
+double Trainer::GradScale() const {
+  return static_cast<double>(world_) / static_cast<double>(global_batch_ * options_.spec.seq_len);
 }
 
 Result<StepStats> Trainer::StepCuda() {
@@ -705,9 +727,9 @@ Result<StepStats> Trainer::StepCuda() {
   loader_->Next(&batch_);
   Clock::time_point t = Span("data", SpanKind::kData, t0);
   CudaGpt& model = *cuda_model_;
-  const int64_t m = options_.micro_batches;
+  const int64_t m = options_.plan.micro_batches;
   const size_t micro_tokens = static_cast<size_t>(model.tokens());
-  const double grad_scale = 1.0 / static_cast<double>(micro_tokens * m);
+  const double grad_scale = GradScale();
   double loss = 0;
   double comm_s = 0;
   KC_RETURN_IF_ERROR(model.ZeroGradients());
@@ -735,7 +757,7 @@ Result<StepStats> Trainer::StepCuda() {
     comm_s += std::chrono::duration<double>(Clock::now() - t).count();
     t = Span("all-reduce gradients", SpanKind::kComm, t);
   }
-  KC_ASSIGN_OR_RETURN(stats.loss, AverageAcrossRanks(loss));
+  KC_ASSIGN_OR_RETURN(stats.loss, AverageAcrossRanks(loss * share_weight_));
   comm_s += std::chrono::duration<double>(Clock::now() - t).count();
   t = Span("all-reduce loss", SpanKind::kComm, t);
   KC_ASSIGN_OR_RETURN(const double squares, model.GradSquaredNorm());
@@ -749,7 +771,7 @@ Result<StepStats> Trainer::StepCuda() {
   stats.step_s = Since(t0);
   stats.comm_exposed_s = comm_s;
   stats.compute_s = stats.step_s - comm_s;
-  stats.tokens = static_cast<int64_t>(micro_tokens) * m * world_;
+  stats.tokens = global_batch_ * options_.spec.seq_len;
   return stats;
 }
 
@@ -764,7 +786,7 @@ Result<double> Trainer::Evaluate(int64_t batches) {
   double sum = 0;
   const size_t micro_tokens = static_cast<size_t>(
       cuda_model_ != nullptr ? cuda_model_->tokens() : chunks_.front()->tokens());
-  const int64_t m = options_.micro_batches;
+  const int64_t m = options_.plan.micro_batches;
   for (int64_t i = 0; i < batches; ++i) {
     validation_->Next(&batch);
     for (int64_t k = 0; k < m; ++k) {
@@ -791,7 +813,7 @@ Result<double> Trainer::Evaluate(int64_t batches) {
       }
     }
   }
-  return AverageAcrossRanks(batches > 0 ? sum / static_cast<double>(batches) : 0);
+  return AverageAcrossRanks(batches > 0 ? sum / static_cast<double>(batches) * share_weight_ : 0);
 }
 
 }  // namespace kc::parallel

@@ -1,13 +1,13 @@
 // Training of the GPT on one rank of a t x p x d plan (tensor, pipeline and data parallel;
 // TrainerOptions says how ranks map to groups). Each step loads this rank's share of the
-// global batch, runs forward and backward, reduces the gradients across ranks through L2
-// gradient buckets as the backward produces them (a bucket's all-reduce starts the moment its
-// last gradient is final, so communication hides behind the rest of the backward), clips,
-// and applies AdamW. Every rank runs the same steps; with the same global batch and seed the
-// loss does not depend on the rank count (up to float summation order).
+// global batch (even, or not: parallel/batch_share.h), runs forward and backward, reduces the
+// gradients across ranks through L2 gradient buckets as the backward produces them (a bucket's
+// all-reduce starts the moment its last gradient is final, so communication hides behind the rest
+// of the backward), clips, and applies AdamW. Every rank runs the same steps; with the same global
+// batch and seed the loss does not depend on the rank count (up to float summation order).
 //
-// The step loop itself (cadence, progress, checkpoints) belongs to the caller: `kc train`'s
-// worker today, the resilient runner of L5 later.
+// The step loop itself (cadence, progress, checkpoints) belongs to the caller: the resilient
+// runner of L5 (fault/runner.h), driven by its elastic worker (fault/elastic_worker.h).
 #pragma once
 
 #include <chrono>
@@ -47,44 +47,43 @@ std::string_view GradSyncName(GradSync sync);  // "bucketed", "per-tensor"
 Result<GradSync> ParseGradSync(std::string_view name);
 
 struct TrainerOptions {
-  ModelSpec spec;            // spec.batch_per_rank is this rank's batch
+  // The model; its batch_per_rank is not read: plan.micro_batch_size is the micro-batch.
+  ModelSpec spec;
+  // The plan this rank runs, as planned (and approved): t x p x d must be the communicator's
+  // size (d: this generation's replicas), and EngineSupports(plan, device) must accept it.
+  // Ranks are numbered Megatron's way, tensor-parallel rank fastest, then replica, then stage:
+  // rank = (stage * d + replica) * t + tp_rank, so a tensor-parallel group is t consecutive ranks
+  // (the launcher keeps consecutive ranks on neighbouring cores of one host: the fastest links).
+  // t: each rank holds its shard of every layer (GptOptions::tensor_parallel) and all-reduces
+  // within its group on the activation lane; data-parallel buckets, ZeRO-1 and the pipeline run
+  // per tensor-parallel rank. p: stage s holds BalanceStages' layers and runs the schedule's
+  // passes over micro_batches micro-batches, activations and their gradients crossing stages by
+  // send/recv on the activation lane (interleaved: v model chunks per stage; stage s holds
+  // virtual stages s, s + p, ...). micro_batches: the rank's batch is micro_batches x
+  // micro_batch_size sequences, run as that many forward/backward passes whose gradients add up
+  // (the buckets start after the last one). zero_stage 1: the optimizer's moments and update
+  // sharded over the replicas (each updates its 1/d of the parameters, then the parameters are
+  // all-gathered). recompute (GptOptions::recompute): each layer's forward runs again in the
+  // backward; not with ZB-H1.
+  ParallelPlan plan;
   LoaderOptions data;        // seq_len, batch, rank and world_size are set from the rest
   LoaderOptions validation;  // empty manifest and files: no validation
   int64_t total_steps = 0;   // for the learning-rate schedule
   hal::ComputeDevice* device = nullptr;  // not owned; outlives the trainer
   comm::Communicator* comm = nullptr;    // not owned; null for one rank
   int compute_threads = 1;  // threads sharing each pass, by sequences (GptOptions::threads)
-  // Micro-batches per step: the rank's batch is micro_batches * spec.batch_per_rank sequences,
-  // run as that many forward/backward passes whose gradients add up (the buckets start after
-  // the last one).
-  int64_t micro_batches = 1;
-  // 1: ZeRO stage 1, the optimizer's moments and update sharded over the ranks (each updates
-  // its 1/N of the parameters, then the parameters are all-gathered). 0: every rank updates
-  // everything.
-  int zero_stage = 0;
-  // Tensor parallelism: the plan's t. Ranks are numbered Megatron's way, tensor-parallel rank
-  // fastest, then replica, then stage: rank = (stage * d + replica) * t + tp_rank, so a
-  // tensor-parallel group is t consecutive ranks (the launcher keeps consecutive ranks on
-  // neighbouring cores of one host: the fastest links). Each rank holds its shard of every
-  // layer (GptOptions::tensor_parallel) and all-reduces within its group on the activation
-  // lane; data-parallel buckets, ZeRO-1 and the pipeline run per tensor-parallel rank.
-  int tensor_parallel = 1;
-  // Pipeline parallelism: the plan's p (d = world / (t * p)); stage s holds BalanceStages'
-  // layers and runs the schedule's passes over `micro_batches` micro-batches, activations and
-  // their gradients crossing stages by send/recv on the activation lane; any of the four
-  // schedules.
-  int pipeline_stages = 1;
-  Schedule schedule = Schedule::k1F1B;
-  // Interleaved: v model chunks per stage; stage s holds virtual stages s, s + p, ...
-  int virtual_stages = 1;
-  // Activation recompute (GptOptions::recompute): each layer's forward runs again in the
-  // backward; not with ZB-H1.
-  bool recompute = false;
+  // Sequences per step over all data-parallel replicas; 0: plan.global_batch() (even shares).
+  // Else replica k takes ShareOfBatch(global_batch, d, k, ...) of it (parallel/batch_share.h:
+  // 32 over 3 replicas as 11, 11, 10), cut into micro-batches as near plan.micro_batch_size x
+  // plan.micro_batches as it allows, and its gradient and loss count for its share of the
+  // global batch's tokens (a weighted mean, not a mean of the replicas' means), so the loss does
+  // not depend on how the batch is split.
+  int64_t global_batch = 0;
   GradSync grad_sync = GradSync::kBucketed;
   int64_t bucket_bytes = 2 << 20;
   // fp32, or bf16 mixed precision (CUDA devices only). On a CUDA device the model is
-  // cuda/cuda_gpt.h's, whole on each rank: data parallelism only (t = p = 1, no ZeRO, no
-  // recompute), its gradients averaged through host memory after the backward.
+  // cuda/cuda_gpt.h's, whole on each rank: data parallelism only (EngineSupports), its
+  // gradients averaged through host memory after the backward.
   Precision precision = Precision::kFp32;
   // Where each step's spans go (data, forward, backward, optimizer, and the communication
   // the step waits for); not owned; null: none.
@@ -138,6 +137,11 @@ class Trainer {
   // One training step. A communication failure (a peer gone) returns its error.
   Result<StepStats> Step();
 
+  // From any thread: fails every communicator the trainer uses (options.comm and the groups
+  // split from it), so that a step or an evaluation in flight returns `reason` at once and
+  // peers blocked on this rank fail too. The trainer is of no further use.
+  void Abort(Status reason);
+
   // Mean loss over the first `batches` validation batches of every rank (the same ones each
   // time; collective), or
   // kFailedPrecondition when there is no validation data.
@@ -158,7 +162,7 @@ class Trainer {
   int stage() const { return stage_; }
   int dp_rank() const { return dp_rank_; }
   int tp_rank() const { return tp_rank_; }
-  int zero_stage() const { return options_.zero_stage; }
+  int zero_stage() const { return options_.plan.zero_stage; }
 
   // Every parameter tensor this rank holds, with views of its values and moments (valid while
   // the trainer is): what a checkpoint saves and restores. On a CUDA device the views are of
@@ -181,6 +185,11 @@ class Trainer {
                                              std::chrono::steady_clock::time_point from);
   // The training and validation loaders of this rank's replica.
   Status OpenLoaders();
+  // This replica's share of the global batch (options_.global_batch): sets the micro-batching
+  // in options_ and share_weight_.
+  Status ApplyShare();
+  // What each token's loss gradient is scaled by: d / the global batch's tokens.
+  double GradScale() const;
   // Init and Step on a CUDA device.
   Status InitCuda();
   Result<StepStats> StepCuda();
@@ -199,13 +208,15 @@ class Trainer {
                        bool first_backward, double* loss, double* comm_s);
 
   TrainerOptions options_;
-  int tp_ = 1;                             // t
-  int tp_rank_ = 0;                        // this rank's place in its tensor-parallel group
-  int world_ = 1;                          // data-parallel replicas (d)
-  int dp_rank_ = 0;                        // this rank's replica
-  int stage_ = 0;                          // this rank's pipeline stage
-  int stages_ = 1;                         // p
-  int v_ = 1;                              // model chunks per stage (interleaved)
+  int tp_ = 1;                // t
+  int tp_rank_ = 0;           // this rank's place in its tensor-parallel group
+  int world_ = 1;             // data-parallel replicas (d)
+  int dp_rank_ = 0;           // this rank's replica
+  int stage_ = 0;             // this rank's pipeline stage
+  int stages_ = 1;            // p
+  int v_ = 1;                 // model chunks per stage (interleaved)
+  int64_t global_batch_ = 0;  // sequences per step over the replicas
+  double share_weight_ = 1;   // this replica's share of the global batch, times d (1: even)
   comm::Communicator* dp_comm_ = nullptr;  // the replicas of this stage (options_.comm when p = 1)
   std::unique_ptr<comm::Communicator> dp_owned_;
   std::unique_ptr<comm::Communicator> tp_comm_;     // this rank's tensor-parallel group

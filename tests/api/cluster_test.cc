@@ -161,6 +161,36 @@ class ClusterTest : public ::testing::Test {
     });
   }
 
+  // A rank of job `id`'s run on this host: a child of kc train, its process group's leader
+  // (the agent's record); -1 when there is none.
+  pid_t ARankOf(int64_t id) {
+    std::istringstream record(Read(dir_.Path(fmt::format("cluster/work/agent/{}.pid", id))));
+    pid_t leader = -1;
+    if (!(record >> leader)) return -1;
+    std::istringstream children(Read(fmt::format("/proc/{}/task/{}/children", leader, leader)));
+    pid_t rank = -1;
+    if (!(children >> rank)) ADD_FAILURE() << "kc train " << leader << " has no ranks";
+    return rank;
+  }
+
+  // Once elastic job `id` has taken 2 steps, kill -9 of one of its ranks; it must train on, in
+  // the same run, 20 steps past the kill; then it is cancelled.
+  void KillARankAndTrainOn(int64_t id) {
+    Await(id,
+          [](const nlohmann::json& j) { return j["phase"] == "running" && Int(j, "step") >= 2; });
+    const pid_t rank = ARankOf(id);
+    ASSERT_GT(rank, 0);
+    const int64_t killed_at = Int(Show(id), "step");
+    ASSERT_EQ(kill(rank, SIGKILL), 0);
+    nlohmann::json j = Await(id, [&](const nlohmann::json& x) {
+      return Ended(x["phase"]) || Int(x, "step") >= killed_at + 20;
+    });
+    EXPECT_EQ(j["phase"], "running") << Kc(fmt::format("job logs {}", id)).out;
+    KcRun cancel = Kc(fmt::format("job cancel {}", id));
+    EXPECT_EQ(cancel.exit_code, 0) << cancel.err;
+    Await(id, [](const nlohmann::json& x) { return Ended(x["phase"]); });
+  }
+
   static int64_t Int(const nlohmann::json& j, const char* key) {
     // Protobuf's JSON writes 64-bit integers as strings.
     const nlohmann::json& v = j.at(key);
@@ -505,12 +535,8 @@ TEST_F(ClusterTest, TheFaultLayersEventsAreInTheAuditLog) {
   const int64_t id = Int(nlohmann::json::parse(submit.out), "id");
   Await(id, [](const nlohmann::json& j) { return j["phase"] == "running" && Int(j, "step") >= 2; });
   // kill -9 of one of its ranks (a child of kc train, the group's leader).
-  std::istringstream record(Read(dir_.Path(fmt::format("cluster/work/agent/{}.pid", id))));
-  pid_t leader = -1;
-  ASSERT_TRUE(record >> leader);
-  std::istringstream children(Read(fmt::format("/proc/{}/task/{}/children", leader, leader)));
-  pid_t rank = -1;
-  ASSERT_TRUE(children >> rank) << "kc train " << leader << " has no ranks";
+  const pid_t rank = ARankOf(id);
+  ASSERT_GT(rank, 0);
   ASSERT_EQ(kill(rank, SIGKILL), 0);
   nlohmann::json j = Await(id, [](const nlohmann::json& x) { return Ended(x["phase"]); });
   EXPECT_EQ(j["phase"], "failed");
@@ -525,6 +551,70 @@ TEST_F(ClusterTest, TheFaultLayersEventsAreInTheAuditLog) {
   EXPECT_EQ((*faults)[0].resource, fmt::format("job/{}", id));
   EXPECT_THAT((*faults)[0].reason, HasSubstr("killed by signal 9"));
   EXPECT_TRUE((*audit)->Verify("")->ok);
+}
+
+// The job file's plan is what every rank runs, and within [min_devices, ranks] kill -9 of a rank
+// is survived: the other goes on from its own state and the job succeeds; the fault log's
+// detection and recovery are in the audit log.
+TEST_F(ClusterTest, AnElasticJobRunsItsPlanAndSurvivesKillNineOfARank) {
+  std::unique_ptr<Daemon> up = Up();
+  KcRun submit = Kc("submit " +
+                    JobFile("elastic", 100000,
+                            "min_devices: 1\nplan: \"d=2 micro_batch_size=2 micro_batches=2\"\n") +
+                    " --json");
+  ASSERT_EQ(submit.exit_code, 0) << submit.err;
+  const int64_t id = Int(nlohmann::json::parse(submit.out), "id");
+  KillARankAndTrainOn(id);
+  EXPECT_EQ(up->Stop(SIGTERM), 0);
+
+  // The run recorded the plan it ran: the job file's.
+  const std::string jobs = dir_.Path(fmt::format("cluster/work/jobs/{}", id));
+  std::string metrics;
+  for (const auto& e : std::filesystem::directory_iterator(jobs)) {
+    if (e.path().filename().string().starts_with("run-")) {
+      metrics = Read((e.path() / "metrics.jsonl").string());
+    }
+  }
+  const nlohmann::json header =
+      nlohmann::json::parse(metrics.substr(0, metrics.find('\n')), nullptr, false);
+  ASSERT_TRUE(header.is_object()) << metrics;
+  EXPECT_THAT(header["plan"].get<std::string>(), HasSubstr("micro_batch_size=2"));
+  EXPECT_EQ(header["micro_batches"], 2);
+  EXPECT_EQ(header["ranks"], 2);
+
+  Result<std::unique_ptr<AuditLog>> audit = AuditLog::Open(dir_.Path("cluster/audit.db"));
+  ASSERT_TRUE(audit.ok());
+  Result<std::vector<AuditRecord>> faults = (*audit)->Query({.action = "fault.", .limit = 10});
+  ASSERT_TRUE(faults.ok());
+  std::vector<std::string> actions;
+  for (const AuditRecord& r : *faults) actions.push_back(r.action);
+  EXPECT_THAT(actions, ::testing::IsSupersetOf({"fault.detected", "fault.recovered"}));
+}
+
+// A run's faults reach kcd's scheduler: with a pools file that demotes a job at its first fault,
+// kill -9 of a rank of an elastic job demotes it, audited.
+TEST_F(ClusterTest, ARanksFaultReachesTheSchedulerAndDemotesAFlakyJob) {
+  std::unique_ptr<Daemon> up = Up();
+  const std::string pools =
+      dir_.Write("pools.yaml",
+                 "pools:\n  - {name: all, classes: [high, normal, preemptible], rest: true}\n"
+                 "scheduler: {demote_min_faults: 1, demote_faults_per_hour: 1}\n");
+  KcRun put = Kc("pools put " + pools);
+  ASSERT_EQ(put.exit_code, 0) << put.err;
+  EXPECT_EQ(up->Stop(SIGTERM), 0);
+  up = Up();  // kcd lays the pools file at its start
+  KcRun submit = Kc("submit " + JobFile("flaky", 100000, "min_devices: 1\n") + " --json");
+  ASSERT_EQ(submit.exit_code, 0) << submit.err;
+  const int64_t id = Int(nlohmann::json::parse(submit.out), "id");
+  KillARankAndTrainOn(id);
+  EXPECT_EQ(up->Stop(SIGTERM), 0);
+
+  Result<std::unique_ptr<AuditLog>> audit = AuditLog::Open(dir_.Path("cluster/audit.db"));
+  ASSERT_TRUE(audit.ok());
+  Result<std::vector<AuditRecord>> demoted = (*audit)->Query({.action = "job.demote", .limit = 10});
+  ASSERT_TRUE(demoted.ok());
+  ASSERT_EQ(demoted->size(), 1u);
+  EXPECT_EQ((*demoted)[0].resource, fmt::format("job/{}", id));
 }
 
 TEST_F(ClusterTest, KillNineOfKcdAmidSubmissionsLosesNoAcknowledgedJob) {

@@ -276,6 +276,19 @@ TEST(KcTrainTest, TensorParallelPlansGiveTheLossesOfOneRank) {
   }
 }
 
+// A global batch that does not divide by the ranks is split unevenly (8 over 3: 3, 3, 2), each
+// rank's gradient weighted by its tokens: the losses are those of one rank.
+TEST(KcTrainTest, UnevenSharesOfTheGlobalBatchGiveTheLossesOfOneRank) {
+  const std::string common = "--steps 12 --global-batch 8 --eval-every 0 --threads-per-rank 1";
+  TrainRun one = Train(TheCorpus().model(), common + " --ranks 1", "uneven1");
+  ASSERT_EQ(one.result.exit_code, 0) << one.result.err;
+  TrainRun three = Train(TheCorpus().model(), common + " --ranks 3", "uneven3");
+  ASSERT_EQ(three.result.exit_code, 0) << three.result.err;
+  ASSERT_EQ(three.losses.size(), 12u);
+  EXPECT_LE(MaxRelativeDifference(one.losses, three.losses), 1e-5);
+  EXPECT_THAT(three.result.out, HasSubstr("global batch 8 x 32"));
+}
+
 TEST(KcTrainTest, PerTensorSyncGivesTheSameLossesAsBuckets) {
   const std::string common = "--steps 8 --ranks 2 --eval-every 0 --threads-per-rank 1";
   TrainRun buckets = Train(TheCorpus().model(), common + " --bucket-mb 0.05", "buckets");
@@ -429,8 +442,8 @@ TEST_F(KcTrainBadInputTest, MissingManifestAndMissingShard) {
 TEST_F(KcTrainBadInputTest, MoreRanksThanTheBatchSplitsInto) {
   KcRun r = Expect2(TheCorpus().model(), data() + " --ranks 4 --global-batch 2");
   EXPECT_THAT(r.err, HasSubstr("--global-batch 2 cannot be split over 4 ranks"));
-  r = Expect2(TheCorpus().model(), data() + " --ranks 2 --global-batch 5");
-  EXPECT_THAT(r.err, HasSubstr("multiple of the rank count"));
+  r = Expect2(TheCorpus().model(), data() + " --ranks 3 --global-batch 2");
+  EXPECT_THAT(r.err, HasSubstr("each needs at least one sequence"));
 }
 
 TEST_F(KcTrainBadInputTest, PlansThatCannotRunSayWhy) {
@@ -856,26 +869,43 @@ TEST(KcElasticGrowTest, AReplacementJoinsAndTheJobGrowsBack) {
   EXPECT_TRUE(recovered_with_4);
 }
 
+// Four ranks that lose one go on with all three survivors (16 sequences as 6, 5, 5), with the
+// losses of a run that never failed.
+TEST(KcElasticUnevenTest, FourRanksThatLoseOneGoOnWithAllThreeSurvivors) {
+  const std::string common = "--steps 10 --global-batch 16 --threads-per-rank 1 --eval-every 0 ";
+  TrainRun base = Train(TheCorpus().model(), common + "--ranks 1", "elastic_uneven_base");
+  ASSERT_EQ(base.result.exit_code, 0) << base.result.err;
+  TrainRun run =
+      Train(TheCorpus().model(), common + "--ranks 4 --min-ranks 2 --inject-fault 1:4:kill",
+            "elastic_uneven");
+  ASSERT_EQ(run.result.exit_code, 0) << run.result.err;
+  EXPECT_THAT(run.result.err, HasSubstr("generation 1 goes on with 3 ranks (d=3)"));
+  ASSERT_EQ(run.losses.size(), base.losses.size());
+  EXPECT_LE(MaxRelativeDifference(run.losses, base.losses), 1e-5);
+}
+
 // Below --min-ranks the job stops: the survivors save what they hold and exit; the same
 // command resumes from that checkpoint.
 TEST(KcElasticStopTest, BelowMinRanksTheJobStopsWithACheckpoint) {
   const std::string ckpt = TheCorpus().dir().Path("elastic_stop_ckpt");
   fs::remove_all(ckpt);
-  // 16 sequences over 3 survivors do not split: 2 replicas, below 3.
+  // t=2, d=2: losing rank 3 leaves one whole replica of 2 ranks, below 3.
   const std::string flags =
-      "--steps 8 --ranks 4 --threads-per-rank 1 --eval-every 0 --min-ranks 3 "
-      "--checkpoint-dir " +
+      "--steps 8 --ranks 4 --plan t=2,d=2,micro_batch_size=4 --threads-per-rank 1 "
+      "--eval-every 0 --min-ranks 3 --checkpoint-dir " +
       ckpt;
   TrainRun stopped = Train(TheCorpus().model(), flags + " --inject-fault 3:4:kill", "elastic_stop");
   EXPECT_EQ(stopped.result.exit_code, 1);
   EXPECT_THAT(stopped.result.err,
-              HasSubstr("3 workers left (global batch 16 splits over 2 of them), below "
+              HasSubstr("3 workers left (2 of them make whole replicas of t*p = 2 ranks), below "
                         "--min-ranks 3: the job stopped with a checkpoint"));
-  EXPECT_TRUE(fs::exists(ckpt + "/step-00000003/MANIFEST.json"));
+  // Step 3, or 2 when the loss failed the survivors' step 3 before its update.
+  const bool at3 = fs::exists(ckpt + "/step-00000003/MANIFEST.json");
+  EXPECT_TRUE(at3 || fs::exists(ckpt + "/step-00000002/MANIFEST.json"));
   TrainRun resumed = Train(TheCorpus().model(), flags, "elastic_stop_resumed");
   ASSERT_EQ(resumed.result.exit_code, 0) << resumed.result.err;
-  EXPECT_EQ(ResumedFrom(resumed), 3);
-  EXPECT_EQ(resumed.losses.size(), 5u);
+  EXPECT_EQ(ResumedFrom(resumed), at3 ? 3 : 2);
+  EXPECT_EQ(resumed.losses.size(), at3 ? 5u : 6u);
 }
 
 // With ZeRO-1 a lost rank's part of the optimizer state is gone: the survivors load the newest

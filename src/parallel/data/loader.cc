@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "base/layer_guard.h"
+#include "parallel/batch_share.h"
 #include "parallel/data/token_shard.h"
 
 namespace kc::parallel {
@@ -44,6 +45,11 @@ uint64_t HashU64(uint64_t hash, uint64_t v) {
   return Fnv1a64(b, hash);
 }
 
+// G: sequences per step over all ranks.
+int64_t GlobalBatch(const LoaderOptions& o) {
+  return o.global_batch > 0 ? o.global_batch : o.batch * o.world_size;
+}
+
 // A window: tokens [start, start + seq_len + 1) of shard `shard`.
 struct Window {
   uint32_t shard;
@@ -52,13 +58,13 @@ struct Window {
 
 class DataLoaderImpl final : public DataLoader {
  public:
-  DataLoaderImpl(const LoaderOptions& options, std::vector<std::vector<uint16_t>> shards,
-                 std::vector<Window> windows, uint64_t fingerprint, uint32_t vocab_size,
-                 int64_t num_tokens)
+  DataLoaderImpl(const LoaderOptions& options, int64_t first,
+                 std::vector<std::vector<uint16_t>> shards, std::vector<Window> windows,
+                 uint64_t fingerprint, uint32_t vocab_size, int64_t num_tokens)
       : seq_len_(options.seq_len),
         batch_(options.batch),
-        rank_(options.rank),
-        global_batch_(options.batch * options.world_size),
+        first_(first),
+        global_batch_(GlobalBatch(options)),
         seed_(options.seed),
         shards_(std::move(shards)),
         windows_(std::move(windows)),
@@ -78,8 +84,8 @@ class DataLoaderImpl final : public DataLoader {
     batch->step = position_ / global_batch_;
     batch->inputs.resize(static_cast<size_t>(batch_) * T);
     batch->targets.resize(static_cast<size_t>(batch_) * T);
-    // This rank's B windows are the rank-th run of B in the step's G permuted windows.
-    const int64_t first = position_ + static_cast<int64_t>(rank_) * batch_;
+    // This rank's B windows: its share of the step's G permuted windows.
+    const int64_t first = position_ + first_;
     for (int64_t b = 0; b < batch_; ++b) {
       const Window& w = windows_[permutation_[static_cast<size_t>(first + b)]];
       const uint16_t* tokens = shards_[w.shard].data() + w.start;
@@ -135,7 +141,7 @@ class DataLoaderImpl final : public DataLoader {
   // Immutable after construction.
   const int64_t seq_len_;
   const int64_t batch_;
-  const int rank_;
+  const int64_t first_;  // this rank's first window within a step's
   const int64_t global_batch_;
   const uint64_t seed_;
   const std::vector<std::vector<uint16_t>> shards_;
@@ -171,6 +177,10 @@ Status CheckOptions(const LoaderOptions& o) {
   if (o.rank < 0 || o.rank >= o.world_size) {
     return InvalidArgumentError(
         fmt::format("loader: rank: must be in 0..{}, got {}", o.world_size - 1, o.rank));
+  }
+  if (o.global_batch < 0) {
+    return InvalidArgumentError(
+        fmt::format("loader: global_batch: must be >= 0, got {}", o.global_batch));
   }
   return OkStatus();
 }
@@ -225,6 +235,17 @@ std::vector<uint64_t> DeterministicPermutation(uint64_t n, uint64_t seed) {
 Result<std::unique_ptr<DataLoader>> OpenDataLoader(const LoaderOptions& options) {
   KC_LAYER_ENTRY(Layer::kParallel, "data");
   KC_RETURN_IF_ERROR(CheckOptions(options));
+  int64_t first = static_cast<int64_t>(options.rank) * options.batch;
+  if (options.global_batch > 0) {
+    KC_ASSIGN_OR_RETURN(BatchShare share,
+                        ShareOfBatch(options.global_batch, options.world_size, options.rank, 1, 1));
+    if (share.sequences != options.batch) {
+      return InvalidArgumentError(fmt::format(
+          "loader: batch {} is not rank {}'s share of a global batch of {} over {} ranks ({})",
+          options.batch, options.rank, options.global_batch, options.world_size, share.sequences));
+    }
+    first = share.offset;
+  }
   // The shard files, and the token counts the manifest promises for them.
   std::vector<std::string> paths = options.files;
   std::vector<int64_t> expected_tokens(paths.size(), -1);
@@ -283,15 +304,19 @@ Result<std::unique_ptr<DataLoader>> OpenDataLoader(const LoaderOptions& options)
         "in {} ({}) has {}",
         options.seq_len, T + 1, source, longest_path, longest));
   }
-  const int64_t global_batch = options.batch * options.world_size;
+  const int64_t global_batch = GlobalBatch(options);
   if (static_cast<int64_t>(windows.size()) < global_batch) {
-    return InvalidArgumentError(fmt::format(
-        "{} holds {} sequences of seq_len {}, fewer than one global batch of {} (batch {} x "
-        "world_size {})",
-        source, windows.size(), options.seq_len, global_batch, options.batch, options.world_size));
+    return InvalidArgumentError(
+        options.global_batch > 0
+            ? fmt::format("{} holds {} sequences of seq_len {}, fewer than one global batch of {}",
+                          source, windows.size(), options.seq_len, global_batch)
+            : fmt::format("{} holds {} sequences of seq_len {}, fewer than one global batch of {} "
+                          "(batch {} x world_size {})",
+                          source, windows.size(), options.seq_len, global_batch, options.batch,
+                          options.world_size));
   }
   return std::unique_ptr<DataLoader>(new DataLoaderImpl(
-      options, std::move(shards), std::move(windows), fingerprint, vocab_size, num_tokens));
+      options, first, std::move(shards), std::move(windows), fingerprint, vocab_size, num_tokens));
 }
 
 }  // namespace kc::parallel

@@ -22,6 +22,10 @@ struct LoaderOptions {
   int64_t batch = 0;    // B: sequences per rank per step
   int rank = 0;
   int world_size = 1;
+  // G: sequences per step over all ranks; 0: batch * world_size (every rank takes B). Else the
+  // ranks take uneven shares (ShareOfBatch in parallel/batch_share.h: the first G mod
+  // world_size ranks one sequence more), and `batch` must be this rank's share.
+  int64_t global_batch = 0;
   uint64_t seed = 0;  // the same seed gives the same batches on every machine
 };
 
@@ -52,7 +56,8 @@ struct Batch {
 // Windows of seq_len + 1 tokens start every seq_len tokens within each shard (the last token
 // of one window is the first of the next) and never cross shards. Every epoch visits the
 // windows in a new permutation of the seed and epoch; step s of an epoch hands permuted
-// windows [s*G, (s+1)*G), G = batch * world_size, to the ranks in rank order, B each. The
+// windows [s*G, (s+1)*G) to the ranks in rank order, each its share (B each when
+// G = batch * world_size), so the global batch does not depend on the rank count. The
 // windows left over after the last full step are skipped that epoch (a different set each
 // epoch). All shards are held in memory. Not thread-safe; owned by the training loop.
 class DataLoader {

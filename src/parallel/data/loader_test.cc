@@ -145,6 +145,43 @@ TEST_P(DataLoaderRanksTest, RanksTakeDisjointWindowsCoveringEachGlobalBatch) {
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, DataLoaderRanksTest, ::testing::Values(1, 2, 3, 4));
 
+TEST(DataLoaderTest, UnevenSharesCoverEachGlobalBatchInRankOrder) {
+  // 10 sequences over 3 ranks: 4, 3, 3. Joined in rank order they are one rank's global batch,
+  // so a restored state carries over between even and uneven splits.
+  ShardDir data({3000}, /*modulus=*/65536);
+  const int64_t T = 8, G = 10;
+  auto whole = Open({.files = data.files(), .seq_len = T, .batch = G, .seed = 3});
+  std::vector<std::unique_ptr<DataLoader>> ranks;
+  for (int r = 0; r < 3; ++r) {
+    ranks.push_back(Open({.files = data.files(),
+                          .seq_len = T,
+                          .batch = r == 0 ? 4 : 3,
+                          .rank = r,
+                          .world_size = 3,
+                          .global_batch = G,
+                          .seed = 3}));
+  }
+  EXPECT_EQ(ranks[2]->steps_per_epoch(), whole->steps_per_epoch());
+  for (int s = 0; s < 5; ++s) {
+    std::vector<int32_t> joined;
+    for (auto& r : ranks) {
+      std::vector<int32_t> part = Take(*r, 1);
+      joined.insert(joined.end(), part.begin(), part.end());
+    }
+    EXPECT_EQ(joined, Take(*whole, 1)) << "step " << s;
+  }
+  EXPECT_EQ(ranks[1]->state(), whole->state());
+  // A batch that is not the rank's share is refused.
+  Result<std::unique_ptr<DataLoader>> wrong = OpenDataLoader({.files = data.files(),
+                                                              .seq_len = T,
+                                                              .batch = 4,
+                                                              .rank = 2,
+                                                              .world_size = 3,
+                                                              .global_batch = G});
+  EXPECT_EQ(wrong.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_THAT(wrong.status().message(), HasSubstr("is not rank 2's share"));
+}
+
 TEST(DataLoaderTest, RestoredStateContinuesIdentically) {
   ShardDir data({5000});
   LoaderOptions o{.manifest = data.manifest_path(), .seq_len = 10, .batch = 4, .seed = 11};

@@ -1,0 +1,416 @@
+#include "fault/supervisor.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <deque>
+#include <map>
+#include <set>
+#include <variant>
+#include <vector>
+
+#include "base/layer_guard.h"
+#include "base/mutex.h"
+
+namespace kc::fault {
+
+nlohmann::json FaultEvent::ToJson() const {
+  nlohmann::json j;
+  switch (kind) {
+    case Kind::kDetected:
+      j = {{"event", "detected"}, {"worker", worker}, {"reason", reason}};
+      if (generation >= 0) {
+        j["generation"] = generation;
+        j["ranks"] = ranks;
+      }
+      return j;
+    case Kind::kJoined:
+      return {
+          {"event", "joined"}, {"worker", worker}, {"generation", generation}, {"ranks", ranks}};
+    case Kind::kRecovered:
+    case Kind::kStopped:
+      j = {{"event", kind == Kind::kStopped ? "stopped" : "recovered"},
+           {"generation", generation},
+           {"ranks", ranks},
+           {"d", d},
+           {"source", source},
+           {"step", step},
+           {"rebuild_s", rebuild_s}};
+      if (steps_lost) j["steps_lost"] = *steps_lost;
+      if (duration_s) j["duration_s"] = *duration_s;
+      return j;
+  }
+  return j;
+}
+
+class Supervisor::Impl final : public RankEvents {
+ public:
+  explicit Impl(const SupervisorOptions& o) : o_(o) {}
+
+  // RankEvents: from the launcher's threads, into the queue Run reads.
+  void OnOutput(int worker, std::string line) override {
+    Push({.kind = Event::kOutput, .worker = worker, .line = std::move(line)});
+  }
+  void OnReport(int worker, Report report) override {
+    Push({.kind = Event::kReport, .worker = worker, .report = std::move(report)});
+  }
+  void OnExit(int worker, RankExit exit) override {
+    Push({.kind = Event::kExit, .worker = worker, .exit = std::move(exit)});
+  }
+  void RequestStop() { Push({.kind = Event::kStop}); }
+
+  Result<RunOutcome> Run();
+
+ private:
+  struct Event {
+    enum Kind { kOutput, kReport, kExit, kStop } kind = kOutput;
+    int worker = -1;
+    std::string line;
+    Report report;
+    RankExit exit;
+  };
+  struct Worker {
+    bool exited = false;
+    std::string last_output;  // its last non-empty line
+    double silent_s = 0;      // > 0: killed for its silence
+  };
+  struct Recovering {
+    TimePoint detected;
+    int64_t last_step = 0;  // the last step reported before it
+  };
+
+  void Push(Event e) {
+    MutexLock lock(&mu_);
+    events_.push_back(std::move(e));
+    cv_.SignalAll();
+  }
+  // Waits for events until `deadline` and takes them.
+  std::deque<Event> Take(TimePoint deadline) {
+    MutexLock lock(&mu_);
+    if (deadline == TimePoint::max()) {
+      while (events_.empty()) cv_.Wait(&mu_);
+    } else {
+      AwaitWithDeadline(o_.clock, &cv_, &mu_, deadline,
+                        [&]() KC_REQUIRES(mu_) { return !events_.empty(); });
+    }
+    return std::exchange(events_, {});
+  }
+
+  void Emit(const FaultEvent& e) {
+    if (o_.observer != nullptr) o_.observer->OnFault(e);
+  }
+  std::vector<int> Alive() const {
+    std::vector<int> alive;
+    for (const auto& [id, w] : workers_) {
+      if (!w.exited) alive.push_back(id);
+    }
+    return alive;
+  }
+  bool Announce(const Generation& next) {
+    if (Status s = AnnounceGeneration(*o_.store, next); !s.ok()) {
+      Fail(s.WithContext("announcing generation " + std::to_string(next.number)));
+      return false;
+    }
+    current_ = next;
+    return true;
+  }
+  // The run fails: every rank still running is asked to stop, and killed after the grace.
+  void Fail(Status error) {
+    if (!ended_) {
+      ended_ = true;
+      end_ = RunOutcome::End::kFailed;
+      error_ = std::move(error);
+    }
+    StopOthers();
+  }
+  void FailBy(const FaultEvent& cause) {
+    if (!ended_) {
+      ended_ = true;
+      end_ = RunOutcome::End::kFailed;
+      cause_ = cause;
+    }
+    StopOthers();
+  }
+  void StopOthers() {
+    for (int w : Alive()) o_.launcher->Signal(w, RankSignal::kStop);
+    kill_at_ = o_.clock->Now() + o_.stop_grace;
+  }
+
+  void OnEvent(Event& e);
+  void OnRankExit(int id, const RankExit& exit);
+  void OnRecovery(const RecoveryReport& r);
+  void CheckHeartbeats();
+  void StartReplacements();
+  void TakeInReady();
+
+  const SupervisorOptions o_;
+
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<Event> events_ KC_GUARDED_BY(mu_);
+
+  // Owned by the thread in Run.
+  std::map<int, Worker> workers_;
+  int running_ = 0;
+  int next_worker_ = 0;
+  Generation current_;
+  bool elastic_open_ = false;  // generations still follow failures (off once the run ends)
+  std::optional<HeartbeatMonitor> beats_;
+  TimePoint next_check_{};
+  std::optional<TimePoint> kill_at_;
+  bool ended_ = false;  // the run's end is decided (a failure, a stop below the minimum)
+  RunOutcome::End end_ = RunOutcome::End::kCompleted;
+  std::optional<FaultEvent> cause_;
+  Status error_;
+  int faults_ = 0;
+  bool stop_passed_on_ = false;
+  int restarts_left_ = 0;
+  int pending_spawns_ = 0;
+  std::vector<int> awaiting_ready_;  // replacements not yet taken into a generation
+  std::set<int> ready_;              // ... of which these said they are up
+  int64_t last_step_ = 0;            // the last step a leader reported
+  std::optional<Recovering> recovering_;
+};
+
+Result<RunOutcome> Supervisor::Impl::Run() {
+  KC_LAYER_ENTRY(Layer::kFault, "supervisor");
+  restarts_left_ = o_.max_restarts;
+  const TimePoint start = o_.clock->Now();
+  for (int w = 0; w < o_.ranks; ++w) {
+    if (Status s = o_.launcher->Start({.worker = w}, this); !s.ok()) {
+      Fail(s.WithContext("starting rank " + std::to_string(w)));
+      break;
+    }
+    workers_[w] = {};
+    ++running_;
+  }
+  next_worker_ = o_.ranks;
+  if (!ended_ && o_.store != nullptr) {
+    // A rank silent for the timeout is declared failed (checked every half period, so within
+    // the timeout and one period of its last beat).
+    HeartbeatOptions h = o_.heartbeat;
+    beats_.emplace(o_.store, o_.ranks, h, start);
+    next_check_ = start + std::chrono::duration_cast<Duration>(h.period / 2);
+    current_ = FirstGeneration(o_.shape, o_.ranks);
+    elastic_open_ = o_.shape.min_ranks < o_.ranks;
+    if (elastic_open_ && !Announce(current_)) elastic_open_ = false;
+  }
+  while (running_ > 0) {
+    TimePoint deadline = TimePoint::max();
+    if (beats_) deadline = std::min(deadline, next_check_);
+    if (kill_at_) deadline = std::min(deadline, *kill_at_);
+    std::deque<Event> events = Take(deadline);
+    for (Event& e : events) OnEvent(e);
+    const TimePoint now = o_.clock->Now();
+    if (beats_ && now >= next_check_) {
+      CheckHeartbeats();
+      next_check_ = now + std::chrono::duration_cast<Duration>(o_.heartbeat.period / 2);
+    }
+    StartReplacements();
+    TakeInReady();
+    if (kill_at_ && o_.clock->Now() >= *kill_at_) {
+      for (int w : Alive()) o_.launcher->Signal(w, RankSignal::kKill);
+      kill_at_.reset();
+    }
+  }
+  RunOutcome out;
+  out.faults = faults_;
+  if (ended_) {
+    out.end = end_;
+    out.cause = cause_;
+    out.error = error_;
+  } else if (stop_passed_on_) {
+    out.end = RunOutcome::End::kStopped;
+  }
+  return out;
+}
+
+void Supervisor::Impl::OnEvent(Event& e) {
+  switch (e.kind) {
+    case Event::kOutput:
+      if (!e.line.empty()) workers_[e.worker].last_output = e.line;
+      if (o_.observer != nullptr) o_.observer->OnOutput(e.worker, e.line);
+      return;
+    case Event::kReport:
+      if (const auto* ready = std::get_if<ReadyReport>(&e.report)) {
+        ready_.insert(ready->worker);
+        return;
+      }
+      if (const auto* step = std::get_if<StepReport>(&e.report)) last_step_ = step->step;
+      if (const auto* r = std::get_if<RecoveryReport>(&e.report)) OnRecovery(*r);
+      if (o_.observer != nullptr) o_.observer->OnReport(e.worker, e.report);
+      return;
+    case Event::kExit:
+      OnRankExit(e.worker, e.exit);
+      return;
+    case Event::kStop:
+      if (!stop_passed_on_) {
+        stop_passed_on_ = true;
+        for (int w : Alive()) o_.launcher->Signal(w, RankSignal::kStop);
+      }
+      return;
+  }
+}
+
+void Supervisor::Impl::OnRecovery(const RecoveryReport& r) {
+  FaultEvent e{.kind = r.stop ? FaultEvent::Kind::kStopped : FaultEvent::Kind::kRecovered,
+               .generation = r.generation,
+               .ranks = r.ranks,
+               .d = r.d,
+               .source = r.source,
+               .step = r.step,
+               .rebuild_s = r.rebuild_s};
+  if (recovering_) {
+    e.steps_lost = std::max<int64_t>(0, recovering_->last_step - r.step);
+    e.duration_s = std::chrono::duration<double>(o_.clock->Now() - recovering_->detected).count();
+    recovering_.reset();
+  }
+  Emit(e);
+}
+
+// A rank's exit is seen the moment it happens, so the first rank to fail is the one named,
+// not a peer that failed because of it.
+void Supervisor::Impl::OnRankExit(int id, const RankExit& exit) {
+  Worker& w = workers_[id];
+  if (w.exited) return;
+  w.exited = true;
+  --running_;
+  if (beats_) beats_->Forget(id);
+  if (exit.ok && elastic_open_ && current_.rank_of(id) >= 0) {
+    // A member finished: the run is ending; once every member has, the spares are told.
+    bool all = true;
+    for (const Member& m : current_.members) all = all && workers_[m.worker].exited;
+    if (all) {
+      Generation done;
+      done.number = current_.number + 1;
+      done.done = true;
+      done.reason = "the job finished";
+      elastic_open_ = false;
+      // Spares that miss it wait until the store goes, which ends them too.
+      AnnounceGeneration(*o_.store, done).IgnoreError();
+    }
+  }
+  if (exit.ok || ended_) return;
+  ++faults_;
+  FaultEvent e{.kind = FaultEvent::Kind::kDetected,
+               .worker = id,
+               .silent_s = w.silent_s,
+               .heartbeat_timeout_s = o_.heartbeat.timeout.count(),
+               .exit = exit,
+               .last_output = w.last_output};
+  if (w.silent_s > 0) {
+    e.reason = fmt::format(
+        "sent no heartbeat for {:.1f} s (heartbeat timeout {} s): declared "
+        "failed and killed",
+        w.silent_s, o_.heartbeat.timeout.count());
+  } else if (w.last_output.empty()) {
+    e.reason = exit.description;
+  } else {
+    e.reason = w.last_output + (exit.killed ? " (" + exit.description + ")" : "");
+  }
+  if (elastic_open_) {
+    Result<Generation> next = NextGeneration(current_, o_.shape, Alive(), o_.zero_sharded,
+                                             fmt::format("worker {} failed: {}", id, e.reason));
+    if (!next.ok()) {
+      Fail(next.status());
+    } else if (Announce(*next)) {
+      e.generation = next->number;
+      e.ranks = static_cast<int>(next->members.size());
+      e.d = next->d;
+      recovering_ = Recovering{o_.clock->Now(), last_step_};
+      if (next->stop) {
+        // Below the minimum: the members save what survived and exit; spares see the stop.
+        const int alive = static_cast<int>(Alive().size());
+        e.below_minimum = true;
+        e.alive = alive;
+        e.usable = UsableReplicas(o_.shape, alive) * o_.shape.t * o_.shape.p;
+        e.min_ranks = o_.shape.min_ranks;
+        ended_ = true;
+        end_ = RunOutcome::End::kBelowMinimum;
+        cause_ = e;
+        elastic_open_ = false;
+        Emit(e);
+        return;
+      }
+      Emit(e);
+      if (restarts_left_ > 0) {
+        --restarts_left_;
+        ++pending_spawns_;
+      }
+      return;
+    }
+  }
+  Emit(e);
+  FailBy(e);
+}
+
+void Supervisor::Impl::CheckHeartbeats() {
+  for (int r : beats_->Check(o_.clock->Now())) {
+    Worker& w = workers_[r];
+    if (w.exited) continue;
+    w.silent_s = std::max(beats_->silent_for(r).count(), 1e-9);
+    // A stopped or wedged process does not act on a stop: killed. Its exit is the failure
+    // (in an elastic run, the next generation).
+    o_.launcher->Signal(r, RankSignal::kKill);
+  }
+}
+
+void Supervisor::Impl::StartReplacements() {
+  for (; pending_spawns_ > 0 && !ended_; --pending_spawns_) {
+    const int id = next_worker_++;
+    Status s = o_.launcher->Start({.worker = id, .join = true}, this);
+    if (o_.observer != nullptr) o_.observer->OnReplacement(id, s);
+    if (!s.ok()) continue;
+    workers_[id] = {};
+    ++running_;
+    if (beats_) beats_->Watch(id, o_.clock->Now());
+    awaiting_ready_.push_back(id);
+  }
+}
+
+// Replacements that are up join a generation that takes them in, as soon as the workers make
+// more replicas than run now and the current generation has formed (its leader reported its
+// recovery): a generation announced while the last one's communicators rendezvous would be
+// noticed only when that rendezvous times out.
+void Supervisor::Impl::TakeInReady() {
+  if (recovering_) return;
+  for (size_t i = 0; i < awaiting_ready_.size() && elastic_open_ && !ended_;) {
+    const int id = awaiting_ready_[i];
+    if (!workers_[id].exited && ready_.count(id) == 0) {
+      ++i;
+      continue;
+    }
+    awaiting_ready_.erase(awaiting_ready_.begin() + static_cast<std::ptrdiff_t>(i));
+    if (workers_[id].exited) continue;
+    Result<Generation> next = NextGeneration(current_, o_.shape, Alive(), o_.zero_sharded,
+                                             fmt::format("worker {} joined", id));
+    if (next.ok() && next->members.size() > current_.members.size() && Announce(*next)) {
+      Emit({.kind = FaultEvent::Kind::kJoined,
+            .worker = id,
+            .generation = next->number,
+            .ranks = static_cast<int>(next->members.size()),
+            .d = next->d});
+      recovering_ = Recovering{o_.clock->Now(), last_step_};
+    }
+  }
+}
+
+Result<std::unique_ptr<Supervisor>> Supervisor::Create(const SupervisorOptions& o) {
+  if (o.launcher == nullptr) return InvalidArgumentError("supervisor: no launcher");
+  if (o.ranks < 1) return InvalidArgumentError("supervisor: ranks must be at least 1");
+  if (o.clock == nullptr) return InvalidArgumentError("supervisor: no clock");
+  if (o.shape.min_ranks < o.ranks && o.store == nullptr) {
+    return InvalidArgumentError("supervisor: an elastic run needs the job's store");
+  }
+  if (o.store != nullptr) KC_RETURN_IF_ERROR(ValidateHeartbeat(o.heartbeat));
+  return std::unique_ptr<Supervisor>(new Supervisor(std::make_unique<Impl>(o)));
+}
+
+Supervisor::Supervisor(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Supervisor::~Supervisor() = default;
+
+Result<RunOutcome> Supervisor::Run() { return impl_->Run(); }
+
+void Supervisor::RequestStop() { impl_->RequestStop(); }
+
+}  // namespace kc::fault

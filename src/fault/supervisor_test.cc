@@ -1,0 +1,407 @@
+// The runtime of L5 with ranks as threads of this process (gloo's test harness style): a
+// Supervisor over a ThreadLauncher whose ranks are ElasticWorkers, all on one in-memory store.
+// Ranks are killed, silenced and stopped at chosen steps; the survivors shrink, replacements
+// grow the run back, uneven shares keep every survivor busy, and the losses stay those of a run
+// that was never interrupted.
+#include "fault/supervisor.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "base/notification.h"
+#include "comm/hash_store.h"
+#include "fault/elastic_worker.h"
+#include "fault/thread_launcher.h"
+#include "parallel/training_test_support.h"
+
+namespace kc::fault {
+namespace {
+
+using parallel::testing::MaxRelativeDifference;
+using parallel::testing::OneCore;
+using parallel::testing::TinyCorpus;
+using parallel::testing::TinyModel;
+using ::testing::HasSubstr;
+
+const TinyCorpus& Corpus() {
+  static const TinyCorpus corpus;
+  return corpus;
+}
+
+// What a drill does to a worker before one of its steps.
+struct Drill {
+  enum class How {
+    kKill,       // kill -9: its connections fail, its communicator aborts
+    kSilence,    // SIGSTOP: its heartbeats stop and it blocks, until the supervisor kills it
+    kStop,       // a stop request to the supervisor, as SIGTERM to kc train; the worker goes on
+                 // once the stop reached it
+    kAwaitJoin,  // waits until a replacement has joined (or its generation ends)
+  };
+  int worker = 0;
+  int64_t step = 0;  // 1-based: before this step
+  How how = How::kKill;
+};
+
+struct RunSpec {
+  int ranks = 4;
+  int min_ranks = 0;  // 0: ranks (not elastic)
+  int max_restarts = 0;
+  int t = 1;
+  int64_t global_batch = 8;
+  int64_t steps = 8;
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
+  std::string resume_from;
+  std::vector<Drill> drills;
+};
+
+struct RunResult {
+  RunOutcome outcome;
+  std::vector<double> losses;  // by step; after a recovery the later reports count
+  std::vector<FaultEvent> faults;
+  std::vector<int> replacements;
+  int64_t last_checkpoint = -1;
+  int64_t resumed_from = -1;
+};
+
+class Recorder final : public SupervisorObserver {
+ public:
+  explicit Recorder(RunResult* out) : out_(out) {}
+  Notification joined;
+  void OnReport(int, const Report& report) override {
+    if (const auto* s = std::get_if<StepReport>(&report)) {
+      while (!steps_.empty() && steps_.back() >= s->step) {
+        steps_.pop_back();
+        out_->losses.pop_back();
+      }
+      steps_.push_back(s->step);
+      out_->losses.push_back(s->loss);
+    } else if (const auto* c = std::get_if<CheckpointReport>(&report)) {
+      out_->last_checkpoint = c->step;
+    } else if (const auto* r = std::get_if<ResumeReport>(&report)) {
+      out_->resumed_from = r->step;
+    }
+  }
+  void OnFault(const FaultEvent& event) override {
+    out_->faults.push_back(event);
+    if (event.kind == FaultEvent::Kind::kJoined && !joined.HasBeenNotified()) joined.Notify();
+  }
+  void OnReplacement(int worker, const Status& started) override {
+    EXPECT_TRUE(started.ok()) << started;
+    out_->replacements.push_back(worker);
+  }
+
+ private:
+  RunResult* const out_;
+  std::vector<int64_t> steps_;
+};
+
+// Runs `spec` to its end: a supervisor on this thread, every rank a thread.
+RunResult Train(const RunSpec& spec) {
+  static int runs = 0;
+  const std::string job = "rt-" + std::to_string(getpid()) + "-" + std::to_string(runs++);
+  const ElasticShape shape{.t = spec.t,
+                           .global_batch = spec.global_batch,
+                           .micro_batch_size = spec.global_batch / (spec.ranks / spec.t),
+                           .micro_batches = 1,
+                           .min_ranks = spec.min_ranks > 0 ? spec.min_ranks : spec.ranks,
+                           .max_ranks = spec.ranks};
+  const bool several = spec.ranks > 1;
+  const HeartbeatOptions heartbeat{
+      .period = Seconds(0.05), .timeout = Seconds(2), .first_beat = Seconds(60)};
+  comm::HashStore store;
+  RunResult out;
+  Recorder recorder(&out);
+  std::unique_ptr<Supervisor> supervisor;
+  ThreadLauncher launcher({.store = &store, .body = [&](RankContext& rank) -> Status {
+                             auto device = OneCore(rank.worker());
+                             Notification killed;
+                             ElasticWorkerOptions o;
+                             o.worker = rank.worker();
+                             o.join = rank.join();
+                             o.ranks = spec.ranks;
+                             o.shape = shape;
+                             o.job = job;
+                             if (several) {
+                               o.connect = [&]() -> Result<std::unique_ptr<comm::Store>> {
+                                 return rank.Connect();
+                               };
+                             }
+                             o.timeout = std::chrono::seconds(60);
+                             o.heartbeat = heartbeat;
+                             o.trainer.spec = TinyModel();
+                             o.trainer.data = Corpus().train();
+                             o.trainer.total_steps = spec.steps;
+                             o.trainer.device = device.get();
+                             o.trainer.plan.t = spec.t;
+                             o.runner.steps = spec.steps;
+                             o.runner.checkpoint.dir = spec.checkpoint_dir;
+                             o.runner.checkpoint_every = spec.checkpoint_every;
+                             o.runner.resume_from = spec.resume_from;
+                             o.runner.model = ModelFingerprint(o.trainer.spec);
+                             o.stop_requested = rank.stop_requested();
+                             o.observer = rank.observer();
+                             o.hooks.before_step = [&](int64_t next) {
+                               for (const Drill& d : spec.drills) {
+                                 if (d.worker != rank.worker() || d.step != next) continue;
+                                 switch (d.how) {
+                                   case Drill::How::kKill:
+                                     launcher.Signal(d.worker, RankSignal::kKill);
+                                     break;
+                                   case Drill::How::kSilence:
+                                     launcher.Silence(d.worker);
+                                     killed.WaitForNotification();
+                                     break;
+                                   case Drill::How::kStop:
+                                     supervisor->RequestStop();
+                                     rank.stop_requested()->wait(false);
+                                     break;
+                                   case Drill::How::kAwaitJoin:
+                                     recorder.joined.WaitForNotification();
+                                     break;
+                                 }
+                               }
+                             };
+                             ElasticWorker worker(o);
+                             auto hook = rank.OnKill([&](Status why) {
+                               worker.Abort(why);
+                               killed.Notify();
+                             });
+                             Result<int> r = worker.Run();
+                             if (r.ok() || r.status().code() == ErrorCode::kCancelled) {
+                               return OkStatus();
+                             }
+                             return r.status();
+                           }});
+  auto created = Supervisor::Create({.ranks = spec.ranks,
+                                     .shape = shape,
+                                     .max_restarts = spec.max_restarts,
+                                     .heartbeat = heartbeat,
+                                     .store = several ? &store : nullptr,
+                                     .launcher = &launcher,
+                                     .observer = &recorder});
+  EXPECT_TRUE(created.ok()) << created.status();
+  if (!created.ok()) return out;
+  supervisor = *std::move(created);
+  Result<RunOutcome> outcome = supervisor->Run();
+  EXPECT_TRUE(outcome.ok()) << outcome.status();
+  if (outcome.ok()) out.outcome = *outcome;
+  return out;
+}
+
+// One rank, never interrupted: the trajectory every other run must follow.
+const std::vector<double>& Uninterrupted() {
+  static const std::vector<double> losses = [] {
+    RunResult one = Train({.ranks = 1});
+    EXPECT_EQ(one.outcome.end, RunOutcome::End::kCompleted);
+    return one.losses;
+  }();
+  return losses;
+}
+
+const FaultEvent* Find(const RunResult& r, FaultEvent::Kind kind) {
+  for (const FaultEvent& e : r.faults) {
+    if (e.kind == kind) return &e;
+  }
+  return nullptr;
+}
+
+// Over world sizes, as gloo's tests do: 1, powers of two and not (8 sequences over 3: 3, 3, 2;
+// over 5: 2, 2, 2, 1, 1).
+class SupervisorWorldTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(SupervisorWorldTest, RanksThatAllFinishCompleteTheRunWithTheLossesOfOneRank) {
+  RunResult r = Train({.ranks = GetParam()});
+  EXPECT_EQ(r.outcome.end, RunOutcome::End::kCompleted);
+  EXPECT_EQ(r.outcome.faults, 0);
+  ASSERT_EQ(r.losses.size(), 8u);
+  EXPECT_LE(MaxRelativeDifference(r.losses, Uninterrupted()), 1e-5);
+  EXPECT_TRUE(r.faults.empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, SupervisorWorldTest, ::testing::Values(1, 2, 3, 5));
+
+// n ranks lose their last one: all n - 1 survivors go on (4 of 5: 2, 2, 2, 2; 2 of 3: 4, 4).
+class SupervisorKillTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(SupervisorKillTest, EverySurvivorOfAKillGoesOnWithTheLossesOfOneRank) {
+  const int n = GetParam();
+  RunResult r = Train({.ranks = n, .min_ranks = 1, .drills = {{.worker = n - 1, .step = 3}}});
+  EXPECT_EQ(r.outcome.end, RunOutcome::End::kCompleted);
+  const FaultEvent* recovered = Find(r, FaultEvent::Kind::kRecovered);
+  ASSERT_NE(recovered, nullptr);
+  EXPECT_EQ(recovered->ranks, n - 1);
+  EXPECT_EQ(recovered->source, "replica");
+  ASSERT_EQ(r.losses.size(), 8u);
+  EXPECT_LE(MaxRelativeDifference(r.losses, Uninterrupted()), 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, SupervisorKillTest, ::testing::Values(2, 3, 4, 5));
+
+TEST(SupervisorTest, AKilledRankOfARunThatIsNotElasticStopsTheOthers) {
+  RunResult r = Train({.ranks = 3, .drills = {{.worker = 1, .step = 3}}});
+  EXPECT_EQ(r.outcome.end, RunOutcome::End::kFailed);
+  ASSERT_TRUE(r.outcome.cause.has_value());
+  EXPECT_EQ(r.outcome.cause->worker, 1);
+  EXPECT_TRUE(r.outcome.cause->exit.killed);
+  EXPECT_EQ(r.outcome.cause->generation, -1);
+  // Step 3 needs rank 1's gradients.
+  EXPECT_LE(r.losses.size(), 2u);
+}
+
+TEST(SupervisorTest, TheThreeSurvivorsOfFourGoOnWithUnevenSharesAndTheSameLosses) {
+  // 8 sequences: 2 each on 4 ranks, then 3, 3, 2 on the survivors (not 2 replicas of 4).
+  RunResult r = Train({.ranks = 4, .min_ranks = 2, .drills = {{.worker = 2, .step = 5}}});
+  EXPECT_EQ(r.outcome.end, RunOutcome::End::kCompleted);
+  EXPECT_EQ(r.outcome.faults, 1);
+  const FaultEvent* detected = Find(r, FaultEvent::Kind::kDetected);
+  ASSERT_NE(detected, nullptr);
+  EXPECT_EQ(detected->worker, 2);
+  EXPECT_EQ(detected->generation, 1);
+  EXPECT_EQ(detected->ranks, 3);
+  const FaultEvent* recovered = Find(r, FaultEvent::Kind::kRecovered);
+  ASSERT_NE(recovered, nullptr);
+  EXPECT_EQ(recovered->ranks, 3);
+  EXPECT_EQ(recovered->d, 3);
+  EXPECT_EQ(recovered->source, "replica");
+  EXPECT_EQ(recovered->step, 4);
+  EXPECT_EQ(recovered->steps_lost, 0);
+  ASSERT_EQ(r.losses.size(), 8u);
+  EXPECT_LE(MaxRelativeDifference(r.losses, Uninterrupted()), 1e-5);
+}
+
+TEST(SupervisorTest, AReplacementJoinsAndTheRunGrowsBack) {
+  RunResult r = Train({.ranks = 4,
+                       .min_ranks = 2,
+                       .max_restarts = 1,
+                       .steps = 12,
+                       .drills = {{.worker = 1, .step = 3},
+                                  {.worker = 0, .step = 8, .how = Drill::How::kAwaitJoin}}});
+  EXPECT_EQ(r.outcome.end, RunOutcome::End::kCompleted);
+  EXPECT_THAT(r.replacements, ::testing::ElementsAre(4));
+  const FaultEvent* joined = Find(r, FaultEvent::Kind::kJoined);
+  ASSERT_NE(joined, nullptr) << "the run ended before the replacement was up";
+  EXPECT_EQ(joined->worker, 4);
+  EXPECT_EQ(joined->ranks, 4);
+  bool recovered_with_4 = false;
+  for (const FaultEvent& e : r.faults) {
+    recovered_with_4 = recovered_with_4 || (e.kind == FaultEvent::Kind::kRecovered && e.ranks == 4);
+  }
+  EXPECT_TRUE(recovered_with_4);
+  const std::vector<double> base = Train({.ranks = 1, .steps = 12}).losses;
+  ASSERT_EQ(r.losses.size(), 12u);
+  EXPECT_LE(MaxRelativeDifference(r.losses, base), 1e-5);
+}
+
+TEST(SupervisorTest, ASilentRankIsFoundByItsHeartbeatsKilledAndTheOthersGoOn) {
+  RunResult r = Train({.ranks = 3,
+                       .min_ranks = 2,
+                       .drills = {{.worker = 1, .step = 4, .how = Drill::How::kSilence}}});
+  EXPECT_EQ(r.outcome.end, RunOutcome::End::kCompleted);
+  const FaultEvent* detected = Find(r, FaultEvent::Kind::kDetected);
+  ASSERT_NE(detected, nullptr);
+  EXPECT_EQ(detected->worker, 1);
+  EXPECT_GT(detected->silent_s, 0);
+  EXPECT_THAT(detected->reason, HasSubstr("sent no heartbeat"));
+  ASSERT_EQ(r.losses.size(), 8u);
+  EXPECT_LE(MaxRelativeDifference(r.losses, Uninterrupted()), 1e-5);
+}
+
+TEST(SupervisorTest, AStopStopsEveryRankAfterTheSameStepWithACheckpointToResumeFrom) {
+  const kc::testing::TempDir dir("kc_supervisor_stop");
+  const std::string ckpt = dir.Path("ckpt");
+  RunResult stopped = Train({.ranks = 3,
+                             .checkpoint_dir = ckpt,
+                             .drills = {{.worker = 2, .step = 4, .how = Drill::How::kStop}}});
+  EXPECT_EQ(stopped.outcome.end, RunOutcome::End::kStopped);
+  const int64_t last = static_cast<int64_t>(stopped.losses.size());
+  ASSERT_GE(last, 3);
+  ASSERT_LT(last, 8);
+  EXPECT_EQ(stopped.last_checkpoint, last);
+  Result<CheckpointEntry> newest = LatestGoodCheckpoint(ckpt, nullptr);
+  ASSERT_TRUE(newest.ok()) << newest.status();
+  EXPECT_EQ(newest->step, last);
+  // Resumed on another count of ranks: the rest of the uninterrupted trajectory.
+  RunResult resumed = Train({.ranks = 2, .checkpoint_dir = ckpt, .resume_from = newest->path});
+  EXPECT_EQ(resumed.outcome.end, RunOutcome::End::kCompleted);
+  EXPECT_EQ(resumed.resumed_from, last);
+  std::vector<double> rest(Uninterrupted().begin() + last, Uninterrupted().end());
+  EXPECT_LE(MaxRelativeDifference(resumed.losses, rest), 1e-5);
+}
+
+TEST(SupervisorTest, BelowTheMinimumTheRunStopsWithACheckpointOfWhatSurvived) {
+  // t=2, d=2: losing worker 3 leaves one whole replica, 2 ranks, below 3.
+  const kc::testing::TempDir dir("kc_supervisor_below");
+  const std::string ckpt = dir.Path("ckpt");
+  RunResult r = Train({.ranks = 4,
+                       .min_ranks = 3,
+                       .t = 2,
+                       .checkpoint_dir = ckpt,
+                       .drills = {{.worker = 3, .step = 4}}});
+  EXPECT_EQ(r.outcome.end, RunOutcome::End::kBelowMinimum);
+  ASSERT_TRUE(r.outcome.cause.has_value());
+  EXPECT_EQ(r.outcome.cause->worker, 3);
+  EXPECT_TRUE(r.outcome.cause->below_minimum);
+  EXPECT_EQ(r.outcome.cause->alive, 3);
+  EXPECT_EQ(r.outcome.cause->usable, 2);
+  const FaultEvent* stopped = Find(r, FaultEvent::Kind::kStopped);
+  ASSERT_NE(stopped, nullptr);
+  // Step 3, or step 2 when the kill failed the surviving replica's step 3 before its update
+  // (the group's links fail at once).
+  EXPECT_TRUE(stopped->step == 3 || stopped->step == 2) << stopped->step;
+  Result<CheckpointEntry> newest = LatestGoodCheckpoint(ckpt, nullptr);
+  ASSERT_TRUE(newest.ok()) << newest.status();
+  EXPECT_EQ(newest->step, stopped->step);
+}
+
+TEST(SupervisorTest, OptionsThatCannotWorkAreRefused) {
+  ThreadLauncher launcher({});
+  comm::HashStore store;
+  EXPECT_EQ(Supervisor::Create({.ranks = 2}).status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(Supervisor::Create({.ranks = 2, .shape = {.min_ranks = 1}, .launcher = &launcher})
+                .status()
+                .code(),
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(Supervisor::Create({.ranks = 2,
+                                .heartbeat = {.period = Seconds(1), .timeout = Seconds(1)},
+                                .store = &store,
+                                .launcher = &launcher})
+                .status()
+                .code(),
+            ErrorCode::kInvalidArgument);
+}
+
+TEST(FaultEventTest, TheFaultLogRecordsSayWhatHappened) {
+  FaultEvent detected{.kind = FaultEvent::Kind::kDetected,
+                      .worker = 2,
+                      .reason = "killed by signal 9 (Killed)",
+                      .generation = 1,
+                      .ranks = 3};
+  const nlohmann::json want_detected = {{"event", "detected"},
+                                        {"worker", 2},
+                                        {"reason", "killed by signal 9 (Killed)"},
+                                        {"generation", 1},
+                                        {"ranks", 3}};
+  EXPECT_EQ(detected.ToJson(), want_detected);
+  FaultEvent recovered{.kind = FaultEvent::Kind::kRecovered,
+                       .generation = 1,
+                       .ranks = 3,
+                       .d = 3,
+                       .source = "replica",
+                       .step = 4,
+                       .rebuild_s = 0.5,
+                       .steps_lost = 0,
+                       .duration_s = 0.75};
+  const nlohmann::json want_recovered = {
+      {"event", "recovered"}, {"generation", 1}, {"ranks", 3},       {"d", 3},
+      {"source", "replica"},  {"step", 4},       {"rebuild_s", 0.5}, {"steps_lost", 0},
+      {"duration_s", 0.75}};
+  EXPECT_EQ(recovered.ToJson(), want_recovered);
+}
+
+}  // namespace
+}  // namespace kc::fault
