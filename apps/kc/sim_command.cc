@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <iostream>
@@ -395,6 +396,7 @@ void AddSimCommand(CLI::App& app, Action* action) {
       "generate", "Write a synthetic trace shaped after the Microsoft Philly study");
   auto g = std::make_shared<sched::SyntheticTraceOptions>();
   auto out = std::make_shared<std::string>();
+  auto size_mix = std::make_shared<std::vector<double>>();
   gen->add_option("--jobs", g->jobs, "Jobs (default 2000)");
   gen->add_option("--devices", g->devices, "Cluster size the load is computed for (default 256)");
   gen->add_option("--devices-per-host", g->devices_per_host, "Devices per host (default 8)");
@@ -409,19 +411,35 @@ void AddSimCommand(CLI::App& app, Action* action) {
                   "Share of preemptible jobs (0.30)");
   gen->add_option("--elastic-fraction", g->elastic_fraction,
                   "Share of multi-device jobs with min < max (0.30)");
+  gen->add_option("--elastic-min-ratio", g->elastic_min_ratio,
+                  "An elastic job's min as a share of its max, in [0, 1) (0: max/2 or max/4)");
+  gen->add_option("--size-mix", *size_mix,
+                  "Weights of the job sizes 1, 2..host/2, one host, several hosts "
+                  "(0.8,0.1,0.07,0.03)")
+      ->delimiter(',')
+      ->expected(4);
+  gen->add_option("--duration-sigma", g->duration_sigma,
+                  "Spread of run times: sigma of their log-normal, ln seconds (3.0)");
+  gen->add_option("--burstiness", g->burstiness,
+                  "Squared coefficient of variation of the gaps between arrivals: 1 Poisson, "
+                  "more bursty (1)");
   gen->add_option("--max-job-fraction", g->max_job_fraction,
                   "Largest job as a share of the devices (0.5)");
   gen->add_option("--diurnal-amplitude", g->diurnal_amplitude,
                   "Daily swing of the arrival rate, in [0, 1) (0.5)");
   gen->add_option("-o,--out", *out, "Output file (default: standard output)");
-  gen->callback([action, g, out] {
+  gen->callback([action, g, out, size_mix] {
+    if (!size_mix->empty()) std::copy_n(size_mix->begin(), g->size_mix.size(), g->size_mix.begin());
     *action = [g, out] {
       Result<std::vector<sched::TraceJob>> t = sched::GenerateSyntheticTrace(*g);
       if (!t.ok()) return Fail(t.status());
       std::string csv = fmt::format(
           "# synthetic trace after Microsoft Philly (Jeon et al., USENIX ATC 2019): {} jobs, {} "
-          "devices, load {}, seed {}\n",
-          g->jobs, g->devices, g->load, g->seed);
+          "devices, load {}, seed {}; classes high {} preemptible {}; elastic {} (min ratio {}); "
+          "size mix {}; duration sigma {}; burstiness {}\n",
+          g->jobs, g->devices, g->load, g->seed, g->high_fraction, g->preemptible_fraction,
+          g->elastic_fraction, g->elastic_min_ratio, fmt::join(g->size_mix, ","), g->duration_sigma,
+          g->burstiness);
       csv += sched::TraceToCsv(*t);
       if (out->empty()) {
         std::cout << csv;
