@@ -58,14 +58,17 @@ std::string Pct(double x) { return fmt::format("{:.1f}%", 100 * x); }
 
 Json ReportJson(const Run& run) {
   const sched::SimReport& r = run.report;
-  Json delay = Json::object();
-  for (const auto& [cls, d] : r.delay) {
-    delay[cls] = {{"jobs", d.jobs},
+  auto by_class = [](const std::map<std::string, sched::TimeStats>& stats) {
+    Json out = Json::object();
+    for (const auto& [cls, d] : stats) {
+      out[cls] = {{"jobs", d.jobs},
                   {"mean_s", d.mean_s},
                   {"p50_s", d.p50_s},
                   {"p95_s", d.p95_s},
                   {"max_s", d.max_s}};
-  }
+    }
+    return out;
+  };
   Json curve = Json::array();
   for (auto [t, u] : r.curve) curve.push_back({t, u});
   Json by_pending = Json::array();
@@ -97,7 +100,8 @@ Json ReportJson(const Run& run) {
           {"utilisation", r.utilisation},
           {"utilisation_arrivals", r.utilisation_arrivals},
           {"useful_utilisation", r.useful_utilisation},
-          {"queue_delay", delay},
+          {"queue_delay", by_class(r.delay)},
+          {"completion", by_class(r.completion)},
           {"preemptions", r.preemptions},
           {"shrinks", r.shrinks},
           {"grows", r.grows},
@@ -198,16 +202,26 @@ std::string TextReport(const SimArgs& a, const hal::Topology& topo,
   row("utilisation to the last end", [](R r) { return Pct(r.utilisation); });
   row("useful work / device time", [](R r) { return Pct(r.useful_utilisation); });
   row("last job ends", [](R r) { return Hours(r.makespan_s); });
-  for (const char* cls : {"high", "normal", "preemptible"}) {
-    bool any = false;
-    for (const Run& r : runs) any |= r.report.delay.contains(cls);
-    if (!any) continue;
-    row(fmt::format("queueing delay {} p50/p95", cls), [cls](R r) {
-      auto it = r.delay.find(cls);
-      if (it == r.delay.end()) return std::string("-");
-      return Short(it->second.p50_s) + " / " + Short(it->second.p95_s);
-    });
-  }
+  // One row per class that some run has: "LABEL CLASS mean/p95" of a TimeStats map.
+  using Stats = std::map<std::string, sched::TimeStats> sched::SimReport::*;
+  auto stats_rows = [&](std::string_view label, Stats stats, std::string_view which,
+                        std::vector<const char*> classes) {
+    for (const char* cls : classes) {
+      bool any = false;
+      for (const Run& r : runs) any |= (r.report.*stats).contains(cls);
+      if (!any) continue;
+      row(fmt::format("{} {} {}", label, cls, which), [&](R r) {
+        auto it = (r.*stats).find(cls);
+        if (it == (r.*stats).end()) return std::string("-");
+        const double first = which == "p50/p95" ? it->second.p50_s : it->second.mean_s;
+        return Short(first) + " / " + Short(it->second.p95_s);
+      });
+    }
+  };
+  stats_rows("queueing delay", &sched::SimReport::delay, "p50/p95",
+             {"high", "normal", "preemptible"});
+  stats_rows("completion time", &sched::SimReport::completion, "mean/p95",
+             {"all", "high", "normal", "preemptible"});
   row("preemptions / shrinks / grows",
       [](R r) { return fmt::format("{} / {} / {}", r.preemptions, r.shrinks, r.grows); });
   row("faults / demotions", [](R r) { return fmt::format("{} / {}", r.faults, r.demotions); });

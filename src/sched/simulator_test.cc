@@ -70,6 +70,32 @@ TEST_F(SimulatorTest, BackfillRunsShortJobsWithoutDelayingTheHead) {
   EXPECT_EQ(fifo.finished, 4);
 }
 
+TEST_F(SimulatorTest, CompletionTimeRunsFromSubmitToEndPerClassAndOverAll) {
+  Result<std::vector<TraceJob>> trace =
+      LoadTrace(testing::RepoRoot() + "examples/traces/preemption.csv");
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  for (Policy policy : {Policy::kKuangchao, Policy::kFifo}) {
+    SimReport r = Run("preemption", DefaultPoolConfig(), policy);
+    int jobs = 0;
+    for (const auto& [cls, c] : r.completion) {
+      if (cls == "all") continue;
+      jobs += c.jobs;
+      // At least its wait and its run time; p95 between the median and the longest.
+      double run = 0;
+      int n = 0;
+      for (const TraceJob& j : *trace) {
+        if (j.job_class == cls) run += j.duration_s, ++n;
+      }
+      EXPECT_EQ(c.jobs, n) << cls;
+      EXPECT_GE(c.mean_s + 1e-6, r.delay.at(cls).mean_s + run / n) << cls;
+      EXPECT_LE(c.p50_s, c.p95_s) << cls;
+      EXPECT_LE(c.p95_s, c.max_s) << cls;
+    }
+    EXPECT_EQ(jobs, r.finished);
+    EXPECT_EQ(r.completion.at("all").jobs, r.finished);
+  }
+}
+
 TEST_F(SimulatorTest, HighPriorityJobsPreemptAndVictimsResume) {
   SimReport r = Run("preemption", DefaultPoolConfig());
   EXPECT_EQ(r.finished, 6);
