@@ -106,6 +106,7 @@ Json ReportJson(const Run& run) {
           {"shrinks", r.shrinks},
           {"grows", r.grows},
           {"demotions", r.demotions},
+          {"promotions", r.promotions},
           {"faults", r.faults},
           {"lost_preemption_device_h", r.lost_preemption_h},
           {"lost_fault_device_h", r.lost_fault_h},
@@ -224,7 +225,8 @@ std::string TextReport(const SimArgs& a, const hal::Topology& topo,
              {"all", "high", "normal", "preemptible"});
   row("preemptions / shrinks / grows",
       [](R r) { return fmt::format("{} / {} / {}", r.preemptions, r.shrinks, r.grows); });
-  row("faults / demotions", [](R r) { return fmt::format("{} / {}", r.faults, r.demotions); });
+  row("faults / demotions / promotions",
+      [](R r) { return fmt::format("{} / {} / {}", r.faults, r.demotions, r.promotions); });
   row("work lost to preemption (dev-h)",
       [](R r) { return fmt::format("{:.1f}", r.lost_preemption_h); });
   row("checkpoints while preemptible",

@@ -44,6 +44,9 @@ struct SchedulerSettings {
   int demote_min_faults = 3;
   int backfill_depth = 2000;          // pending jobs a pass considers for backfill
   double grow_min_remaining_s = 600;  // grow an elastic job only if it has this much to run
+  // A job pending this long in all (PBS's max_starve) is starving: it goes first within its
+  // level, and a preemptible one is scheduled at the normal level from then on. 0: never.
+  double starve_after_s = 12 * 3600.0;
 };
 
 struct PoolConfig {

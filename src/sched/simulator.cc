@@ -218,6 +218,7 @@ Result<SimReport> Simulate(const hal::Topology& topology, const PoolConfig& pool
         j.saved0 = saved;
         j.seg_start = s + pause;
         j.interval = d.checkpoint_interval_s;
+        j.exposed = d.borrowed || j.row->job_class == "preemptible";
         ++j.gen;
         for (int dv : devices_of[ji]) {
           if (owner[dv] == ji) owner[dv] = -1;
@@ -229,6 +230,9 @@ Result<SimReport> Simulate(const hal::Topology& topology, const PoolConfig& pool
       }
       case DecisionKind::kDemote:
         ++rep.demotions;
+        break;
+      case DecisionKind::kPromote:
+        ++rep.promotions;
         break;
       case DecisionKind::kInterval: {
         if (!j.running) break;

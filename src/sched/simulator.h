@@ -68,6 +68,7 @@ struct SimReport {
   int shrinks = 0;
   int grows = 0;
   int demotions = 0;
+  int promotions = 0;  // starving jobs scheduled at the normal level
   int faults = 0;
   // Device-hours: work redone and grace time spent because of preemptions (shrinks lose
   // nothing but their reconfiguration pause, counted here too), work redone after faults,

@@ -41,6 +41,15 @@ class SimulatorTest : public ::testing::Test {
     KC_CHECK(r.ok()) << r.status().message();
     return *r;
   }
+  // Runs `trace`; decisions_ collects what the scheduler decided.
+  SimReport RunJobs(const std::vector<TraceJob>& trace, const PoolConfig& pools,
+                    Policy policy = Policy::kKuangchao) {
+    decisions_.clear();
+    Result<SimReport> r = Simulate(*topo_, pools, trace, {.scheduler = {.policy = policy}},
+                                   [this](const Decision& d) { decisions_.push_back(d); });
+    KC_CHECK(r.ok()) << r.status().message();
+    return *r;
+  }
   // The first decision of `kind` for `job`, or null.
   const Decision* First(DecisionKind kind, const std::string& job) const {
     for (const Decision& d : decisions_) {
@@ -183,6 +192,46 @@ TEST_F(SimulatorTest, WorkIsConservedAndRunsAreDeterministic) {
     EXPECT_EQ(a->faults, b->faults);
     EXPECT_EQ(a->lost_preemption_h, b->lost_preemption_h);
   }
+}
+
+// A stream of normal jobs keeps the cluster full for 12 hours; a preemptible job of the
+// whole cluster, outranked by every one of them, would wait until the stream ends. Pending
+// starve_after_h, it is promoted to the normal level, first within it: its reservation
+// holds the devices as the running jobs end.
+TEST_F(SimulatorTest, StarvingJobsArePromotedAndReserved) {
+  std::vector<TraceJob> trace;
+  for (int k = 0; k < 24; ++k) {
+    trace.push_back({.submit_s = 1800.0 * k,
+                     .job = "n" + std::to_string(k),
+                     .team = "t",
+                     .user = "u" + std::to_string(k % 3),
+                     .job_class = "normal",
+                     .min_devices = 8,
+                     .max_devices = 8,
+                     .duration_s = 7200});
+  }
+  trace.push_back({.submit_s = 60,
+                   .job = "big",
+                   .team = "t2",
+                   .user = "v",
+                   .job_class = "preemptible",
+                   .min_devices = 32,
+                   .max_devices = 32,
+                   .duration_s = 3600});
+  PoolConfig pools = one_pool_;
+  pools.settings.starve_after_s = 0;  // never
+  RunJobs(trace, pools);
+  EXPECT_EQ(First(DecisionKind::kPromote, "big"), nullptr);
+  EXPECT_GE(First(DecisionKind::kStart, "big")->time_s, 23 * 1800);
+  pools.settings.starve_after_s = 3600;
+  SimReport r = RunJobs(trace, pools);
+  const Decision* promoted = First(DecisionKind::kPromote, "big");
+  ASSERT_NE(promoted, nullptr);
+  EXPECT_GE(promoted->time_s, 3660);
+  // Once the jobs running then end (their checkpoints add a little to their 2 hours).
+  EXPECT_LE(First(DecisionKind::kStart, "big")->time_s, promoted->time_s + 1.1 * 7200);
+  EXPECT_EQ(r.promotions, 1);
+  EXPECT_EQ(r.finished, 25);
 }
 
 TEST_F(SimulatorTest, RefusedJobsAreReportedNotFatal) {
