@@ -55,7 +55,7 @@ std::string Limits(const kc::v1::QuotaLimits& l) {
 
 void PrintQuota(const kc::v1::QuotaInfo& q) {
   const kc::v1::QuotaLimits& l = q.limits();
-  std::cout << fmt::format("{} {}\n", q.subject(), q.name())
+  std::cout << fmt::format("{} {}\n", Printable(q.subject()), Printable(q.name()))
             << fmt::format("  devices       {:>10} in use of {}\n", q.usage().devices(),
                            Limit(l.has_max_devices(), static_cast<double>(l.max_devices())))
             << fmt::format("  device-hours  {:>10.2f} used of {}\n", q.usage().device_hours(),
@@ -65,10 +65,11 @@ void PrintQuota(const kc::v1::QuotaInfo& q) {
 }
 
 void PrintRequest(const kc::v1::QuotaRequestInfo& r) {
-  std::string line = fmt::format("quota request {} ({} {}, by {}): {}", r.id(), r.subject(),
-                                 r.name(), r.requester(), r.state());
-  if (!r.decided_by().empty()) line += " by " + r.decided_by();
-  if (!r.decision_reason().empty()) line += ": " + r.decision_reason();
+  const auto P = Printable;
+  std::string line = fmt::format("quota request {} ({} {}, by {}): {}", r.id(), P(r.subject()),
+                                 P(r.name()), P(r.requester()), P(r.state()));
+  if (!r.decided_by().empty()) line += " by " + P(r.decided_by());
+  if (!r.decision_reason().empty()) line += ": " + P(r.decision_reason());
   std::cout << line << "\n  wanted: " << Limits(r.wanted()) << "\n";
 }
 
@@ -76,8 +77,9 @@ void PrintRequests(const kc::v1::ListQuotaRequestsResponse& resp) {
   constexpr std::string_view kRow = "{:>5}  {:<5} {:<12} {:<10} {:<9} {:<52} {}\n";
   std::cout << fmt::format(kRow, "ID", "OF", "NAME", "BY", "STATE", "WANTED", "REASON");
   for (const kc::v1::QuotaRequestInfo& r : resp.requests()) {
-    std::cout << fmt::format(kRow, r.id(), r.subject(), r.name(), r.requester(), r.state(),
-                             Limits(r.wanted()), r.reason());
+    std::cout << fmt::format(kRow, r.id(), Printable(r.subject()), Printable(r.name()),
+                             Printable(r.requester()), Printable(r.state()), Limits(r.wanted()),
+                             Printable(r.reason()));
   }
 }
 
@@ -181,15 +183,17 @@ void PrintPools(const google::protobuf::RepeatedPtrField<kc::v1::PoolInfo>& pool
   std::cout << fmt::format(kRow, "POOL", "DEVICES", "CLASSES", "TEAMS", "LEND", "HOSTS");
   for (const kc::v1::PoolInfo& p : pools) {
     std::cout << fmt::format(
-        kRow, p.name(), p.devices(), fmt::join(p.classes(), ","),
-        p.teams().empty() ? "(all)" : fmt::to_string(fmt::join(p.teams(), ",")),
-        p.lend() ? "yes" : "no", fmt::join(p.hosts(), ","));
+        kRow, Printable(p.name()), p.devices(),
+        Printable(fmt::to_string(fmt::join(p.classes(), ","))),
+        p.teams().empty() ? "(all)" : Printable(fmt::to_string(fmt::join(p.teams(), ","))),
+        p.lend() ? "yes" : "no", Printable(fmt::to_string(fmt::join(p.hosts(), ","))));
   }
 }
 
 void PrintTopology(const kc::v1::TopologyInfo& t) {
   std::cout << fmt::format("topology: {} hosts, {} devices; sha256 {}\n  hosts: {}\n",
-                           t.hosts_size(), t.devices(), t.sha256(), fmt::join(t.hosts(), ", "));
+                           t.hosts_size(), t.devices(), Printable(t.sha256()),
+                           Printable(fmt::to_string(fmt::join(t.hosts(), ", "))));
 }
 
 // `NAME [--json]` runs `read`; `NAME put FILE [--json]` runs `put` with the file's text.

@@ -22,6 +22,7 @@ namespace {
 
 struct AuditArgs {
   std::string db;
+  std::string key;
   std::string head;
   std::string principal;
   std::string action;
@@ -37,10 +38,9 @@ int Fail(const Status& s, int code) {
   return code;
 }
 
-Result<std::unique_ptr<api::AuditLog>> OpenExisting(const std::string& db) {
-  // Opening creates a log; reading one that does not exist is a mistake.
-  if (!std::filesystem::exists(db)) return NotFoundError(db + ": no such audit log");
-  return api::AuditLog::Open(db);
+// A log to read: nothing is written to it, or to a file that is not one.
+Result<std::unique_ptr<api::AuditLog>> OpenExisting(const AuditArgs& a) {
+  return api::AuditLog::OpenExisting(a.db, a.key);
 }
 
 // Prints the verdict on the log `where`; exit 0 when the chain is intact.
@@ -52,14 +52,16 @@ int PrintVerify(const AuditArgs& a, const std::string& where,
                                 {"records", v->records},
                                 {"first_bad_seq", v->first_bad_seq},
                                 {"problem", v->problem},
-                                {"head", v->head}}
+                                {"head", v->head},
+                                {"head_seq", v->head_seq}}
                      .dump(2)
               << "\n";
   } else if (v->ok) {
-    std::cout << fmt::format("{}: {} records, chain intact; head {}\n", where, v->records, v->head);
+    std::cout << fmt::format("{}: {} records, chain intact; head {} (record {})\n", where,
+                             v->records, v->head, v->head_seq);
   } else {
     std::cout << fmt::format("{}: TAMPERED at record {}: {}\n", where, v->first_bad_seq,
-                             v->problem);
+                             Printable(v->problem));
   }
   return v->ok ? kExitOk : kExitFailure;
 }
@@ -79,19 +81,25 @@ int RunRemoteVerify(const AuditArgs& a) {
                                             .records = resp.records(),
                                             .first_bad_seq = resp.first_bad_seq(),
                                             .problem = resp.problem(),
-                                            .head = resp.head()});
+                                            .head = resp.head(),
+                                            .head_seq = resp.head_seq()});
 }
 
 int RunVerify(const AuditArgs& a) {
   if (a.db.empty()) return RunRemoteVerify(a);
-  Result<std::unique_ptr<api::AuditLog>> log = OpenExisting(a.db);
+  Result<std::unique_ptr<api::AuditLog>> log = OpenExisting(a);
   if (!log.ok()) return Fail(log.status(), kExitBadInput);
-  return PrintVerify(a, a.db, (*log)->Verify(a.head));
+  Result<api::AuditVerifyResult> v = (*log)->Verify(a.head);
+  if (!v.ok() && v.status().code() == ErrorCode::kFailedPrecondition) {
+    return Fail(v.status(), kExitBadInput);
+  }
+  return PrintVerify(a, a.db, v);
 }
 
 void PrintRecord(const api::AuditRecord& r) {
-  std::cout << fmt::format("{:>6} {:.3f} {} {} {} {}: {}\n", r.seq, r.time_s, r.principal, r.action,
-                           r.resource, r.outcome, r.reason);
+  const auto P = Printable;
+  std::cout << fmt::format("{:>6} {:.3f} {} {} {} {}: {}\n", r.seq, r.time_s, P(r.principal),
+                           P(r.action), P(r.resource), P(r.outcome), P(r.reason));
 }
 
 // --since: a time ago (N seconds, or N followed by s, m, h or d) or a UTC time
@@ -163,7 +171,7 @@ int RunQuery(const AuditArgs& a) {
 }
 
 int RunShow(const AuditArgs& a) {
-  Result<std::unique_ptr<api::AuditLog>> log = OpenExisting(a.db);
+  Result<std::unique_ptr<api::AuditLog>> log = OpenExisting(a);
   if (!log.ok()) return Fail(log.status(), kExitBadInput);
   Result<std::vector<api::AuditRecord>> rows =
       (*log)->Query({.principal = a.principal, .action = a.action, .limit = a.limit});
@@ -194,11 +202,14 @@ void AddAuditCommand(CLI::App& app, Action* action) {
   audit->require_subcommand(1);
   auto a = std::make_shared<AuditArgs>();
   CLI::App* verify = audit->add_subcommand(
-      "verify", "Check the hash chain: exit 1 if a record was edited, moved or deleted");
+      "verify",
+      "Check the keyed chain: exit 1 if a record was edited, moved, deleted or re-chained, or "
+      "records were removed from the end");
   verify->add_option("db", a->db, "The audit database (SQLite); none: ask kcd about its log");
+  verify->add_option("--key", a->key, "With db: the chain's key (default: audit.key beside it)");
   verify->add_option("--head", a->head,
-                     "The last record's hash as remembered elsewhere: also detects records "
-                     "removed from the end");
+                     "A head hash noted earlier (kc audit verify prints it): the log must still "
+                     "hold that record");
   verify->add_flag("--json", a->json, "Print the result as JSON");
   verify->add_option("--login", a->login, "Without db: login file (default CONFIG/kc/login.json)");
   verify->callback([action, a] { *action = [a] { return RunVerify(*a); }; });

@@ -15,6 +15,7 @@
 
 #include "base/file.h"
 #include "fault/checkpoint.h"
+#include "parallel/tensor_parallel.h"
 
 namespace kc::app {
 namespace {
@@ -36,9 +37,18 @@ std::string FormatTime(double unix_s) {
   return buf;
 }
 
+// `obj`'s `key` as text, whatever its type ("?" when absent): a checkpoint's plan and model are
+// what its writer put there.
+std::string Field(const Json& obj, const char* key) {
+  if (!obj.is_object() || !obj.contains(key)) return "?";
+  const Json& v = obj[key];
+  return Printable(v.is_string() ? v.get<std::string>()
+                                 : v.dump(-1, ' ', false, Json::error_handler_t::replace));
+}
+
 std::string PlanText(const Json& plan) {
   if (!plan.is_object()) return "?";
-  return fmt::format("t={} p={} d={}", plan.value("t", 1), plan.value("p", 1), plan.value("d", 1));
+  return fmt::format("t={} p={} d={}", Field(plan, "t"), Field(plan, "p"), Field(plan, "d"));
 }
 
 int Fail(const Status& s, int code = kExitBadInput) {
@@ -57,15 +67,15 @@ int RunLs(const CkptArgs& a) {
   if (!list.ok()) return Fail(list.status(), kExitFailure);
   Json rows = Json::array();
   for (const fault::CheckpointEntry& e : *list) {
-    Result<Json> m = fault::ReadManifest(e.path);
+    Result<fault::Manifest> m = fault::ReadManifest(e.path);
     Json row = {{"step", e.step}, {"path", e.path}};
     if (!m.ok()) {
       row["error"] = m.status().message();
     } else {
-      row["created_unix"] = (*m).value("created_unix", 0.0);
-      row["ranks"] = (*m).value("ranks", 0);
-      row["plan"] = (*m)["plan"];
-      row["model"] = (*m)["model"].value("name", "");
+      row["created_unix"] = m->created_unix;
+      row["ranks"] = m->ranks;
+      row["plan"] = m->plan;
+      row["model"] = Field(m->model, "name");
     }
     rows.push_back(row);
   }
@@ -79,7 +89,9 @@ int RunLs(const CkptArgs& a) {
     }
   }
   if (a.json) {
-    std::cout << Json{{"checkpoints", rows}, {"uncommitted", partial}}.dump(2) << "\n";
+    std::cout << Json{{"checkpoints", rows}, {"uncommitted", partial}}.dump(
+                     2, ' ', false, Json::error_handler_t::replace)
+              << "\n";
     return kExitOk;
   }
   if (rows.empty()) {
@@ -90,7 +102,7 @@ int RunLs(const CkptArgs& a) {
     for (const Json& r : rows) {
       if (r.contains("error")) {
         std::cout << fmt::format("{:>10}  unreadable: {}\n", r["step"].get<int64_t>(),
-                                 r["error"].get<std::string>());
+                                 Printable(r["error"].get<std::string>()));
         continue;
       }
       std::cout << fmt::format("{:>10}  {:<19}  {:>5}  {:<15}  {}\n", r["step"].get<int64_t>(),
@@ -139,7 +151,7 @@ int RunVerify(const CkptArgs& a) {
   if (a.json) {
     std::cout << Json{{"checkpoints", rows},
                       {"resume_from", resume.empty() ? Json() : Json(resume)}}
-                     .dump(2)
+                     .dump(2, ' ', false, Json::error_handler_t::replace)
               << "\n";
   } else {
     for (const Json& r : rows) {
@@ -150,7 +162,7 @@ int RunVerify(const CkptArgs& a) {
             r["raw_bytes"].get<double>() / (1 << 20), r["stored_bytes"].get<double>() / (1 << 20));
       } else {
         std::cout << fmt::format("CORRUPT  {}: {}\n", r["path"].get<std::string>(),
-                                 r["error"].get<std::string>());
+                                 Printable(r["error"].get<std::string>()));
       }
     }
     if (targets.size() > 1) {
@@ -162,7 +174,7 @@ int RunVerify(const CkptArgs& a) {
 }
 
 int RunInspect(const CkptArgs& a) {
-  Result<Json> m = fault::ReadManifest(a.path);
+  Result<fault::Manifest> m = fault::ReadManifest(a.path);
   if (!m.ok()) return Fail(m.status(), fs::exists(a.path) ? kExitFailure : kExitBadInput);
   // Per tensor: its shape, and per kind the pieces and values saved.
   struct Tensor {
@@ -174,29 +186,32 @@ int RunInspect(const CkptArgs& a) {
   std::vector<std::string> order;
   std::set<std::string> files;
   int64_t raw = 0;
-  for (const Json& entry : (*m)["rank_files"]) {
-    Result<std::string> text =
-        ReadWholeFile((fs::path(a.path) / entry["file"].get<std::string>()).string());
+  for (const fault::Manifest::RankFile& entry : m->rank_files) {
+    const std::string path = (fs::path(a.path) / entry.file).string();
+    Result<std::string> text = ReadWholeFile(path);
     if (!text.ok()) return Fail(text.status(), kExitFailure);
-    Json rank = Json::parse(*text, nullptr, false);
-    if (rank.is_discarded()) {
-      return Fail(DataLossError(entry["file"].get<std::string>() + ": not JSON"), kExitFailure);
-    }
-    for (const Json& p : rank["pieces"]) {
-      const std::string name = p["tensor"].get<std::string>();
-      if (!tensors.count(name)) order.push_back(name);
-      Tensor& t = tensors[name];
-      t.shape = p["shape"].get<std::vector<int64_t>>();
-      t.split = p["split"].get<std::string>();
-      auto& [pieces, values] = t.kinds[p["kind"].get<std::string>()];
+    Result<fault::RankIndex> rank = fault::ParseRankFile(*text, path);
+    if (!rank.ok()) return Fail(rank.status(), kExitFailure);
+    for (const fault::PieceIndex& p : rank->pieces) {
+      if (!tensors.count(p.tensor)) order.push_back(p.tensor);
+      Tensor& t = tensors[p.tensor];
+      t.shape = p.shape;
+      t.split = parallel::TpSplitName(p.split);
+      auto& [pieces, values] = t.kinds[p.kind];
       ++pieces;
-      values += p["count"].get<int64_t>();
-      raw += p["count"].get<int64_t>() * 4;
-      for (const Json& c : p["chunks"]) files.insert(c["file"].get<std::string>());
+      values += p.count;
+      raw += p.count * 4;
+      for (const fault::ChunkRef& c : p.chunks) files.insert(c.file);
     }
   }
-  Json out = *m;
-  out.erase("rank_files");
+  Json out = {{"step", m->step},
+              {"loader_state", m->loader_state},
+              {"plan", m->plan},
+              {"model", m->model},
+              {"ranks", m->ranks},
+              {"compress", m->compress},
+              {"chunk_bytes", m->chunk_bytes},
+              {"created_unix", m->created_unix}};
   out["tensors"] = Json::array();
   for (const std::string& name : order) {
     const Tensor& t = tensors[name];
@@ -210,25 +225,24 @@ int RunInspect(const CkptArgs& a) {
   out["raw_bytes"] = raw;
   out["chunk_files"] = files.size();
   if (a.json) {
-    std::cout << out.dump(2) << "\n";
+    std::cout << out.dump(2, ' ', false, Json::error_handler_t::replace) << "\n";
     return kExitOk;
   }
-  const Json& model = (*m)["model"];
+  const Json& model = m->model;
   std::cout << fmt::format("checkpoint  {}\n", a.path);
-  std::cout << fmt::format("step        {} (training resumes with step {})\n",
-                           (*m)["step"].get<int64_t>(), (*m)["step"].get<int64_t>() + 1);
-  std::cout << fmt::format("created     {} UTC\n", FormatTime((*m).value("created_unix", 0.0)));
+  std::cout << fmt::format("step        {} (training resumes with step {})\n", m->step,
+                           m->step + 1);
+  std::cout << fmt::format("created     {} UTC\n", FormatTime(m->created_unix));
   std::cout << fmt::format(
       "model       {} ({} layers, hidden {}, {} heads, vocab {}, seq_len {})\n",
-      model.value("name", "?"), model.value("layers", 0), model.value("hidden", 0),
-      model.value("heads", 0), model.value("vocab", 0), model.value("seq_len", 0));
+      Field(model, "name"), Field(model, "layers"), Field(model, "hidden"), Field(model, "heads"),
+      Field(model, "vocab"), Field(model, "seq_len"));
   std::cout << fmt::format("plan        {} (saved with; any plan of the model loads it)\n",
-                           (*m)["plan"].dump());
-  std::cout << fmt::format("data        {}\n", (*m)["loader_state"].get<std::string>());
+                           Printable(m->plan.dump(-1, ' ', false, Json::error_handler_t::replace)));
+  std::cout << fmt::format("data        {}\n", Printable(m->loader_state));
   std::cout << fmt::format("ranks       {} rank files; {} chunk files, {:.1f} MiB of values{}\n",
-                           (*m)["ranks"].get<int>(), files.size(),
-                           static_cast<double>(raw) / (1 << 20),
-                           (*m).value("compress", false) ? ", zstd" : "");
+                           m->ranks, files.size(), static_cast<double>(raw) / (1 << 20),
+                           m->compress ? ", zstd" : "");
   std::cout << fmt::format("\n{:<28} {:<14} {:<10} {}\n", "tensor", "shape", "split",
                            "saved (pieces/values per kind)");
   for (const std::string& name : order) {
@@ -238,7 +252,8 @@ int RunInspect(const CkptArgs& a) {
     for (const auto& [kind, pv] : t.kinds) {
       kinds += fmt::format("{}{} {}/{}", kinds.empty() ? "" : ", ", kind, pv.first, pv.second);
     }
-    std::cout << fmt::format("{:<28} {:<14} {:<10} {}\n", name, shape, t.split, kinds);
+    std::cout << fmt::format("{:<28} {:<14} {:<10} {}\n", Printable(name), shape, t.split,
+                             Printable(kinds));
   }
   return kExitOk;
 }

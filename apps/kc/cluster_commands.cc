@@ -45,12 +45,13 @@ std::string Age(double since_s) {
 }
 
 void PrintJob(const kc::v1::JobInfo& j) {
-  std::cout << fmt::format("job {}: {}\n", j.id(), j.name());
-  std::cout << fmt::format("  owner      {}{}\n", j.owner(),
-                           j.team().empty() ? "" : " (team " + j.team() + ")");
-  std::cout << fmt::format("  phase      {}: {}\n", j.phase(), j.reason());
+  const auto P = Printable;
+  std::cout << fmt::format("job {}: {}\n", j.id(), P(j.name()));
+  std::cout << fmt::format("  owner      {}{}\n", P(j.owner()),
+                           j.team().empty() ? "" : " (team " + P(j.team()) + ")");
+  std::cout << fmt::format("  phase      {}: {}\n", P(j.phase()), P(j.reason()));
   std::cout << fmt::format("  devices    {}{}\n", j.devices(),
-                           j.host().empty() ? "" : " on " + j.host());
+                           j.host().empty() ? "" : " on " + P(j.host()));
   std::cout << fmt::format("  progress   step {}, last checkpoint at step {}\n", j.step(),
                            j.checkpoint_step());
   std::cout << fmt::format("  runtime    {:.2f} h allowed\n", j.expected_hours());
@@ -58,21 +59,23 @@ void PrintJob(const kc::v1::JobInfo& j) {
     std::cout << "  history\n";
     const double t0 = j.history(0).time_s();
     for (const kc::v1::JobEvent& e : j.history()) {
-      std::cout << fmt::format("    +{:>8.3f} s  {:<18} {}\n", e.time_s() - t0, e.phase(),
-                               e.reason());
+      std::cout << fmt::format("    +{:>8.3f} s  {:<18} {}\n", e.time_s() - t0, P(e.phase()),
+                               P(e.reason()));
     }
   }
 }
 
 void PrintPlan(const kc::v1::PlanInfo& p) {
-  std::cout << fmt::format("job {}: {}\n", p.job(), p.summary().empty() ? "no plan" : p.summary());
+  const auto P = Printable;
+  std::cout << fmt::format("job {}: {}\n", p.job(),
+                           p.summary().empty() ? "no plan" : P(p.summary()));
   if (p.approval_required()) {
     std::cout << "  approval required:\n";
-    for (const std::string& r : p.reasons()) std::cout << "    " << r << "\n";
+    for (const std::string& r : p.reasons()) std::cout << "    " << P(r) << "\n";
   }
   if (!p.decision().empty()) {
-    std::cout << fmt::format("  {} by {}{}\n", p.decision(), p.decided_by(),
-                             p.note().empty() ? "" : ": " + p.note());
+    std::cout << fmt::format("  {} by {}{}\n", P(p.decision()), P(p.decided_by()),
+                             p.note().empty() ? "" : ": " + P(p.note()));
   }
   if (!p.plan_yaml().empty()) std::cout << "  plan\n" << p.plan_yaml();
 }
@@ -94,7 +97,7 @@ Result<kc::v1::JobInfo> Follow(Session& s, int64_t id, double timeout_s, bool qu
     kc::v1::JobInfo j;
     KC_RETURN_IF_ERROR(s.Call(&kc::v1::JobService::Stub::Get, req, &j));
     if (!quiet && j.phase() != last) {
-      std::cerr << fmt::format("job {}: {}: {}\n", id, j.phase(), j.reason());
+      std::cerr << fmt::format("job {}: {}: {}\n", id, Printable(j.phase()), Printable(j.reason()));
       last = j.phase();
     }
     if (Ended(j.phase())) return j;
@@ -192,7 +195,8 @@ void AddSubmit(CLI::App& app, Action* action) {
         return Fail("submit", st);
       }
       if (!a->json)
-        std::cout << fmt::format("submitted job {} ({}): {}\n", j.id(), j.name(), j.phase());
+        std::cout << fmt::format("submitted job {} ({}): {}\n", j.id(), Printable(j.name()),
+                                 Printable(j.phase()));
       if (a->wait) {
         Result<kc::v1::JobInfo> end = Follow(*s, j.id(), a->timeout_s, a->json);
         if (!end.ok()) return Fail("submit --wait", end.status());
@@ -232,8 +236,9 @@ void AddJobs(CLI::App& app, Action* action) {
                                "OWNER", "TEAM", "PHASE", "DEVICES", "AGE", "REASON");
       for (const kc::v1::JobInfo& j : resp.jobs()) {
         std::cout << fmt::format("{:>5}  {:<16} {:<10} {:<10} {:<17} {:>7} {:>5}  {}\n", j.id(),
-                                 j.name(), j.owner(), j.team().empty() ? "-" : j.team(), j.phase(),
-                                 j.devices(), Age(j.submitted_s()), j.reason());
+                                 Printable(j.name()), Printable(j.owner()),
+                                 j.team().empty() ? "-" : Printable(j.team()), Printable(j.phase()),
+                                 j.devices(), Age(j.submitted_s()), Printable(j.reason()));
       }
       return kExitOk;
     };
@@ -353,6 +358,12 @@ void AddJob(CLI::App& app, Action* action) {
           if (Status st = s->Call(&kc::v1::JobService::Stub::Logs, req, &resp); !st.ok()) {
             return Fail("job logs", st);
           }
+          if (resp.from_offset() > offset) {
+            std::cerr << fmt::format(
+                "kc: job logs: {} bytes of its output before this were "
+                "dropped (kcd keeps each job's newest)\n",
+                resp.from_offset() - offset);
+          }
           std::cout << resp.data() << std::flush;
           offset = resp.next_offset();
           if (!a->follow || resp.complete()) return kExitOk;
@@ -380,7 +391,8 @@ void AddJob(CLI::App& app, Action* action) {
         if (!s.ok()) return Fail(fmt::format("job {}", name), s.status());
         kc::v1::JobInfo j;
         if (Status st = call(*s, *a, &j); !st.ok()) return Fail(fmt::format("job {}", name), st);
-        std::cout << fmt::format("job {} ({}): {}: {}\n", j.id(), j.name(), j.phase(), j.reason());
+        std::cout << fmt::format("job {} ({}): {}: {}\n", j.id(), Printable(j.name()),
+                                 Printable(j.phase()), Printable(j.reason()));
         return kExitOk;
       };
     });
@@ -447,13 +459,20 @@ void AddAgent(CLI::App& app, Action* action) {
   c->add_option("--stop-grace", o->stop_grace_s,
                 "Seconds a stopped job has to save its checkpoint before SIGKILL (default 30)")
       ->check(CLI::PositiveNumber);
-  c->add_option(
-      "--login", *login,
-      "Login file with kcd's address and a system admin's token (default CONFIG/kc/login.json)");
-  c->callback([action, o, login] {
-    *action = [o, login]() -> int {
+  c->add_option("--login", *login,
+                "Login file with kcd's address and CA (default CONFIG/kc/login.json)");
+  auto token_file = std::make_shared<std::string>();
+  c->add_option("--token-file", *token_file,
+                "This host's agent token (kc token issue --agent HOST --out FILE on kcd's "
+                "host), instead of the login's token")
+      ->required();
+  c->callback([action, o, login, token_file] {
+    *action = [o, login, token_file]() -> int {
       Result<api::ClientConfig> cfg = api::LoadClientConfig(LoginPath(*login));
       if (!cfg.ok()) return Fail("agent", cfg.status());
+      Result<std::string> token = ReadWholeFile(*token_file);
+      if (!token.ok()) return Fail("agent: --token-file", token.status());
+      cfg->token = token->substr(0, token->find_last_not_of(" \n\r\t") + 1);
       o->kcd = *cfg;
       if (o->host.empty()) {
         char name[256] = {};
@@ -476,6 +495,22 @@ void AddAgent(CLI::App& app, Action* action) {
   });
 }
 
+// A new agent token for `host` in the cluster directory `dir`, its earlier ones revoked.
+Result<std::string> IssueAgentToken(const std::string& dir, const std::string& host) {
+  KC_ASSIGN_OR_RETURN(std::unique_ptr<api::TokenStore> tokens,
+                      api::TokenStore::Open((fs::path(dir) / "kcd.db").string()));
+  const double now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  KC_RETURN_IF_ERROR(tokens->RevokeAll(host, now, api::TokenKind::kAgent).status());
+  KC_ASSIGN_OR_RETURN(api::IssuedToken t,
+                      tokens->Issue(host, 90 * 86400.0, now, api::TokenKind::kAgent));
+  KC_ASSIGN_OR_RETURN(std::unique_ptr<api::AuditLog> audit,
+                      api::AuditLog::Open((fs::path(dir) / "audit.db").string()));
+  KC_RETURN_IF_ERROR(api::AuditNow(audit.get(), "kc up", "token.issue", "agent/" + host, "ok",
+                                   "kc up's agent, its earlier tokens revoked"));
+  return t.token;
+}
+
 std::string DefaultUpDir() {
   if (const char* xdg = std::getenv("XDG_DATA_HOME"); xdg != nullptr && *xdg != '\0') {
     return std::string(xdg) + "/kc/up";
@@ -484,6 +519,24 @@ std::string DefaultUpDir() {
     return std::string(home) + "/.local/share/kc/up";
   }
   return "kc-up";
+}
+
+// Before `kc up` logs in to `cfg` at `login`: a login there for another server or token is
+// kept as LOGIN.previous, and the user told so, instead of being overwritten without a word.
+Status KeepEarlierLogin(const std::string& login, const api::ClientConfig& cfg) {
+  if (!fs::exists(login)) return OkStatus();
+  Result<api::ClientConfig> earlier = api::LoadClientConfig(login);
+  if (earlier.ok() && earlier->server == cfg.server && earlier->token == cfg.token &&
+      earlier->ca_pem == cfg.ca_pem) {
+    return OkStatus();
+  }
+  KC_ASSIGN_OR_RETURN(const std::string text, ReadWholeFile(login));
+  const std::string kept = login + ".previous";
+  KC_RETURN_IF_ERROR(api::SaveSecret(kept, text));
+  std::cerr << fmt::format("kc up: {} held a login to {}; it is kept in {} (--login {} uses it)\n",
+                           login, earlier.ok() ? earlier->server : "another server (unreadable)",
+                           kept, kept);
+  return OkStatus();
 }
 
 // The inventory of this host with `devices` CPU devices (0: one per core), measured quickly.
@@ -528,15 +581,47 @@ void AddUp(CLI::App& app, Action* action) {
         fs::remove(probed, ec);
         std::cout << fmt::format("kc up: made cluster {} (kc init)\n", dir);
       }
-      Result<hal::TopologySpec> topo =
-          hal::LoadInventory((fs::path(dir) / "topology.yaml").string());
+      // A directory `kc init` made without --inventory: this host is its inventory.
+      const std::string topology = (fs::path(dir) / "topology.yaml").string();
+      if (!fs::exists(topology)) {
+        Result<std::string> inventory = ProbeThisHost(a->devices);
+        if (!inventory.ok()) return Fail("up: probing this host", inventory.status());
+        if (Status s = WriteFileDurably(topology, *inventory); !s.ok()) return Fail("up", s);
+        std::cout << fmt::format("kc up: {} has no inventory; this host's is {}\n", dir, topology);
+      }
+      Result<hal::TopologySpec> topo = hal::LoadInventory(topology);
       if (!topo.ok()) return Fail("up", topo.status());
       const std::string host = topo->hosts.front().name;
       int devices = 0;
       for (const hal::DeviceDescriptor& d : topo->devices) devices += d.host == host ? 1 : 0;
+      // The agent's machine identity: a fresh token for this host, its earlier ones revoked.
+      Result<std::string> agent_token = IssueAgentToken(dir, host);
+      if (!agent_token.ok()) return Fail("up: agent token", agent_token.status());
       const sigset_t stop = BlockStopSignals();
-      Result<std::unique_ptr<api::Kcd>> kcd = api::Kcd::Start({.dir = dir, .listen = a->listen});
+      // Port 0 means any free port the first time, then the same one at every restart, so
+      // the logins saved for this cluster keep working (a new one only when it is taken).
+      const std::string kept_port = (fs::path(dir) / "up.port").string();
+      const std::string_view listen_host =
+          std::string_view(a->listen).substr(0, a->listen.rfind(':'));
+      Result<std::string> kept = ReadWholeFile(kept_port);
+      std::string listen = a->listen;
+      if (listen.ends_with(":0") && kept.ok() && !kept->empty()) {
+        listen = fmt::format("{}:{}", listen_host, kept->substr(0, kept->find_first_of(" \n")));
+      }
+      Result<std::unique_ptr<api::Kcd>> kcd = api::Kcd::Start({.dir = dir, .listen = listen});
+      if (!kcd.ok() && listen != a->listen) {
+        std::cerr << fmt::format(
+            "kc up: {} (this cluster's port before) is taken; kcd takes "
+            "another, and logins saved for the old one need kc login\n",
+            listen);
+        listen = a->listen;
+        kcd = api::Kcd::Start({.dir = dir, .listen = listen});
+      }
       if (!kcd.ok()) return Fail("up: kcd", kcd.status());
+      if (a->listen.ends_with(":0")) {
+        const std::string port = fmt::format("{}\n", (*kcd)->port());
+        if (Status s = WriteFileDurably(kept_port, port); !s.ok()) return Fail("up", s);
+      }
       Result<std::string> ca = ReadWholeFile((fs::path(dir) / "tls/ca.pem").string());
       Result<std::string> token = ReadWholeFile((fs::path(dir) / "admin.token").string());
       if (!ca.ok() || !token.ok()) return Fail("up", ca.ok() ? token.status() : ca.status());
@@ -544,9 +629,12 @@ void AddUp(CLI::App& app, Action* action) {
                             .ca_pem = *ca,
                             .token = token->substr(0, token->find_last_not_of(" \n") + 1)};
       const std::string login = LoginPath(a->login);
+      if (Status s = KeepEarlierLogin(login, cfg); !s.ok()) return Fail("up: login", s);
       if (Status s = api::SaveClientConfig(login, cfg); !s.ok()) return Fail("up: login", s);
+      api::ClientConfig as_agent = cfg;
+      as_agent.token = *agent_token;
       Result<std::unique_ptr<api::Agent>> agent =
-          api::Agent::Start({.kcd = cfg,
+          api::Agent::Start({.kcd = as_agent,
                              .host = host,
                              .devices = devices,
                              .work_dir = (fs::path(dir) / "work").string(),
@@ -570,38 +658,51 @@ void AddUp(CLI::App& app, Action* action) {
   });
 }
 
-// `kc token issue|revoke --dir DIR USER`: a system admin on kcd's host hands out or takes back
-// bearer tokens, through the cluster directory (whose files only they can write), audited.
+// `kc token issue|revoke --dir DIR USER` (or `--agent HOST`): a system admin on kcd's host hands
+// out or takes back bearer tokens, through the cluster directory (whose files only they can
+// write), audited.
 void AddToken(CLI::App& app, Action* action) {
-  CLI::App* token = app.add_subcommand("token", "Issue or revoke users' bearer tokens (admins)");
+  CLI::App* token =
+      app.add_subcommand("token", "Issue or revoke users' and agents' bearer tokens (admins)");
   token->require_subcommand(1);
   struct Args {
-    std::string dir, user, out;
+    std::string dir, user, agent, out;
     double days = 90;
   };
   for (const char* verb : {"issue", "revoke"}) {
     auto a = std::make_shared<Args>();
     const bool issue = std::string_view(verb) == "issue";
     CLI::App* c = token->add_subcommand(
-        verb, issue ? "A new token for a user of the roles file (printed once)"
-                    : "Revoke every token of a user; their next call fails");
-    c->add_option("user", a->user, "The user")->required();
+        verb, issue ? "A new token for a user of the roles file, or a host's agent (printed once)"
+                    : "Revoke every token of a user (their queued jobs do not start) or agent");
+    c->add_option("user", a->user, "The user");
+    c->add_option("--agent", a->agent,
+                  "Instead of a user: the agent of this host (a machine identity that may call "
+                  "the agent service alone, for this host alone)");
     c->add_option("--dir", a->dir, "The cluster directory (made by kc init)")->required();
     if (issue) {
-      c->add_option("--days", a->days, "Days the token is valid (default 90)");
+      c->add_option("--days", a->days, "Days the token is valid (default 90, at most 3650)")
+          ->check(CLI::Range(0.0, api::kMaxTokenLifetimeS / 86400));
       c->add_option("--out", a->out, "Write it to this file (mode 0600) instead of printing it");
     }
     c->callback([action, a, issue] {
       *action = [a, issue]() -> int {
+        const std::string what = issue ? "token issue" : "token revoke";
+        if (a->user.empty() == a->agent.empty()) {
+          return Fail(what, InvalidArgumentError("give a user or --agent HOST, not both"));
+        }
+        const bool agent = !a->agent.empty();
+        const std::string subject = agent ? a->agent : a->user;
+        const api::TokenKind kind = agent ? api::TokenKind::kAgent : api::TokenKind::kUser;
+        const std::string resource = (agent ? "agent/" : "user/") + subject;
         const fs::path dir(a->dir);
         Result<api::RolesConfig> roles = api::LoadRolesFile((dir / "roles.yaml").string());
         if (!roles.ok()) return Fail("token", roles.status());
-        if (issue && !roles->PrincipalFor(a->user)) {
-          return Fail("token issue", InvalidArgumentError(fmt::format(
-                                         "user {}: not in {}/roles.yaml", a->user, a->dir)));
+        if (issue && !agent && !roles->PrincipalFor(subject)) {
+          return Fail(what, InvalidArgumentError(
+                                fmt::format("user {}: not in {}/roles.yaml", subject, a->dir)));
         }
-        if (a->days <= 0)
-          return Fail("token issue", InvalidArgumentError("--days: must be positive"));
+        if (a->days <= 0) return Fail(what, InvalidArgumentError("--days: must be positive"));
         Result<std::unique_ptr<api::TokenStore>> tokens =
             api::TokenStore::Open((dir / "kcd.db").string());
         Result<std::unique_ptr<api::AuditLog>> audit =
@@ -610,27 +711,27 @@ void AddToken(CLI::App& app, Action* action) {
         if (!audit.ok()) return Fail("token", audit.status());
         const char* admin = std::getenv("USER");
         const std::string who = fmt::format("local:{}", admin != nullptr ? admin : "?");
+        const double now =
+            std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+                .count();
         if (!issue) {
-          Result<int64_t> n = (*tokens)->RevokeAll(a->user);
-          if (!n.ok()) return Fail("token revoke", n.status());
-          api::AuditNow(audit->get(), who, "token.revoke", "user/" + a->user, "ok",
+          Result<int64_t> n = (*tokens)->RevokeAll(subject, now, kind);
+          if (!n.ok()) return Fail(what, n.status());
+          api::AuditNow(audit->get(), who, "token.revoke", resource, "ok",
                         fmt::format("{} tokens", *n))
               .IgnoreError();  // logged by AuditNow
-          std::cout << fmt::format("revoked {} tokens of {}\n", *n, a->user);
+          std::cout << fmt::format("revoked {} tokens of {}\n", *n, resource);
           return kExitOk;
         }
-        Result<api::IssuedToken> t = (*tokens)->Issue(
-            a->user, a->days * 86400,
-            std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-                .count());
-        if (!t.ok()) return Fail("token issue", t.status());
-        api::AuditNow(audit->get(), who, "token.issue", "user/" + a->user, "ok",
+        Result<api::IssuedToken> t = (*tokens)->Issue(subject, a->days * 86400, now, kind);
+        if (!t.ok()) return Fail(what, t.status());
+        api::AuditNow(audit->get(), who, "token.issue", resource, "ok",
                       fmt::format("valid {} days", a->days))
             .IgnoreError();  // logged by AuditNow
         if (a->out.empty()) {
           std::cout << t->token << "\n";
         } else if (Status s = api::SaveSecret(a->out, t->token + "\n"); !s.ok()) {
-          return Fail("token issue", s);
+          return Fail(what, s);
         }
         return kExitOk;
       };

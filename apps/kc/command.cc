@@ -1,5 +1,7 @@
 #include "apps/kc/command.h"
 
+#include <fmt/format.h>
+
 #include <charconv>
 #include <cstdlib>
 #include <filesystem>
@@ -31,6 +33,64 @@ std::string UserConfigPath(const std::string& file) {
     return std::string(home) + "/.config/kc/" + file;
   }
   return file;
+}
+
+std::string Printable(std::string_view text) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size();) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out += static_cast<char>(c);
+      ++i;
+      continue;
+    }
+    switch (c) {
+      case '\\':
+        out += "\\\\";
+        ++i;
+        continue;
+      case '\n':
+        out += "\\n";
+        ++i;
+        continue;
+      case '\t':
+        out += "\\t";
+        ++i;
+        continue;
+      case '\r':
+        out += "\\r";
+        ++i;
+        continue;
+      default:
+        break;
+    }
+    // A whole UTF-8 sequence passes, but for the C1 controls (U+0080 to U+009F).
+    const size_t n = c >= 0xf0 && c < 0xf5   ? 4
+                     : c >= 0xe0 && c < 0xf0 ? 3
+                     : c >= 0xc2 && c < 0xe0 ? 2
+                                             : 0;
+    bool whole = n > 0 && i + n <= text.size();
+    for (size_t k = 1; whole && k < n; ++k) {
+      whole = (static_cast<unsigned char>(text[i + k]) & 0xc0) == 0x80;
+    }
+    if (whole && !(n == 2 && c == 0xc2 && static_cast<unsigned char>(text[i + 1]) < 0xa0)) {
+      out.append(text.substr(i, n));
+      i += n;
+      continue;
+    }
+    if (whole) {  // a C1 control
+      out += fmt::format("\\u{{{:x}}}", static_cast<unsigned char>(text[i + 1]));
+      i += 2;
+      continue;
+    }
+    out += "\\x";
+    out += kHex[c >> 4];
+    out += kHex[c & 0xf];
+    ++i;
+  }
+  return out;
 }
 
 Status WriteFileAtomically(const std::string& path, const std::string& text) {

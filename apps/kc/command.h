@@ -3,6 +3,7 @@
 
 #include <functional>
 #include <string>
+#include <string_view>
 
 #include "base/status.h"
 
@@ -23,6 +24,12 @@ Status ParseHostPort(const std::string& s, std::string* host, int* port);
 // else the working directory. Where `kc topo probe` writes topology.yaml and
 // `kc plan --calibrate` calibration.json.
 std::string UserConfigPath(const std::string& file);
+
+// `text` safe to show on a terminal: control characters (C0, DEL, C1: ESC sequences, carriage
+// returns, newlines that would forge another line) and bytes that are not UTF-8 are written as
+// escapes (\n, \x1b, \u{9b}). What kcd stores came from users and jobs: kc prints it through
+// this wherever it prints it as text.
+std::string Printable(std::string_view text);
 
 // Writes `text` to `path` through a temporary file and a rename, creating the parent
 // directories; kUnavailable naming the file when that fails.

@@ -13,7 +13,7 @@ std::string LoginPath(const std::string& flag) {
 }
 
 int Fail(std::string_view what, const Status& s) {
-  std::cerr << "kc: " << what << ": " << s.message() << "\n";
+  std::cerr << "kc: " << what << ": " << Printable(s.message()) << "\n";
   return s.code() == ErrorCode::kInvalidArgument || s.code() == ErrorCode::kNotFound ? kExitBadInput
                                                                                      : kExitFailure;
 }

@@ -16,6 +16,7 @@
 #include "apps/kc/sim_command.h"
 #include "apps/kc/topo_command.h"
 #include "apps/kc/train_command.h"
+#include "apps/strict_numbers.h"
 #include "base/settings.h"
 
 namespace kc::app {
@@ -77,6 +78,7 @@ int main(int argc, char** argv) {
   AddInitCommand(app, &action);
   AddClusterCommands(app, &action);
   AddAdminCommands(app, &action);
+  RefuseLooseNumbers(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {

@@ -156,7 +156,7 @@ struct Plan {
   std::string fault_how = "exit";
   bool elastic = false;  // --min-ranks below --ranks
   bool cuda = false;     // --device cuda
-  int gpus = 0;          // CUDA devices visible (the launcher's count; ranks share them round robin)
+  int gpus = 0;  // CUDA devices visible (the launcher's count; ranks share them round robin)
   parallel::Precision precision = parallel::Precision::kFp32;
   parallel::GradSync grad_sync = parallel::GradSync::kBucketed;
   comm::TransportKind transport = comm::TransportKind::kAuto;
@@ -256,7 +256,8 @@ Result<Plan> Check(TrainArgs* args) {
   }
   p.cuda = a.device == "cuda";
   Result<parallel::Precision> precision = parallel::ParsePrecision(a.precision);
-  if (!precision.ok()) return InvalidArgumentError("--precision " + a.precision + ": expected fp32 or bf16");
+  if (!precision.ok())
+    return InvalidArgumentError("--precision " + a.precision + ": expected fp32 or bf16");
   p.precision = *precision;
   if (p.precision == parallel::Precision::kBf16 && !p.cuda) {
     return InvalidArgumentError(
@@ -264,7 +265,8 @@ Result<Plan> Check(TrainArgs* args) {
         "in fp32)");
   }
   if (p.cuda && !a.export_dir.empty()) {
-    return UnimplementedError("--export with --device cuda is not built yet (export from a CPU run)");
+    return UnimplementedError(
+        "--export with --device cuda is not built yet (export from a CPU run)");
   }
   if (!a.inject_fault.empty()) {
     long long rank = -1, step = 0;
@@ -334,8 +336,8 @@ Result<Plan> Check(TrainArgs* args) {
   }
   p.global_batch =
       p.spec.batch_per_rank * p.micro_batches * (a.ranks / (p.pipeline_stages * p.tensor_parallel));
-  if (p.cuda && (p.tensor_parallel != 1 || p.pipeline_stages != 1 || p.zero_stage != 0 ||
-                 p.recompute)) {
+  if (p.cuda &&
+      (p.tensor_parallel != 1 || p.pipeline_stages != 1 || p.zero_stage != 0 || p.recompute)) {
     return UnimplementedError(fmt::format(
         "--plan {} with --device cuda: on GPUs the engine runs data-parallel plans only (t=1, "
         "p=1, zero_stage 0, no recompute)",
@@ -1475,8 +1477,8 @@ int RunLauncher(TrainArgs a) {
         "kc train: warning: {} ranks x {} thread{} oversubscribe the {} core{} this process may "
         "use; the ranks take turns on them, so throughput and MFU are those of {} shared "
         "core{}\n",
-        a.ranks, p.threads, p.threads == 1 ? "" : "s", p.cpus.size(),
-        p.cpus.size() == 1 ? "" : "s", p.cpus.size(), p.cpus.size() == 1 ? "" : "s");
+        a.ranks, p.threads, p.threads == 1 ? "" : "s", p.cpus.size(), p.cpus.size() == 1 ? "" : "s",
+        p.cpus.size(), p.cpus.size() == 1 ? "" : "s");
   }
   if (p.cuda && a.ranks > p.gpus) {
     std::cerr << fmt::format(

@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "api/control_plane.h"
+#include "apps/strict_numbers.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"kcd: the Kuangchao control-plane daemon", "kcd"};
@@ -18,8 +19,23 @@ int main(int argc, char** argv) {
       "Seconds of silence after which an agent's jobs go back to the queue (default 10)");
   app.add_option("--check-period", o.check_period_s,
                  "Seconds between a running job's execution-time permission checks (default 1)");
+  app.add_option("--max-jobs-per-user", o.max_jobs_per_user,
+                 "Jobs one user may have that have not ended (default 100)");
+  app.add_option("--max-log-bytes", o.max_log_bytes_per_job,
+                 "Output kept per job, the newest (default 16 MiB)");
+  app.add_option("--max-request-bytes", o.max_request_bytes,
+                 "Largest request kcd reads (default 4 MiB)");
+  app.add_option("--max-calls-per-caller", o.max_calls_in_flight_per_caller,
+                 "Calls one caller may have in progress at once (default 64)");
+  app.add_option("--max-streams-per-connection", o.max_streams_per_connection,
+                 "Calls at once on one connection (default 100)");
+  app.add_option("--max-idle", o.max_connection_idle_s,
+                 "Seconds after which an idle connection is closed (default 600)");
+  app.add_option("--max-threads", o.max_threads,
+                 "Threads serving calls, all callers together (default 64)");
   app.add_flag("--insecure-loopback", o.insecure_loopback,
                "Plaintext instead of TLS, for development; only on a loopback address");
+  kc::app::RefuseLooseNumbers(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

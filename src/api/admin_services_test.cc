@@ -21,6 +21,7 @@
 #include "base/file.h"
 #include "kc/v1/options.pb.h"
 #include "tests/support/repo_root.h"
+#include "tests/support/team_roles.h"
 #include "tests/support/temp_dir.h"
 
 namespace kc::api {
@@ -29,19 +30,7 @@ namespace {
 using ::testing::HasSubstr;
 namespace pb = google::protobuf;
 
-constexpr char kRoles[] = R"(
-cluster: c
-users:
-  - {name: root, role: system_admin}
-  - {name: vera, role: resource_admin, teams: [vision]}
-  - {name: ann, role: submitter, teams: [vision]}
-  - {name: abe, role: submitter, teams: [vision]}
-  - {name: bob, role: submitter, teams: [nlp]}
-  - {name: olga, role: observer}
-teams:
-  - {name: vision, admins: [vera]}
-  - {name: nlp}
-)";
+constexpr const char* kRoles = kc::testing::kTeamRoles;
 const char* const kUsers[] = {"root", "vera", "ann", "abe", "bob", "olga"};
 
 // Four DGX A100 hosts of 8 devices (examples/clusters/dgx-a100x4.yaml).
@@ -190,8 +179,10 @@ struct Case {
 // permission table says so for the action the method declares (its kc.v1.permission).
 TEST_F(AdminServicesTest, EachRoleMayCallWhatTheTableSays) {
   ASSERT_TRUE(PutTopology("root", Inventory()).ok());
-  kc::v1::QuotaRequestInfo ann_request;
+  kc::v1::QuotaRequestInfo ann_request, nlp_request;
   ASSERT_TRUE(RequestQuota("ann", "user", "ann", 16, &ann_request).ok());
+  // vera is a member of nlp, not its admin: she may ask for nlp, not decide for it.
+  ASSERT_TRUE(RequestQuota("bob", "team", "nlp", 16, &nlp_request).ok());
   // Resources: a user's quota belongs to the user, in its team; a team's quota to the team,
   // and its members count as its owners; collections (a listing, the audit log, the topology
   // and pools to read) name no id; the files to replace name themselves.
@@ -202,6 +193,13 @@ TEST_F(AdminServicesTest, EachRoleMayCallWhatTheTableSays) {
     const bool member = std::find(p.teams.begin(), p.teams.end(), "vision") != p.teams.end();
     return Resource{
         .kind = "quota", .id = "team/vision", .owner = member ? p.user : "", .team = "vision"};
+  };
+  // A decision's resource is the request, owned by whoever asked.
+  const auto nlp_decision = [&](const Principal&) {
+    return Resource{.kind = "quota-request",
+                    .id = std::to_string(nlp_request.id()),
+                    .owner = "bob",
+                    .team = "nlp"};
   };
   const auto collection = [](std::string kind) {
     return [kind](const Principal&) { return Resource{.kind = kind}; };
@@ -247,6 +245,11 @@ TEST_F(AdminServicesTest, EachRoleMayCallWhatTheTableSays) {
        [&](const std::string& u) {
          kc::v1::QuotaRequestInfo out;
          return Decide(u, ann_request.id(), false, &out);
+       }},
+      {"kc.v1.QuotaService.Approve", nlp_decision,
+       [&](const std::string& u) {
+         kc::v1::QuotaRequestInfo out;
+         return Decide(u, nlp_request.id(), true, &out);
        }},
       {"kc.v1.AuditService.Query", collection("audit"),
        [&](const std::string& u) {
@@ -314,6 +317,11 @@ TEST_F(AdminServicesTest, EachRoleMayCallWhatTheTableSays) {
     }
   }
   EXPECT_GT(denials, 0);
+  // The member who is not the team's admin was refused.
+  kc::v1::QuotaRequestInfo refused;
+  EXPECT_EQ(Decide("vera", nlp_request.id(), true, &refused).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  ++denials;
   // Every denial is in the audit log, and the chain holds.
   int denied_records = 0;
   const std::vector<AuditRecord> records = *audit_->Query({.limit = 1 << 30});
@@ -403,6 +411,37 @@ TEST_F(AdminServicesTest, AnApprovedRequestRaisesTheQuotaOnce) {
   EXPECT_EQ(outcomes("quota.approve"), (std::vector<std::string>{"denied", "ok", "denied"}));
   EXPECT_EQ(outcomes("quota.deny"), (std::vector<std::string>{"failed", "denied", "ok"}));
   EXPECT_TRUE(audit_->Verify()->ok);
+}
+
+// Nobody decides their own request but a system admin, whose override is recorded as such.
+TEST_F(AdminServicesTest, ApprovalsAreNeverTheRequestersButASystemAdminsOverrideIsAudited) {
+  kc::v1::QuotaRequestInfo own_team, own_user, root_own, decided;
+  ASSERT_TRUE(RequestQuota("vera", "team", "vision", 64, &own_team).ok());
+  ASSERT_TRUE(RequestQuota("root", "user", "vera", 8, &own_user).ok());
+  ASSERT_TRUE(RequestQuota("root", "user", "root", 1000, &root_own).ok());
+  for (const kc::v1::QuotaRequestInfo* r : {&own_team, &own_user}) {
+    for (bool approve : {true, false}) {
+      const grpc::Status s = Decide("vera", r->id(), approve, &decided);
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << r->id();
+      EXPECT_THAT(s.error_message(), HasSubstr("never on its own request"));
+    }
+  }
+  // She does not even see them among the requests she may decide.
+  kc::v1::ListQuotaRequestsResponse listed;
+  ASSERT_TRUE(As("vera", quota_stub_.get(), &kc::v1::QuotaService::Stub::ListRequests,
+                 kc::v1::ListQuotaRequestsRequest(), &listed)
+                  .ok());
+  EXPECT_EQ(listed.requests_size(), 0);
+  ASSERT_TRUE(Decide("root", own_team.id(), true, &decided).ok());
+  ASSERT_TRUE(Decide("root", root_own.id(), true, &decided).ok());
+  std::vector<std::string> outcomes;
+  const std::vector<AuditRecord> records = *audit_->Query({.action = "quota.approve"});
+  for (const AuditRecord& r : records) outcomes.push_back(r.principal + " " + r.outcome);
+  EXPECT_EQ(outcomes,
+            (std::vector<std::string>{"vera denied", "vera denied", "root ok", "root override"}));
+  kc::v1::QuotaInfo q;
+  ASSERT_TRUE(GetQuota("root", "user", "root", &q).ok());
+  EXPECT_EQ(q.limits().max_devices(), 1000);
 }
 
 // Tampers with the audit database behind the log's back, as someone with file access could.

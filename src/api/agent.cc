@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -13,6 +14,7 @@
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -81,6 +83,53 @@ std::string LastLine(const std::string& text) {
   size_t start = text.rfind('\n', end);
   return text.substr(start == std::string::npos ? 0 : start + 1,
                      end - (start == std::string::npos ? 0 : start + 1) + 1);
+}
+
+// Who a checkpoint directory belongs to: the owner and team of the first job that wrote there,
+// recorded in DIR/.kc-owner. A job may write its checkpoints into a directory only when the
+// permission table lets its owner write that owner's (checkpoint.write), so one tenant cannot
+// name another's directory, resume from its checkpoints, and have retention delete them.
+struct PathOwner {
+  std::string owner, team;
+  bool operator==(const PathOwner&) const = default;
+};
+constexpr char kOwnerFile[] = ".kc-owner";
+
+// The recorded owner of `dir`; nullopt when none is recorded; an unreadable record belongs to
+// nobody (so nobody but a system admin's job may write there).
+std::optional<PathOwner> ReadPathOwner(const std::string& dir) {
+  Result<std::string> text = ReadWholeFile((fs::path(dir) / kOwnerFile).string());
+  if (!text.ok()) {
+    if (text.status().code() == ErrorCode::kNotFound) return std::nullopt;
+    return PathOwner{};
+  }
+  const nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
+  if (!j.is_object() || !j.contains("owner") || !j["owner"].is_string() || !j.contains("team") ||
+      !j["team"].is_string()) {
+    return PathOwner{};
+  }
+  return PathOwner{.owner = j["owner"].get<std::string>(), .team = j["team"].get<std::string>()};
+}
+
+// Records `owner` as `dir`'s (creating it) unless another owner was recorded first, atomically
+// across agents sharing the directory (a link, which fails when the record exists). Returns
+// the owner recorded.
+Result<PathOwner> ClaimPath(const std::string& dir, const PathOwner& owner) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return UnavailableError(fmt::format("{}: cannot create: {}", dir, ec.message()));
+  const std::string record = (fs::path(dir) / kOwnerFile).string();
+  const std::string tmp = fmt::format("{}.{}", record, getpid());
+  const nlohmann::json j = {{"owner", owner.owner}, {"team", owner.team}};
+  KC_RETURN_IF_ERROR(WriteFileDurably(tmp, j.dump() + "\n"));
+  const bool linked = link(tmp.c_str(), record.c_str()) == 0;
+  const int error = errno;
+  unlink(tmp.c_str());
+  if (!linked && error != EEXIST) {
+    return UnavailableError(
+        fmt::format("{}: cannot record its owner: {}", record, strerror(error)));
+  }
+  return ReadPathOwner(dir).value_or(PathOwner{});
 }
 
 // When process `pid` started (clock ticks since boot, /proc/PID/stat field 22): with the pid,
@@ -162,25 +211,33 @@ struct Agent::Impl {
   }
 
   // The execution-time checks for job `j` with its owner's token. OK, or why it may not go on.
-  // kUnavailable when kcd could not be asked (the job goes on meanwhile).
+  // kUnavailable when kcd could not be asked (the job goes on meanwhile). Its checkpoint
+  // directory is asked about as its recorded owner's; one nobody has written yet is recorded as
+  // the job owner's once the checks pass.
   Status ExecutionCheck(const Job& j) {
     ClientConfig as_owner = o.kcd;
     as_owner.token = j.order.token();
+    const PathOwner job_owner{.owner = j.order.owner(), .team = j.order.team()};
+    const std::string checkpoints = CheckpointDir(j);
+    const std::optional<PathOwner> recorded = ReadPathOwner(checkpoints);
+    const PathOwner checkpoints_owner = recorded.value_or(job_owner);
     struct Ask {
       const char* action;
       std::string kind, id;
+      PathOwner of;
     };
     std::vector<Ask> asks = {
-        {"device.use", "device", fmt::format("{}:{}", o.host, fmt::join(j.order.devices(), ","))},
-        {"checkpoint.write", "path", CheckpointDir(j)}};
-    if (!j.spec.data.empty()) asks.push_back({"data.read", "path", j.spec.data});
+        {"device.use", "device", fmt::format("{}:{}", o.host, fmt::join(j.order.devices(), ",")),
+         job_owner},
+        {"checkpoint.write", "path", checkpoints, checkpoints_owner}};
+    if (!j.spec.data.empty()) asks.push_back({"data.read", "path", j.spec.data, job_owner});
     for (const Ask& a : asks) {
       kc::v1::PermissionCheckRequest req;
       req.set_action(a.action);
       req.mutable_resource()->set_kind(a.kind);
       req.mutable_resource()->set_id(a.id);
-      req.mutable_resource()->set_owner(j.order.owner());
-      req.mutable_resource()->set_team(j.order.team());
+      req.mutable_resource()->set_owner(a.of.owner);
+      req.mutable_resource()->set_team(a.of.team);
       kc::v1::PermissionCheckResponse resp;
       grpc::ClientContext ctx;
       PrepareCall(as_owner, &ctx, std::chrono::seconds(5));
@@ -195,6 +252,11 @@ struct Agent::Impl {
       if (!resp.allowed()) {
         return PermissionDeniedError(fmt::format("{} {}: {}", a.action, a.id, resp.reason()));
       }
+    }
+    if (!recorded) {
+      KC_ASSIGN_OR_RETURN(const PathOwner claimed, ClaimPath(checkpoints, job_owner));
+      // Another job's owner recorded it first (another agent on shared storage): ask again.
+      if (!(claimed == job_owner)) return ExecutionCheck(j);
     }
     return OkStatus();
   }

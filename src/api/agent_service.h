@@ -1,6 +1,7 @@
 // The agent service (proto/kc/v1/agent.proto): agents register their hosts' devices and
-// report on their jobs; the dispatcher answers with orders. Callers need the right to write
-// the topology (system admins: an agent runs with such a token).
+// report on their jobs; the dispatcher answers with orders. Callers are agents' machine
+// identities (agent tokens, `kc token issue --agent HOST`), each for its own host; no user,
+// a system admin included, calls it.
 #pragma once
 
 #include <grpcpp/grpcpp.h>

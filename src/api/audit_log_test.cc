@@ -1,9 +1,16 @@
 #include "api/audit_log.h"
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 
+#include <chrono>
+#include <filesystem>
+#include <future>
+#include <nlohmann/json.hpp>
+
+#include "base/file.h"
 #include "tests/support/temp_dir.h"
 
 namespace kc::api {
@@ -45,8 +52,9 @@ class AuditLogTest : public ::testing::Test {
     }
     head_ = (*log)->head();
   }
+  // As an auditor verifies a copy: read only (a writer refuses to open a tampered log).
   AuditVerifyResult Verify(const std::string& head = "") {
-    Result<std::unique_ptr<AuditLog>> log = AuditLog::Open(path_);
+    Result<std::unique_ptr<AuditLog>> log = AuditLog::OpenExisting(path_);
     KC_CHECK(log.ok()) << log.status().message();
     Result<AuditVerifyResult> v = (*log)->Verify(head);
     KC_CHECK(v.ok()) << v.status().message();
@@ -143,13 +151,126 @@ TEST_F(AuditLogTest, ReorderedRecordsAreDetected) {
   EXPECT_EQ(v.first_bad_seq, 2);
 }
 
-TEST_F(AuditLogTest, RecordsRemovedFromTheEndAreDetectedAgainstAKnownHead) {
+// The head file names the last record written: removing records from the end is noticed
+// without a head noted elsewhere; with one, so is a log cut back past it.
+TEST_F(AuditLogTest, RecordsRemovedFromTheEndAreDetectedByTheHeadFile) {
   Fill(5);
   Tamper(path_, "DELETE FROM audit WHERE seq=5;");
-  EXPECT_TRUE(Verify().ok);  // without a head, a shorter chain is a valid chain
-  AuditVerifyResult v = Verify(head_);
+  AuditVerifyResult v = Verify();
   EXPECT_FALSE(v.ok);
+  EXPECT_EQ(v.first_bad_seq, 5);
   EXPECT_THAT(v.problem, HasSubstr("records were removed from the end"));
+  v = Verify(head_);
+  EXPECT_FALSE(v.ok);
+  EXPECT_THAT(v.problem, HasSubstr("removed from the end"));
+  // A writer refuses to go on from there: appending would hide the cut.
+  Result<std::unique_ptr<AuditLog>> log = AuditLog::Open(path_);
+  EXPECT_EQ(log.status().code(), ErrorCode::kDataLoss);
+  EXPECT_THAT(log.status().message(), HasSubstr("records were removed from its end"));
+}
+
+// Whoever can write the file but does not hold the key cannot re-chain it: recomputing every
+// record's hash without the key (plain SHA-256, or another key) breaks at the first record
+// changed, and the head file, whose own MAC needs the key, cannot follow.
+TEST_F(AuditLogTest, AReChainedLogIsDetected) {
+  Fill(5);
+  // Record 3 edited, and it and every later record re-hashed, as an attacker would.
+  std::vector<AuditRecord> records = *AuditLog::OpenExisting(path_).value()->Query({});
+  std::string sql, prev = records[1].hash;
+  for (size_t i = 2; i < records.size(); ++i) {
+    AuditRecord& r = records[i];
+    if (r.seq == 3) r.outcome = "denied";
+    r.prev_hash = prev;
+    r.hash = AuditRecordHash(r, "not the key");
+    prev = r.hash;
+    sql += fmt::format("UPDATE audit SET outcome='{}', prev_hash='{}', hash='{}' WHERE seq={};",
+                       r.outcome, r.prev_hash, r.hash, r.seq);
+  }
+  Tamper(path_, sql);
+  AuditVerifyResult v = Verify();
+  EXPECT_FALSE(v.ok);
+  EXPECT_EQ(v.first_bad_seq, 3);
+  EXPECT_THAT(v.problem, HasSubstr("written without the key"));
+}
+
+// The head file cannot be rolled back, with the records after it removed, without the key;
+// nor removed unnoticed.
+TEST_F(AuditLogTest, TheHeadFileCanBeNeitherRolledBackNorRemoved) {
+  Fill(5);
+  const std::vector<AuditRecord> records = *AuditLog::OpenExisting(path_).value()->Query({});
+  const std::string head_file = AuditHeadPath(path_);
+  Result<std::string> text = ReadWholeFile(head_file);
+  ASSERT_TRUE(text.ok());
+  // Records 3 to 5 cut, and the head file pointed at record 2 (its MAC cannot follow).
+  Tamper(path_, "DELETE FROM audit WHERE seq > 2;");
+  nlohmann::json j = nlohmann::json::parse(*text);
+  j["seq"] = 2;
+  j["hash"] = records[1].hash;
+  ASSERT_TRUE(WriteFileDurably(head_file, j.dump()).ok());
+  AuditVerifyResult v = Verify();
+  EXPECT_FALSE(v.ok);
+  EXPECT_THAT(v.problem, HasSubstr("its MAC is not the key's: it was changed"));
+  // And without the head file, nothing can say where the log ended.
+  std::filesystem::remove(head_file);
+  EXPECT_THAT(Verify().problem, HasSubstr("head file"));
+}
+
+// A writer checks, before every record, that the log still holds the last record it knows:
+// one cut behind its back gets nothing more appended.
+TEST_F(AuditLogTest, AWriterAppendsNothingToALogCutBehindItsBack) {
+  Result<std::unique_ptr<AuditLog>> log = AuditLog::Open(path_);
+  ASSERT_TRUE(log.ok());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE((*log)->Append(Rec("ann", "job.submit")).ok());
+  Tamper(path_, "DELETE FROM audit WHERE seq=3;");
+  Result<AuditRecord> r = (*log)->Append(Rec("ann", "job.cancel"));
+  EXPECT_EQ(r.status().code(), ErrorCode::kDataLoss);
+  EXPECT_EQ((*log)->Query({})->size(), 2u);
+  // Its own head is still the one it wrote, and verifying says what happened.
+  EXPECT_EQ((*log)->known_head().seq, 3);
+  Result<AuditVerifyResult> v = (*log)->Verify();
+  ASSERT_TRUE(v.ok());
+  EXPECT_FALSE(v->ok);
+  EXPECT_THAT(v->problem, HasSubstr("removed from the end"));
+}
+
+// The walk reads on a connection of its own: the log takes records while it is verified.
+TEST_F(AuditLogTest, VerifyingDoesNotHoldUpAppends) {
+  Fill(3);
+  Result<std::unique_ptr<AuditLog>> log = AuditLog::Open(path_);
+  ASSERT_TRUE(log.ok());
+  std::future<Result<AuditRecord>> appended;
+  bool appended_during_the_walk = false;
+  Result<AuditVerifyResult> v = (*log)->Verify({.on_record = [&](int64_t seq) {
+    if (seq != 1) return;
+    appended =
+        std::async(std::launch::async, [&] { return (*log)->Append(Rec("ann", "job.submit")); });
+    // A walk that held the log's lock would keep this append waiting until it ended.
+    appended_during_the_walk =
+        appended.wait_for(std::chrono::seconds(60)) == std::future_status::ready;
+  }});
+  ASSERT_TRUE(v.ok());
+  EXPECT_TRUE(v->ok) << v->problem;
+  EXPECT_EQ(v->records, 3);  // its snapshot: the walk began before the append
+  EXPECT_TRUE(appended_during_the_walk);
+  ASSERT_TRUE(appended.get().ok());
+  EXPECT_EQ(Verify().records, 4);
+}
+
+// Reading a file that is not a log, to verify or show it, is refused and changes nothing.
+TEST_F(AuditLogTest, OpeningAFileToReadNeverWritesIt) {
+  const std::string other = dir_.Path("other.db");
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(other.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "CREATE TABLE jobs (id INTEGER);", nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  const std::string before = *ReadWholeFile(other);
+  Result<std::unique_ptr<AuditLog>> log = AuditLog::OpenExisting(other);
+  EXPECT_EQ(log.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_THAT(log.status().message(), HasSubstr("not an audit log"));
+  EXPECT_EQ(*ReadWholeFile(other), before);
+  EXPECT_FALSE(std::filesystem::exists(AuditKeyPath(other)));
+  EXPECT_EQ(AuditLog::OpenExisting(dir_.Path("none.db")).status().code(), ErrorCode::kNotFound);
 }
 
 TEST_F(AuditLogTest, ANonAuditFileIsRefused) {

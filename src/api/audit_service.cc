@@ -68,6 +68,7 @@ grpc::Status AuditServiceImpl::Verify(grpc::ServerContext* context,
         response->set_first_bad_seq(v.first_bad_seq);
         response->set_problem(v.problem);
         response->set_head(v.head);
+        response->set_head_seq(v.head_seq);
         return OkStatus();
       });
 }

@@ -1,12 +1,7 @@
 #include "api/client.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <unistd.h>
 
-#include <cerrno>
-#include <cstring>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "base/file.h"
@@ -21,7 +16,11 @@ Result<ClientConfig> LoadClientConfig(const std::string& path) {
     }
     return text.status();
   }
-  nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  return ParseClientConfig(*text, path);
+}
+
+Result<ClientConfig> ParseClientConfig(std::string_view text, const std::string& path) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return InvalidArgumentError(fmt::format("{}: not a JSON object", path));
   ClientConfig c;
   for (auto [key, out] : {std::pair{"server", &c.server}, {"ca", &c.ca_pem}, {"token", &c.token}}) {
@@ -30,7 +29,12 @@ Result<ClientConfig> LoadClientConfig(const std::string& path) {
     }
     *out = j[key].get<std::string>();
   }
-  c.insecure = j.value("insecure", false);
+  if (j.contains("insecure")) {
+    if (!j["insecure"].is_boolean()) {
+      return InvalidArgumentError(fmt::format("{}: insecure: expected true or false", path));
+    }
+    c.insecure = j["insecure"].get<bool>();
+  }
   return c;
 }
 
@@ -41,19 +45,7 @@ Status SaveClientConfig(const std::string& path, const ClientConfig& c) {
 }
 
 Status SaveSecret(const std::string& path, std::string_view text) {
-  std::error_code ec;
-  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
-  const std::string tmp = path + ".tmp";
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return UnavailableError(fmt::format("{}: cannot write: {}", tmp, strerror(errno)));
-  const bool written =
-      write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) && fsync(fd) == 0;
-  close(fd);
-  if (!written || rename(tmp.c_str(), path.c_str()) != 0) {
-    unlink(tmp.c_str());
-    return UnavailableError(fmt::format("{}: cannot write: {}", path, strerror(errno)));
-  }
-  return OkStatus();
+  return WriteFileDurably(path, text, {.mode = 0600});
 }
 
 Result<std::shared_ptr<grpc::Channel>> ConnectToKcd(const ClientConfig& c) {

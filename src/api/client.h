@@ -24,6 +24,8 @@ struct ClientConfig {
 // exist; kInvalidArgument naming the file and the key for a bad one. Save writes it with mode
 // 0600 through a temporary file and a rename.
 Result<ClientConfig> LoadClientConfig(const std::string& path);
+// As LoadClientConfig, for the file's text; `display_name` stands for it in errors.
+Result<ClientConfig> ParseClientConfig(std::string_view text, const std::string& display_name);
 Status SaveClientConfig(const std::string& path, const ClientConfig& config);
 
 // Writes `text` to `path` created with mode 0600 (never readable by others, not even briefly),

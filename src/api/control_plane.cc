@@ -34,13 +34,9 @@ using internal::WallSeconds;
 
 namespace fs = std::filesystem;
 
-// Writes a file durably with `mode` permissions.
+// Writes a file durably, created with `mode` permissions (never wider, not even briefly).
 Status WriteFile(const fs::path& path, std::string_view text, mode_t mode) {
-  KC_RETURN_IF_ERROR(WriteFileDurably(path.string(), text));
-  if (chmod(path.c_str(), mode) != 0) {
-    return UnavailableError(fmt::format("{}: cannot set its permissions", path.string()));
-  }
-  return OkStatus();
+  return WriteFileDurably(path.string(), text, {.mode = mode});
 }
 
 bool IsLoopback(const std::string& listen) {
@@ -141,6 +137,13 @@ Kcd::~Kcd() { Shutdown(); }
 
 Result<std::unique_ptr<Kcd>> Kcd::Start(const KcdOptions& o) {
   const fs::path dir(o.dir);
+  if (o.max_jobs_per_user < 1 || o.max_log_bytes_per_job < 1 || o.max_request_bytes < 1024 ||
+      o.max_calls_in_flight_per_caller < 1 || o.max_streams_per_connection < 1 ||
+      !(o.max_connection_idle_s > 0) || o.max_threads < 4) {
+    return InvalidArgumentError(
+        "kcd: limits must be positive (a request size of at least 1024 bytes, at least 4 "
+        "threads)");
+  }
   if (!fs::exists(dir / "roles.yaml")) {
     return NotFoundError(fmt::format("{}: not a cluster directory (run kc init {})", o.dir, o.dir));
   }
@@ -154,7 +157,8 @@ Result<std::unique_ptr<Kcd>> Kcd::Start(const KcdOptions& o) {
   KC_ASSIGN_OR_RETURN(impl->roles, LoadRolesFile(roles_path));
   KC_ASSIGN_OR_RETURN(std::string roles_text, ReadWholeFile(roles_path));
   KC_ASSIGN_OR_RETURN(impl->tokens, TokenStore::Open((dir / "kcd.db").string()));
-  KC_ASSIGN_OR_RETURN(impl->jobs, JobStore::Open((dir / "kcd.db").string()));
+  KC_ASSIGN_OR_RETURN(impl->jobs, JobStore::Open((dir / "kcd.db").string(),
+                                                 {.max_log_bytes = o.max_log_bytes_per_job}));
   KC_ASSIGN_OR_RETURN(impl->quotas, QuotaStore::Open((dir / "kcd.db").string()));
   KC_ASSIGN_OR_RETURN(impl->plans, PlanStore::Open((dir / "kcd.db").string()));
   KC_ASSIGN_OR_RETURN(impl->audit, AuditLog::Open((dir / "audit.db").string()));
@@ -166,8 +170,11 @@ Result<std::unique_ptr<Kcd>> Kcd::Start(const KcdOptions& o) {
   KC_RETURN_IF_ERROR(AuditNow(impl->audit.get(), "kcd", "kcd.start", "roles/" + roles_hash,
                               changed ? "roles changed" : "ok",
                               fmt::format("listening on {}", o.listen)));
-  impl->guard = std::make_unique<RpcGuard>(RpcGuardOptions{
-      .tokens = impl->tokens.get(), .roles = &impl->roles, .audit = impl->audit.get()});
+  impl->guard = std::make_unique<RpcGuard>(
+      RpcGuardOptions{.tokens = impl->tokens.get(),
+                      .roles = &impl->roles,
+                      .audit = impl->audit.get(),
+                      .max_calls_in_flight_per_caller = o.max_calls_in_flight_per_caller});
   impl->permission = std::make_unique<PermissionServiceImpl>(impl->guard.get(), impl->audit.get());
   KC_ASSIGN_OR_RETURN(impl->dispatcher,
                       Dispatcher::Start({.dir = o.dir,
@@ -181,9 +188,9 @@ Result<std::unique_ptr<Kcd>> Kcd::Start(const KcdOptions& o) {
                                          .check_period_s = o.check_period_s}));
   impl->agent_service = std::make_unique<AgentServiceImpl>(
       impl->guard.get(), impl->dispatcher.get(), impl->audit.get());
-  impl->job_service = std::make_unique<JobServiceImpl>(impl->guard.get(), &impl->roles,
-                                                       impl->jobs.get(), impl->quotas.get(),
-                                                       impl->audit.get(), impl->dispatcher.get());
+  impl->job_service = std::make_unique<JobServiceImpl>(
+      impl->guard.get(), &impl->roles, impl->jobs.get(), impl->quotas.get(), impl->audit.get(),
+      impl->dispatcher.get(), JobServiceOptions{.max_active_jobs_per_user = o.max_jobs_per_user});
   impl->plan_service =
       std::make_unique<PlanServiceImpl>(impl->guard.get(), impl->jobs.get(), impl->plans.get(),
                                         impl->audit.get(), impl->dispatcher.get());
@@ -224,7 +231,15 @@ Result<std::unique_ptr<Kcd>> Kcd::Start(const KcdOptions& o) {
   b.AddListeningPort(o.listen, creds, &impl->port);
   for (const auto& [name, service] : services) b.RegisterService(service);
   b.RegisterService(impl->health.get());
-  b.SetMaxReceiveMessageSize(4 << 20);
+  // Bounds on what callers can make kcd hold: request size, calls per connection, idle
+  // connections, threads.
+  b.SetMaxReceiveMessageSize(o.max_request_bytes);
+  b.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, o.max_streams_per_connection);
+  b.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                       static_cast<int>(std::min(o.max_connection_idle_s * 1000, 2e9)));
+  grpc::ResourceQuota quota("kcd");
+  quota.SetMaxThreads(o.max_threads);
+  b.SetResourceQuota(quota);
   impl->server = b.BuildAndStart();
   if (impl->server == nullptr || impl->port == 0) {
     return UnavailableError(fmt::format("kcd: cannot listen on {}", o.listen));

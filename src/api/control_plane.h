@@ -7,8 +7,10 @@
 //   DIR/tls/ca.key        the CA's key (0600), to issue more certificates
 //   DIR/tls/server.pem    kcd's certificate; server.key its key (0600)
 //   DIR/admin.token       the first admin's bearer token (0600)
-//   DIR/kcd.db            kcd's state: tokens, jobs, quotas (SQLite, WAL)
-//   DIR/audit.db          the hash-chained audit log
+//   DIR/kcd.db            kcd's state: tokens, jobs, quotas (SQLite, WAL; 0600)
+//   DIR/audit.db          the audit log, chained with a key (0600)
+//   DIR/audit.key         the chain's key (0600): only kcd (and admins on its host) read it
+//   DIR/audit.head        the newest record's seq and MAC, MAC'ed with the key (0600)
 //   DIR/topology.yaml     the cluster's inventory, when given (TopologyService replaces it)
 //   DIR/pools.yaml        the pools over it, when set (PoolService replaces it)
 #pragma once
@@ -51,6 +53,14 @@ struct KcdOptions {
   double heartbeat_period_s = 0.2;
   double agent_lost_after_s = 10;
   double check_period_s = 1;
+  // What one caller can make kcd hold (docs/operations/security.md, "Limits"):
+  int64_t max_jobs_per_user = 100;                    // jobs not ended, per user
+  int64_t max_log_bytes_per_job = int64_t{16} << 20;  // output kept per job (the newest)
+  int max_request_bytes = 4 << 20;                    // one request's size
+  int max_calls_in_flight_per_caller = 64;            // one caller's calls in progress
+  int max_streams_per_connection = 100;               // calls at once on one connection
+  double max_connection_idle_s = 600;                 // an idle connection is closed after this
+  int max_threads = 64;                               // threads serving calls, all callers together
 };
 
 // The control-plane server: Health, the permission, job, agent, quota, audit, topology and

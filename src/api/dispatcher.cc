@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <filesystem>
 #include <map>
@@ -46,6 +47,10 @@ CREATE TABLE IF NOT EXISTS runs (
 );
 )";
 
+// The longest a run token may live however long the job may run: when it expires, the job's
+// next execution-time check stops it (with a checkpoint), and a resume mints another.
+constexpr double kMaxRunTokenS = 90 * 86400.0;
+
 // A job's ranks on one host.
 struct Run {
   int64_t run = 0;
@@ -59,6 +64,7 @@ struct Run {
   double prior_running_s = 0;   // the job's running time in earlier runs
   bool stopping = false;
   int64_t checkpoint_step = 0;
+  std::string token_hash;  // its run token's (TokenStore::Revoke), revoked when it ends
 };
 
 struct Agent {
@@ -78,7 +84,9 @@ std::vector<int> ParseDevices(const std::string& text) {
   while (at < text.size()) {
     size_t comma = text.find(',', at);
     if (comma == std::string::npos) comma = text.size();
-    out.push_back(std::stoi(text.substr(at, comma - at)));
+    int device = -1;
+    std::from_chars(text.data() + at, text.data() + comma, device);
+    out.push_back(device);  // -1 if the database was changed: the run is then not adopted
     at = comma + 1;
   }
   return out;
@@ -170,10 +178,16 @@ struct Dispatcher::Impl {
     if (!back.empty()) scheduler->DevicesUp(back, now).IgnoreError();
   }
 
-  // A run is over: forget it, and record it as ended.
+  // A run is over: forget it, record it as ended, and revoke its token (its processes may
+  // still be stopping: they need no more checks).
   void EndRun(int64_t job) KC_REQUIRES(mu) {
     auto it = runs.find(job);
     if (it == runs.end()) return;
+    if (!it->second.token_hash.empty()) {
+      if (Status s = o.tokens->Revoke(it->second.token_hash); !s.ok()) {
+        KC_LOG(WARNING) << "dispatcher: job " << job << ": " << s.message();
+      }
+    }
     Result<internal::Statement> st = db.Prepare("UPDATE runs SET ended = 1 WHERE run = ?");
     if (st.ok()) {
       st->Bind(1, it->second.run);
@@ -229,11 +243,19 @@ struct Dispatcher::Impl {
     Move(job, JobPhase::kQueued, reason);
   }
 
-  // The second of the three permission checks: may the owner still use devices?
+  // The second of the three permission checks: may the owner still use devices? Work its
+  // owner submitted before its tokens were revoked does not start with a fresh run token.
   Status ScheduleCheck(const JobRecord& j) {
     std::optional<Principal> owner = o.roles->PrincipalFor(j.owner);
     if (!owner) {
       return PermissionDeniedError(fmt::format("{} is no longer a user of this cluster", j.owner));
+    }
+    KC_ASSIGN_OR_RETURN(const double revoked_s, o.tokens->RevokedAt(j.owner));
+    if (revoked_s >= j.submitted_s) {
+      return PermissionDeniedError(
+          fmt::format("{}'s tokens were revoked after this job was submitted; it does not "
+                      "start again (submit it anew)",
+                      j.owner));
     }
     CheckResult r =
         Check(*owner, Action::kDeviceUse, {.kind = "device", .owner = j.owner, .team = j.team});
@@ -350,15 +372,24 @@ struct Dispatcher::Impl {
       queued.erase(job);
       return;
     }
+    // Checked again as it starts: its owner's tokens may have been revoked while it queued.
+    if (Status s = ScheduleCheck(*j); !s.ok()) {
+      Audit("kcd", "job.schedule", fmt::format("job/{}", job), "denied", s.message());
+      Release(job, now);
+      Move(job, JobPhase::kFailed, fmt::format("refused at its start: {}", s.message()));
+      return;
+    }
     const int h = topology->host_of(d.devices.front());
     const std::string& host = topology->hosts()[h].name;
     Result<std::vector<JobEvent>> history = o.jobs->History(job);
-    // The owner's token for the execution-time checks, valid for the job's runtime and a day.
+    // The owner's run token for the execution-time checks, valid for the job's runtime and a
+    // day (at most kMaxRunTokenS), revoked when the run ends.
     Result<JobSpec> spec = ParseJobSpec(j->spec, "spec");
-    const double ttl = (spec.ok() ? spec->expected_hours * 3600 : 0) + 86400;
-    Result<IssuedToken> token = o.tokens->Issue(j->owner, ttl, WallSeconds());
-    Result<internal::Statement> st =
-        db.Prepare("INSERT INTO runs (job, host, devices, started_s) VALUES (?,?,?,?)");
+    const double ttl =
+        std::min((spec.ok() ? spec->expected_hours * 3600 : 0) + 86400, kMaxRunTokenS);
+    Result<IssuedToken> token = o.tokens->Issue(j->owner, ttl, WallSeconds(), TokenKind::kRun);
+    Result<internal::Statement> st = db.Prepare(
+        "INSERT INTO runs (job, host, devices, started_s, token_hash) VALUES (?,?,?,?,?)");
     if (!token.ok() || !st.ok()) {
       KC_LOG(WARNING) << "dispatcher: job " << job << ": cannot start: "
                       << (token.ok() ? st.status() : token.status()).message();
@@ -368,8 +399,10 @@ struct Dispatcher::Impl {
     st->Bind(2, host);
     st->Bind(3, DevicesText(d.devices));
     st->Bind(4, now);
+    st->Bind(5, token->hash);
     if (st->Step() != SQLITE_DONE) {
       KC_LOG(WARNING) << db.Error("cannot record a run").message();
+      o.tokens->Revoke(token->hash).IgnoreError();  // never handed out
       return;
     }
     Run run{.run = sqlite3_last_insert_rowid(db.handle()),
@@ -378,7 +411,8 @@ struct Dispatcher::Impl {
             .host = host,
             .devices = d.devices,
             .started_s = now,
-            .prior_running_s = history.ok() ? RunningSeconds(*history) : 0};
+            .prior_running_s = history.ok() ? RunningSeconds(*history) : 0,
+            .token_hash = token->hash};
     queued.erase(job);
     if (runs.count(job) != 0) EndRun(job);  // a preempted run not yet reported stopped
     kc::v1::StartOrder order;
@@ -422,8 +456,21 @@ struct Dispatcher::Impl {
     }
     RefreshDevices(now);
     // New jobs, and queued ones the scheduler does not have (resumed, or left by a restart).
-    Result<std::vector<JobRecord>> waiting = o.jobs->List({.limit = 1 << 30});
+    // Only the jobs that have not ended are read, and those this kcd has that ended since.
+    Result<std::vector<JobRecord>> waiting = o.jobs->List({.active = true, .limit = 1 << 30});
     if (waiting.ok()) {
+      std::set<int64_t> active;
+      for (const JobRecord& j : *waiting) active.insert(j.id);
+      std::set<int64_t> ended;
+      for (const auto& [id, sched_id] : queued) {
+        if (active.count(id) == 0) ended.insert(id);
+      }
+      for (const auto& [id, run] : runs) {
+        if (active.count(id) == 0) ended.insert(id);
+      }
+      for (int64_t id : ended) {
+        if (Result<JobRecord> j = o.jobs->Get(id); j.ok()) waiting->push_back(*std::move(j));
+      }
       for (const JobRecord& j : *waiting) {
         const bool known = queued.count(j.id) != 0 || runs.count(j.id) != 0;
         if (j.phase == JobPhase::kPending || (j.phase == JobPhase::kQueued && !known)) {
@@ -547,6 +594,14 @@ Result<std::unique_ptr<Dispatcher>> Dispatcher::Start(DispatcherOptions o) {
   {
     MutexLock lock(&m.mu);
     KC_RETURN_IF_ERROR(m.db.Open((dir / "kcd.db").string(), "dispatcher", kSchema));
+    // Runs recorded before run tokens were revoked at their end have no token hash.
+    KC_ASSIGN_OR_RETURN(internal::Statement has_hash,
+                        m.db.Prepare("SELECT 1 FROM pragma_table_info('runs') "
+                                     "WHERE name = 'token_hash'"));
+    if (has_hash.Step() != SQLITE_ROW) {
+      KC_RETURN_IF_ERROR(
+          m.db.Exec("ALTER TABLE runs ADD COLUMN token_hash TEXT NOT NULL DEFAULT ''"));
+    }
     if (m.topology != nullptr) {
       // Every device starts down: its agent brings it up by registering.
       m.up.assign(m.topology->num_devices(), 1);
@@ -554,21 +609,26 @@ Result<std::unique_ptr<Dispatcher>> Dispatcher::Start(DispatcherOptions o) {
     }
     // Adopt the runs a previous kcd left: their jobs keep their devices until they end.
     KC_ASSIGN_OR_RETURN(internal::Statement st,
-                        m.db.Prepare("SELECT run, job, host, devices, started_s FROM runs "
-                                     "WHERE ended = 0"));
+                        m.db.Prepare("SELECT run, job, host, devices, started_s, token_hash "
+                                     "FROM runs WHERE ended = 0"));
     std::vector<Run> open;
     while (st.Step() == SQLITE_ROW) {
       open.push_back({.run = st.Int(0),
                       .job = st.Int(1),
                       .host = st.Text(2),
                       .devices = ParseDevices(st.Text(3)),
-                      .started_s = st.Double(4)});
+                      .started_s = st.Double(4),
+                      .token_hash = st.Text(5)});
     }
     for (Run& r : open) {
       Result<JobRecord> j = o.jobs->Get(r.job);
       const bool alive =
           j.ok() && (j->phase == JobPhase::kRunning || j->phase == JobPhase::kQueued);
-      if (!alive || m.topology == nullptr || !m.HostIndex(r.host)) {
+      const bool devices_known =
+          m.topology != nullptr && std::all_of(r.devices.begin(), r.devices.end(), [&](int d) {
+            return d >= 0 && d < m.topology->num_devices();
+          });
+      if (!alive || !devices_known || !m.HostIndex(r.host)) {
         m.runs[r.job] = r;
         m.EndRun(r.job);
         continue;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "api/internal/authorize.h"
 #include "api/internal/digest.h"
@@ -53,13 +54,37 @@ Status JobServiceImpl::Allowed(const Principal& caller, Action action, const Job
                               Check(caller, action, JobResource(j)));
 }
 
+Status JobServiceImpl::CheckQuotas(const Principal& caller, std::string_view action,
+                                   std::string_view resource, const std::string& owner,
+                                   const std::string& team, const QuotaAsk& ask) {
+  KC_ASSIGN_OR_RETURN(std::vector<JobRecord> all, jobs_->List({.limit = 1 << 30}));
+  KC_ASSIGN_OR_RETURN(Quota user_quota, quotas_->Get(QuotaSubject::kUser, owner));
+  Status over =
+      CheckQuota("user " + owner, user_quota, UsageOf(all, QuotaSubject::kUser, owner), ask);
+  if (over.ok() && !team.empty()) {
+    KC_ASSIGN_OR_RETURN(Quota team_quota, quotas_->Get(QuotaSubject::kTeam, team));
+    over = CheckQuota("team " + team, team_quota, UsageOf(all, QuotaSubject::kTeam, team), ask);
+  }
+  if (!over.ok()) {
+    AuditNow(audit_, caller.user, action, resource, "denied", over.message())
+        .IgnoreError();  // logged by AuditNow; the refusal stands
+  }
+  return over;
+}
+
 grpc::Status JobServiceImpl::Submit(grpc::ServerContext* context,
                                     const kc::v1::SubmitJobRequest* req,
                                     kc::v1::JobInfo* response) {
   return guard_->Serve(context, "kc.v1.JobService.Submit", [&](const Principal& caller) -> Status {
     if (req->name().empty()) return InvalidArgumentError("name: must not be empty");
-    if (req->devices() < 0 || req->expected_hours() < 0 || req->storage_gb() < 0) {
-      return InvalidArgumentError("devices, expected_hours, storage_gb: must not be negative");
+    // Written so that NaN fails too: what quotas and run tokens are computed from is finite.
+    if (req->devices() < 0 || !(req->expected_hours() >= 0) ||
+        !(req->expected_hours() <= kMaxExpectedHours) || !(req->storage_gb() >= 0) ||
+        !(req->storage_gb() <= kMaxStorageGb)) {
+      return InvalidArgumentError(fmt::format(
+          "devices, expected_hours, storage_gb: must not be negative, and at most {} hours "
+          "and {} GB",
+          kMaxExpectedHours, kMaxStorageGb));
     }
     if (!req->spec().empty()) {
       // A job to run: its spec must hold, and says what it uses.
@@ -93,23 +118,22 @@ grpc::Status JobServiceImpl::Submit(grpc::ServerContext* context,
       return PermissionDeniedError(why);
     }
     KC_RETURN_IF_ERROR(Allowed(caller, Action::kJobSubmit, j));
-    // Quotas: the submitter's and the team's, against their jobs that have not ended.
-    KC_ASSIGN_OR_RETURN(std::vector<JobRecord> all, jobs_->List({.limit = 1 << 30}));
-    const QuotaAsk ask{
-        .devices = j.devices, .device_hours = j.device_hours, .storage_gb = j.storage_gb};
-    KC_ASSIGN_OR_RETURN(Quota user_quota, quotas_->Get(QuotaSubject::kUser, j.owner));
-    Status over =
-        CheckQuota("user " + j.owner, user_quota, UsageOf(all, QuotaSubject::kUser, j.owner), ask);
-    if (over.ok() && !j.team.empty()) {
-      KC_ASSIGN_OR_RETURN(Quota team_quota, quotas_->Get(QuotaSubject::kTeam, j.team));
-      over =
-          CheckQuota("team " + j.team, team_quota, UsageOf(all, QuotaSubject::kTeam, j.team), ask);
-    }
-    if (!over.ok()) {
+    // The limits, and the quotas: the submitter's and the team's, against their jobs. Checked
+    // and stored under one lock: two submissions never both take the last of a quota.
+    MutexLock lock(&quota_mu_);
+    KC_ASSIGN_OR_RETURN(const int64_t active, jobs_->CountActive(j.owner));
+    if (active >= options_.max_active_jobs_per_user) {
+      const Status over = ResourceExhaustedError(fmt::format(
+          "user {}: {} jobs that have not ended, the most one user may have; wait for one to "
+          "end, or cancel one",
+          j.owner, active));
       AuditNow(audit_, caller.user, "job.submit", "job/new", "denied", over.message())
-          .IgnoreError();
+          .IgnoreError();  // logged by AuditNow; the refusal stands
       return over;
     }
+    KC_RETURN_IF_ERROR(CheckQuotas(
+        caller, "job.submit", "job/new", j.owner, j.team,
+        {.devices = j.devices, .device_hours = j.device_hours, .storage_gb = j.storage_gb}));
     KC_ASSIGN_OR_RETURN(JobRecord stored, jobs_->Submit(std::move(j), internal::WallSeconds()));
     KC_RETURN_IF_ERROR(AuditNow(audit_, caller.user, "job.submit", fmt::format("job/{}", stored.id),
                                 "ok", stored.name));
@@ -173,28 +197,19 @@ grpc::Status JobServiceImpl::Modify(grpc::ServerContext* context,
     if (!req->name().empty()) name = req->name();
     std::optional<double> device_hours;
     std::string what = name ? fmt::format("name {}", *name) : "";
+    if (std::isnan(req->expected_hours()) || req->expected_hours() > kMaxExpectedHours) {
+      return InvalidArgumentError(
+          fmt::format("expected_hours: at most {} (negative keeps the job's)", kMaxExpectedHours));
+    }
     if (req->expected_hours() >= 0) {
       device_hours = req->expected_hours() * static_cast<double>(j.devices);
-      // More hours must still fit the quotas: the difference is what is asked for.
-      const double more = *device_hours - j.device_hours;
-      if (more > 0) {
-        KC_ASSIGN_OR_RETURN(std::vector<JobRecord> all, jobs_->List({.limit = 1 << 30}));
-        const QuotaUsage mine = UsageOf(all, QuotaSubject::kUser, j.owner);
-        KC_ASSIGN_OR_RETURN(Quota q, quotas_->Get(QuotaSubject::kUser, j.owner));
-        Status over = CheckQuota("user " + j.owner, q, mine, {.device_hours = more});
-        if (over.ok() && !j.team.empty()) {
-          KC_ASSIGN_OR_RETURN(Quota tq, quotas_->Get(QuotaSubject::kTeam, j.team));
-          over = CheckQuota("team " + j.team, tq, UsageOf(all, QuotaSubject::kTeam, j.team),
-                            {.device_hours = more});
-        }
-        if (!over.ok()) {
-          AuditNow(audit_, caller.user, "job.modify", fmt::format("job/{}", j.id), "denied",
-                   over.message())
-              .IgnoreError();
-          return over;
-        }
-      }
       what += fmt::format("{}expected_hours {}", what.empty() ? "" : ", ", req->expected_hours());
+    }
+    MutexLock lock(&quota_mu_);
+    // More hours must still fit the quotas: the difference is what is asked for.
+    if (device_hours && *device_hours > j.device_hours) {
+      KC_RETURN_IF_ERROR(CheckQuotas(caller, "job.modify", fmt::format("job/{}", j.id), j.owner,
+                                     j.team, {.device_hours = *device_hours - j.device_hours}));
     }
     KC_ASSIGN_OR_RETURN(JobRecord done, jobs_->Modify(j.id, std::move(name), device_hours,
                                                       internal::WallSeconds()));
@@ -254,10 +269,11 @@ grpc::Status JobServiceImpl::Logs(grpc::ServerContext* context, const kc::v1::Jo
     if (req->offset() < 0) return InvalidArgumentError("offset: must not be negative");
     KC_ASSIGN_OR_RETURN(JobRecord j, jobs_->Get(req->id()));
     KC_RETURN_IF_ERROR(Allowed(caller, Action::kJobLogs, j));
-    KC_ASSIGN_OR_RETURN(std::string data, jobs_->ReadLog(j.id, req->offset(), 1 << 20));
-    response->set_next_offset(req->offset() + static_cast<int64_t>(data.size()));
-    response->set_complete(IsTerminal(j.phase) && data.size() < (1u << 20));
-    response->set_data(std::move(data));
+    KC_ASSIGN_OR_RETURN(LogSlice slice, jobs_->ReadLog(j.id, req->offset(), 1 << 20));
+    response->set_from_offset(slice.from);
+    response->set_next_offset(slice.from + static_cast<int64_t>(slice.data.size()));
+    response->set_complete(IsTerminal(j.phase) && slice.data.size() < (1u << 20));
+    response->set_data(std::move(slice.data));
     return OkStatus();
   });
 }

@@ -11,9 +11,16 @@
 #include "api/quotas.h"
 #include "api/roles_file.h"
 #include "api/rpc_guard.h"
+#include "base/mutex.h"
 #include "kc/v1/jobs.grpc.pb.h"
 
 namespace kc::api {
+
+struct JobServiceOptions {
+  // Jobs one user may have that have not ended (pending, waiting for approval, queued,
+  // running, paused); a submission past it is RESOURCE_EXHAUSTED.
+  int64_t max_active_jobs_per_user = 100;
+};
 
 // Safe for concurrent use.
 class JobServiceImpl final : public kc::v1::JobService::Service {
@@ -21,13 +28,14 @@ class JobServiceImpl final : public kc::v1::JobService::Service {
   // Not owned; all outlive the service. `roles` names the teams a job may be submitted for.
   // `audit` may be null; so may `dispatcher` (then jobs only wait in the store).
   JobServiceImpl(RpcGuard* guard, const RolesConfig* roles, JobStore* jobs, QuotaStore* quotas,
-                 AuditLog* audit, Dispatcher* dispatcher = nullptr)
+                 AuditLog* audit, Dispatcher* dispatcher = nullptr, JobServiceOptions options = {})
       : guard_(guard),
         roles_(roles),
         jobs_(jobs),
         quotas_(quotas),
         audit_(audit),
-        dispatcher_(dispatcher) {}
+        dispatcher_(dispatcher),
+        options_(options) {}
 
   grpc::Status Submit(grpc::ServerContext* context, const kc::v1::SubmitJobRequest* request,
                       kc::v1::JobInfo* response) override;
@@ -50,6 +58,13 @@ class JobServiceImpl final : public kc::v1::JobService::Service {
   // The permission check for `action` on job `j`; a denial is audited and returned.
   Status Allowed(const Principal& caller, Action action, const JobRecord& j);
 
+  // Checks `ask` against `owner`'s and `team`'s quotas and the jobs they have; the denial is
+  // audited as `action` on `resource`. REQUIRES: quota_mu_ held until what was checked is
+  // stored, so that two requests cannot both fit the room only one of them has.
+  Status CheckQuotas(const Principal& caller, std::string_view action, std::string_view resource,
+                     const std::string& owner, const std::string& team, const QuotaAsk& ask)
+      KC_REQUIRES(quota_mu_);
+
   // Not owned (constructor's contract).
   RpcGuard* guard_;
   const RolesConfig* roles_;
@@ -57,6 +72,9 @@ class JobServiceImpl final : public kc::v1::JobService::Service {
   QuotaStore* quotas_;
   AuditLog* audit_;
   Dispatcher* dispatcher_;
+  const JobServiceOptions options_;
+  // Held from a quota check to the write it allows (Submit, Modify).
+  Mutex quota_mu_;
 };
 
 }  // namespace kc::api

@@ -5,9 +5,14 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <cmath>
+#include <limits>
 #include <set>
+#include <thread>
 
 #include "api/internal/digest.h"
+#include "tests/support/team_roles.h"
 #include "tests/support/temp_dir.h"
 
 namespace kc::api {
@@ -15,19 +20,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr char kRoles[] = R"(
-cluster: c
-users:
-  - {name: root, role: system_admin}
-  - {name: vera, role: resource_admin, teams: [vision]}
-  - {name: ann, role: submitter, teams: [vision]}
-  - {name: abe, role: submitter, teams: [vision]}
-  - {name: bob, role: submitter, teams: [nlp]}
-  - {name: olga, role: observer}
-teams:
-  - {name: vision, admins: [vera]}
-  - {name: nlp}
-)";
+constexpr const char* kRoles = kc::testing::kTeamRoles;
 
 // The job service on loopback over real stores, as kcd serves it.
 class JobServiceTest : public ::testing::Test {
@@ -41,8 +34,16 @@ class JobServiceTest : public ::testing::Test {
     roles_ = *LoadRolesString(kRoles, "roles.yaml");
     guard_ = std::make_unique<RpcGuard>(
         RpcGuardOptions{.tokens = tokens_.get(), .roles = &roles_, .audit = audit_.get()});
+    for (const char* u : {"root", "vera", "ann", "abe", "bob", "olga"}) {
+      token_[u] = tokens_->Issue(u, 3600, internal::WallSeconds())->token;
+    }
+    Serve({});
+  }
+  // (Re)starts the service with `options`.
+  void Serve(JobServiceOptions options) {
+    if (server_ != nullptr) server_->Shutdown();
     service_ = std::make_unique<JobServiceImpl>(guard_.get(), &roles_, jobs_.get(), quotas_.get(),
-                                                audit_.get());
+                                                audit_.get(), nullptr, options);
     grpc::ServerBuilder b;
     int port = 0;
     b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -50,9 +51,6 @@ class JobServiceTest : public ::testing::Test {
     server_ = b.BuildAndStart();
     stub_ = kc::v1::JobService::NewStub(
         grpc::CreateChannel(fmt::format("127.0.0.1:{}", port), grpc::InsecureChannelCredentials()));
-    for (const char* u : {"root", "vera", "ann", "abe", "bob", "olga"}) {
-      token_[u] = tokens_->Issue(u, 3600, internal::WallSeconds())->token;
-    }
   }
   void TearDown() override { server_->Shutdown(); }
 
@@ -173,6 +171,72 @@ TEST_F(JobServiceTest, QuotasRefuseWithTheNumbers) {
   Result<std::vector<JobRecord>> vision = jobs_->List({.owner = "ann"});
   ASSERT_TRUE(Cancel("ann", (*vision)[0].id).ok());
   EXPECT_TRUE(Submit("abe", "four-again", 4, &j).ok());
+}
+
+// Numbers from the wire are finite and bounded: an infinite or NaN runtime would make an
+// unbounded quota booking and run token.
+TEST_F(JobServiceTest, NonFiniteNumbersAreRefused) {
+  const double inf = std::numeric_limits<double>::infinity();
+  for (double hours : {inf, std::nan(""), 1e12}) {
+    kc::v1::SubmitJobRequest r;
+    r.set_name("x");
+    r.set_devices(1);
+    r.set_expected_hours(hours);
+    kc::v1::JobInfo out;
+    EXPECT_EQ(As("ann", &kc::v1::JobService::Stub::Submit, r, &out).error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT)
+        << hours;
+    r.set_expected_hours(1);
+    r.set_storage_gb(hours);
+    EXPECT_EQ(As("ann", &kc::v1::JobService::Stub::Submit, r, &out).error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT)
+        << hours;
+  }
+  kc::v1::JobInfo job;
+  ASSERT_TRUE(Submit("ann", "fine", 1, &job).ok());
+  for (double hours : {inf, std::nan("")}) {
+    kc::v1::ModifyJobRequest m;
+    m.set_id(job.id());
+    m.set_expected_hours(hours);
+    kc::v1::JobInfo out;
+    EXPECT_EQ(As("ann", &kc::v1::JobService::Stub::Modify, m, &out).error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT)
+        << hours;
+  }
+  EXPECT_EQ(jobs_->Get(job.id())->device_hours, 1);
+}
+
+// One user's jobs that have not ended are bounded; an ended one makes room.
+TEST_F(JobServiceTest, AUserMayHaveABoundedNumberOfJobsThatHaveNotEnded) {
+  Serve({.max_active_jobs_per_user = 2});
+  kc::v1::JobInfo a, b, x;
+  ASSERT_TRUE(Submit("ann", "a", 1, &a).ok());
+  ASSERT_TRUE(Submit("ann", "b", 1, &b).ok());
+  const grpc::Status third = Submit("ann", "c", 1, &x);
+  EXPECT_EQ(third.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(third.error_message(), HasSubstr("2 jobs that have not ended"));
+  EXPECT_TRUE(Submit("abe", "theirs", 1, &x).ok());  // another user's room
+  ASSERT_TRUE(Cancel("ann", a.id()).ok());
+  EXPECT_TRUE(Submit("ann", "c", 1, &x).ok());
+}
+
+// Submissions that arrive together cannot both take the last of a quota: the check and the
+// write are one step. Sixteen at once for one device each, four devices left: four get in.
+TEST_F(JobServiceTest, ConcurrentSubmissionsNeverTakeMoreThanTheQuota) {
+  ASSERT_TRUE(quotas_->Set(QuotaSubject::kTeam, "vision", {.max_devices = 4}).ok());
+  std::vector<std::thread> threads;
+  std::atomic<int> accepted{0}, refused{0};
+  for (int i = 0; i < 16; ++i) {
+    threads.emplace_back([&, i] {
+      kc::v1::JobInfo out;
+      const grpc::Status s = Submit(i % 2 ? "ann" : "abe", "j" + std::to_string(i), 1, &out);
+      (s.ok() ? accepted : refused)++;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(accepted.load(), 4);
+  EXPECT_EQ(refused.load(), 12);
+  EXPECT_EQ(jobs_->List({.active = true})->size(), 4u);
 }
 
 }  // namespace

@@ -39,13 +39,19 @@ JobSpec ReadCommon(config::Map root) {
   s.steps = root.OptionalInt("steps", 100, config::Positive());
   s.global_batch = root.OptionalInt("global_batch", 0, config::NonNegative());
   s.checkpoint_every = root.OptionalInt("checkpoint_every", 0, config::NonNegative());
-  s.expected_hours = root.OptionalDouble("expected_hours", 1, config::Positive());
-  s.storage_gb = root.OptionalDouble("storage_gb", 0, config::NonNegative());
+  s.expected_hours = root.OptionalDouble(
+      "expected_hours", 1, {.min = 0, .max = kMaxExpectedHours, .min_exclusive = true});
+  s.storage_gb = root.OptionalDouble("storage_gb", 0, config::InRange(0, kMaxStorageGb));
   for (auto [key, out] : {std::pair{"data", &s.data}, {"checkpoint_dir", &s.checkpoint_dir}}) {
     *out = root.OptionalString(key, "");
     if (!out->empty()) {
       if (std::optional<std::string> why = PathProblem(*out)) root.Reject(key, *why);
     }
+  }
+  if (!s.checkpoint_dir.empty() && IsReservedCheckpointDir(s.checkpoint_dir)) {
+    root.Reject("checkpoint_dir",
+                "expected a directory outside jobs/ and agent/ (the agent keeps each job's own "
+                "checkpoints under jobs/, the default)");
   }
   return s;
 }
@@ -58,6 +64,13 @@ Status CheckModel(const JobSpec& s, std::string_view where) {
 }
 
 }  // namespace
+
+bool IsReservedCheckpointDir(std::string_view path) {
+  const fs::path normal = fs::path(path).lexically_normal();
+  if (normal.empty()) return false;
+  const fs::path first = *normal.begin();
+  return first == "jobs" || first == "agent";
+}
 
 Status CheckRelativePath(std::string_view key, std::string_view path) {
   if (std::optional<std::string> why = PathProblem(path)) {
@@ -74,9 +87,19 @@ Result<JobSpec> LoadJobFile(const std::string& path) {
   std::optional<std::string> model_error;
   if (!model.empty()) {
     const fs::path model_path = fs::path(path).parent_path() / model;
-    Result<std::string> text = ReadWholeFile(model_path.string());
+    // A model file is a small text file: not a device, a pipe or a file without end.
+    std::error_code ec;
+    const bool regular = fs::is_regular_file(model_path, ec);
+    const uintmax_t size = regular ? fs::file_size(model_path, ec) : 0;
+    Result<std::string> text =
+        !regular || ec          ? Result<std::string>(NotFoundError("not a regular file"))
+        : size > kMaxModelBytes ? Result<std::string>(InvalidArgumentError("too large"))
+                                : ReadWholeFile(model_path.string());
     if (!text.ok()) {
-      root.Reject("model", fmt::format("cannot read the model file {}", model_path.string()));
+      root.Reject("model",
+                  fmt::format("cannot read the model file {} ({}; a model file is a "
+                              "regular file of at most {} bytes)",
+                              model_path.string(), text.status().message(), kMaxModelBytes));
     } else {
       s.model_yaml = *std::move(text);
       Result<parallel::ModelSpec> m =

@@ -18,6 +18,13 @@
 
 namespace kc::api {
 
+// The most a job may ask for: its runtime (hours) and storage (GB). Finite: a job file's `.inf`
+// is refused where it is read, naming the file, line and key.
+inline constexpr double kMaxExpectedHours = 100000;
+inline constexpr double kMaxStorageGb = 1e9;
+// The largest model file a job file may name.
+inline constexpr uintmax_t kMaxModelBytes = 1 << 20;
+
 struct JobSpec {
   std::string name;
   std::string team;                  // "" = the submitter's first team
@@ -27,10 +34,10 @@ struct JobSpec {
   int64_t steps = 100;
   int64_t global_batch = 0;      // 0: kc train's default
   int64_t checkpoint_every = 0;  // steps; 0: kc train's (after the last step only)
-  double expected_hours = 1;     // runtime allowed, for the device-hours quota
-  double storage_gb = 0;
-  std::string data;            // a manifest under the agent's data root; "" = its default
-  std::string checkpoint_dir;  // under the agent's work root; "" = the job's own directory
+  double expected_hours = 1;     // runtime allowed, for the device-hours quota; (0, 100000]
+  double storage_gb = 0;         // [0, 1e9]
+  std::string data;              // a manifest under the agent's data root; "" = its default
+  std::string checkpoint_dir;    // under the agent's work root; "" = the job's own directory
 };
 
 // Reads a job file. Errors are `FILE:LINE: key: ...`; a model file that is missing or
@@ -46,5 +53,9 @@ Result<JobSpec> ParseJobSpec(std::string_view text, std::string display_name);
 // kInvalidArgument, naming `key`, for a path that is absolute, empty where it must not be, or
 // that has a ".." component: job-supplied paths stay under the roots the agent chooses.
 Status CheckRelativePath(std::string_view key, std::string_view path);
+
+// Whether a job's `checkpoint_dir` names the agent's own directories under its work root:
+// jobs/ (every job's default checkpoints and runs) or agent/ (its records of processes).
+bool IsReservedCheckpointDir(std::string_view path);
 
 }  // namespace kc::api

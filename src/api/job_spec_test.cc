@@ -41,6 +41,17 @@ TEST(JobSpecTest, BadJobFilesAreRefusedNamingFileLineAndKey) {
             "job.yaml:3: data: expected a relative path"},
            {"name: x\nmodel: " + model + "\ncheckpoint_dir: a/../../b\n",
             "job.yaml:3: checkpoint_dir: expected a path without \"..\""},
+           // Numbers are finite: no runtime, hence no token, without end.
+           {"name: x\nmodel: " + model + "\nexpected_hours: .inf\n",
+            "job.yaml:3: expected_hours: expected a number in (0, 100000], got \".inf\""},
+           {"name: x\nmodel: " + model + "\nexpected_hours: .nan\n",
+            "job.yaml:3: expected_hours: expected a number in (0, 100000], got \".nan\""},
+           {"name: x\nmodel: " + model + "\nstorage_gb: .inf\n", "job.yaml:3: storage_gb"},
+           // Other jobs' directories and the agent's own are no job's to name.
+           {"name: x\nmodel: " + model + "\ncheckpoint_dir: jobs/7/checkpoints\n",
+            "job.yaml:3: checkpoint_dir: expected a directory outside jobs/ and agent/"},
+           {"name: x\nmodel: " + model + "\ncheckpoint_dir: ./agent\n",
+            "job.yaml:3: checkpoint_dir: expected a directory outside jobs/ and agent/"},
        }) {
     Result<JobSpec> s = LoadJobFile(dir.Write("job.yaml", c.text));
     ASSERT_FALSE(s.ok()) << c.text;

@@ -32,6 +32,7 @@ CREATE TABLE IF NOT EXISTS jobs (
   reason TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS jobs_owner ON jobs (owner);
+CREATE INDEX IF NOT EXISTS jobs_phase ON jobs (phase);
 CREATE TABLE IF NOT EXISTS job_events (
   job INTEGER NOT NULL,
   phase TEXT NOT NULL,
@@ -113,7 +114,11 @@ bool AllowedTransition(JobPhase from, JobPhase to) {
   }
 }
 
+// The phases of jobs that have not ended, as SQL's IN list.
+constexpr char kActivePhases[] = "('pending', 'approval_required', 'queued', 'running', 'paused')";
+
 struct JobStore::Impl {
+  JobStoreOptions options;  // immutable after Open
   mutable Mutex mu;
   internal::Database db KC_GUARDED_BY(mu);
 
@@ -164,8 +169,10 @@ struct JobStore::Impl {
 JobStore::JobStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 JobStore::~JobStore() = default;
 
-Result<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
+Result<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path,
+                                                 const JobStoreOptions& options) {
   auto impl = std::make_unique<Impl>();
+  impl->options = options;
   MutexLock lock(&impl->mu);
   KC_RETURN_IF_ERROR(impl->db.Open(path, "job store", kSchema));
   return std::unique_ptr<JobStore>(new JobStore(std::move(impl)));
@@ -238,16 +245,30 @@ Result<std::vector<JobRecord>> JobStore::List(const JobFilter& f) const {
   KC_ASSIGN_OR_RETURN(
       internal::Statement st,
       m.db.Prepare(fmt::format("SELECT {} FROM jobs WHERE (?1 = '' OR owner = ?1) AND "
-                               "(?2 = '' OR phase = ?2) ORDER BY id LIMIT ?3",
-                               kColumns)));
+                               "(?2 = '' OR phase = ?2) AND (?4 = 0 OR phase IN {}) "
+                               "ORDER BY id LIMIT ?3",
+                               kColumns, kActivePhases)));
   st.Bind(1, f.owner);
   st.Bind(2, f.phase ? JobPhaseName(*f.phase) : std::string_view());
   st.Bind(3, static_cast<int64_t>(f.limit));
+  st.Bind(4, static_cast<int64_t>(f.active ? 1 : 0));
   std::vector<JobRecord> out;
   int rc;
   while ((rc = st.Step()) == SQLITE_ROW) out.push_back(Row(st));
   if (rc != SQLITE_DONE) return m.db.Error("cannot list");
   return out;
+}
+
+Result<int64_t> JobStore::CountActive(std::string_view owner) const {
+  Impl& m = *impl_;
+  MutexLock lock(&m.mu);
+  KC_ASSIGN_OR_RETURN(
+      internal::Statement st,
+      m.db.Prepare(
+          fmt::format("SELECT COUNT(*) FROM jobs WHERE owner = ? AND phase IN {}", kActivePhases)));
+  st.Bind(1, owner);
+  if (st.Step() != SQLITE_ROW) return m.db.Error("cannot count");
+  return st.Int(0);
 }
 
 Result<std::vector<JobEvent>> JobStore::History(int64_t id) const {
@@ -334,10 +355,18 @@ Status JobStore::AppendLog(int64_t id, std::string_view data) {
   st.Bind(2, size);
   sqlite3_bind_blob(st.get(), 3, data.data(), static_cast<int>(data.size()), SQLITE_TRANSIENT);
   if (st.Step() != SQLITE_DONE) return m.db.Error("cannot append to the job's log");
+  // The oldest output goes, whole pieces at a time, until what is kept fits.
+  KC_ASSIGN_OR_RETURN(internal::Statement drop,
+                      m.db.Prepare("DELETE FROM job_logs WHERE job = ?1 AND start + length(data) "
+                                   "<= ?2 - ?3"));
+  drop.Bind(1, id);
+  drop.Bind(2, size + static_cast<int64_t>(data.size()));
+  drop.Bind(3, m.options.max_log_bytes);
+  if (drop.Step() != SQLITE_DONE) return m.db.Error("cannot drop the job's oldest output");
   return OkStatus();
 }
 
-Result<std::string> JobStore::ReadLog(int64_t id, int64_t offset, int64_t max_bytes) const {
+Result<LogSlice> JobStore::ReadLog(int64_t id, int64_t offset, int64_t max_bytes) const {
   Impl& m = *impl_;
   MutexLock lock(&m.mu);
   KC_RETURN_IF_ERROR(m.GetLocked(id).status());
@@ -346,15 +375,17 @@ Result<std::string> JobStore::ReadLog(int64_t id, int64_t offset, int64_t max_by
                                    "start + length(data) > ? ORDER BY start"));
   st.Bind(1, id);
   st.Bind(2, offset);
-  std::string out;
+  LogSlice out{.from = offset};
   int rc;
-  while (static_cast<int64_t>(out.size()) < max_bytes && (rc = st.Step()) == SQLITE_ROW) {
+  while (static_cast<int64_t>(out.data.size()) < max_bytes && (rc = st.Step()) == SQLITE_ROW) {
     const int64_t start = st.Int(0);
     const char* data = static_cast<const char*>(sqlite3_column_blob(st.get(), 1));
     const int64_t n = sqlite3_column_bytes(st.get(), 1);
+    // The first piece kept may start past `offset`: what lay between was dropped.
+    if (out.data.empty()) out.from = std::max(offset, start);
     const int64_t from = std::max<int64_t>(0, offset - start);
-    const int64_t take = std::min(n - from, max_bytes - static_cast<int64_t>(out.size()));
-    out.append(data + from, static_cast<size_t>(take));
+    const int64_t take = std::min(n - from, max_bytes - static_cast<int64_t>(out.data.size()));
+    out.data.append(data + from, static_cast<size_t>(take));
   }
   return out;
 }

@@ -72,14 +72,29 @@ struct JobProgress {
 struct JobFilter {
   std::string owner;              // "" = any
   std::optional<JobPhase> phase;  // nullopt = any
+  bool active = false;            // only jobs that have not ended (the dispatcher's passes)
   int limit = 1000;
+};
+
+struct JobStoreOptions {
+  // Output kept per job: past it, the oldest is dropped (offsets stay those of the whole
+  // output), so no job's logs grow kcd's database without bound.
+  int64_t max_log_bytes = int64_t{16} << 20;
+};
+
+// A stretch of a job's output: `data` starts at byte `from` of everything it wrote (past the
+// offset asked for when the bytes between were dropped).
+struct LogSlice {
+  int64_t from = 0;
+  std::string data;
 };
 
 // Safe for concurrent use (one connection, serialised by a mutex).
 class JobStore {
  public:
   // Opens or creates the store at `path`. kUnavailable naming the file when it cannot.
-  static Result<std::unique_ptr<JobStore>> Open(const std::string& path);
+  static Result<std::unique_ptr<JobStore>> Open(const std::string& path,
+                                                const JobStoreOptions& options = {});
   ~JobStore();
   JobStore(const JobStore&) = delete;
   JobStore& operator=(const JobStore&) = delete;
@@ -92,6 +107,8 @@ class JobStore {
   Result<JobRecord> Transition(int64_t id, JobPhase to, std::string reason, double now_s);
   Result<JobRecord> Get(int64_t id) const;
   Result<std::vector<JobRecord>> List(const JobFilter& filter) const;
+  // How many of `owner`'s jobs have not ended.
+  Result<int64_t> CountActive(std::string_view owner) const;
   // Every change of job `id`'s phase (its submission first), oldest first.
   Result<std::vector<JobEvent>> History(int64_t id) const;
 
@@ -104,10 +121,11 @@ class JobStore {
   Status SetProgress(int64_t id, const JobProgress& progress);
   Result<JobProgress> Progress(int64_t id) const;  // zeros before the first report
 
-  // Appends output of the job's processes; reads it back from byte `offset` (at most
-  // `max_bytes`). Logs live with the job in kcd's database.
+  // Appends output of the job's processes, dropping its oldest past options.max_log_bytes;
+  // reads it back from byte `offset` (at most `max_bytes`, from the oldest kept when `offset`
+  // was dropped). Logs live with the job in kcd's database.
   Status AppendLog(int64_t id, std::string_view data);
-  Result<std::string> ReadLog(int64_t id, int64_t offset, int64_t max_bytes) const;
+  Result<LogSlice> ReadLog(int64_t id, int64_t offset, int64_t max_bytes) const;
 
  private:
   struct Impl;

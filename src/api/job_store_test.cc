@@ -154,9 +154,9 @@ TEST(JobStoreTest, HistoryProgressRenamesAndLogsAreKept) {
   // Logs append and read back from any offset, in pieces.
   ASSERT_TRUE(s.AppendLog(j->id, "step 1\n").ok());
   ASSERT_TRUE(s.AppendLog(j->id, std::string("step 2\n\0bin", 11)).ok());
-  EXPECT_EQ(*s.ReadLog(j->id, 0, 1 << 20), std::string("step 1\nstep 2\n\0bin", 18));
-  EXPECT_EQ(*s.ReadLog(j->id, 3, 6), "p 1\nst");
-  EXPECT_EQ(*s.ReadLog(j->id, 18, 100), "");
+  EXPECT_EQ(s.ReadLog(j->id, 0, 1 << 20)->data, std::string("step 1\nstep 2\n\0bin", 18));
+  EXPECT_EQ(s.ReadLog(j->id, 3, 6)->data, "p 1\nst");
+  EXPECT_EQ(s.ReadLog(j->id, 18, 100)->data, "");
 
   ASSERT_TRUE(s.Transition(j->id, JobPhase::kCancelled, "bye", 107).ok());
   EXPECT_EQ(s.Modify(j->id, "late", std::nullopt, 108).status().code(),
@@ -187,6 +187,46 @@ TEST(JobStoreTest, ARunningTimeIsKeptAndEndedJobsCountTheHoursTheyRan) {
   EXPECT_DOUBLE_EQ(s.Get(j->id)->ran_s, 1330);
   EXPECT_DOUBLE_EQ(UsageOf(*s.List({}), QuotaSubject::kUser, "ann").device_hours,
                    2 * 1330.0 / 3600);
+}
+
+// A job that writes without end keeps only its newest output: the oldest goes whole pieces at
+// a time, offsets stay those of everything it wrote, and a read from a dropped offset starts at
+// the oldest kept and says so.
+TEST(JobStoreTest, AJobsLogIsCutToItsNewestBytes) {
+  testing::TempDir dir("kc_jobs");
+  Result<std::unique_ptr<JobStore>> store =
+      JobStore::Open(dir.Path("kcd.db"), {.max_log_bytes = 100});
+  ASSERT_TRUE(store.ok()) << store.status().message();
+  JobStore& s = **store;
+  Result<JobRecord> j = s.Submit(Job("chatty"), 0);
+  ASSERT_TRUE(j.ok());
+  for (int i = 0; i < 50; ++i) ASSERT_TRUE(s.AppendLog(j->id, std::string(40, 'a' + i % 26)).ok());
+  // 2000 bytes written; the last 100, and the piece that straddles them, kept.
+  const LogSlice all = *s.ReadLog(j->id, 0, 1 << 20);
+  EXPECT_EQ(all.from, 1880);
+  EXPECT_EQ(all.data.size(), 120u);
+  EXPECT_EQ(all.data.substr(80), std::string(40, 'a' + 49 % 26));
+  const LogSlice tail = *s.ReadLog(j->id, 1990, 100);
+  EXPECT_EQ(tail.from, 1990);
+  EXPECT_EQ(tail.data, std::string(10, 'a' + 49 % 26));
+}
+
+// What the dispatcher reads every pass, and what a user may have waiting: the jobs that have
+// not ended, without those that have.
+TEST(JobStoreTest, TheActiveJobsAreListedAndCountedWithoutTheEndedOnes) {
+  testing::TempDir dir("kc_jobs");
+  Result<std::unique_ptr<JobStore>> store = JobStore::Open(dir.Path("kcd.db"));
+  ASSERT_TRUE(store.ok());
+  JobStore& s = **store;
+  for (int i = 0; i < 5; ++i) {
+    Result<JobRecord> j = s.Submit(Job("j" + std::to_string(i)), 0);
+    ASSERT_TRUE(j.ok());
+    if (i < 3) ASSERT_TRUE(s.Transition(j->id, JobPhase::kCancelled, "", 1).ok());
+  }
+  EXPECT_EQ(s.List({.active = true})->size(), 2u);
+  EXPECT_EQ(s.List({})->size(), 5u);
+  EXPECT_EQ(*s.CountActive("ann"), 2);
+  EXPECT_EQ(*s.CountActive("bob"), 0);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include "api/internal/digest.h"
 #include "kc/v1/health.pb.h"
 #include "tests/support/temp_dir.h"
 
@@ -127,7 +128,7 @@ TEST_F(PermissionServiceTest, RefusesCallsWithoutAValidToken) {
   // A revoked right takes effect at the next check: nothing is cached.
   const std::string t = Token("ann");
   ASSERT_TRUE(Ask(t, "job.get", Job("ann", "vision"), &r).ok());
-  ASSERT_TRUE(tokens_->RevokeAll("ann").ok());
+  ASSERT_TRUE(tokens_->RevokeAll("ann", internal::WallSeconds()).ok());
   EXPECT_EQ(Ask(t, "job.get", Job("ann", "vision"), &r).error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
   // Every refusal was audited, with its reason.

@@ -9,6 +9,7 @@ namespace kc::api {
 namespace {
 
 constexpr Scope N = Scope::kNone, O = Scope::kOwn, T = Scope::kTeam, A = Scope::kAny;
+constexpr bool kDecision = true;
 
 // The one table. Columns: system admin, resource admin, submitter, observer.
 constexpr PermissionRule kTable[] = {
@@ -21,12 +22,21 @@ constexpr PermissionRule kTable[] = {
     {Action::kJobPause, {A, T, O, N}, "checkpoint and pause a job"},
     {Action::kJobResume, {A, T, O, N}, "resume a paused job"},
     {Action::kPlanGet, {A, T, O, A}, "read a job's plan"},
-    {Action::kPlanApprove, {A, T, N, N}, "approve a plan marked approval required"},
-    {Action::kPlanDeny, {A, T, N, N}, "deny such a plan"},
+    {Action::kPlanApprove,
+     {A, T, N, N},
+     "approve a plan marked approval required (never one's own job's)",
+     kDecision},
+    {Action::kPlanDeny, {A, T, N, N}, "deny such a plan (never one's own job's)", kDecision},
     {Action::kQuotaGet, {A, T, O, A}, "read a quota"},
     {Action::kQuotaRequest, {A, T, O, N}, "ask for a quota increase"},
-    {Action::kQuotaApprove, {A, T, N, N}, "approve a quota request"},
-    {Action::kQuotaDeny, {A, T, N, N}, "deny a quota request"},
+    {Action::kQuotaApprove,
+     {A, T, N, N},
+     "approve a quota request (never one's own request or quota)",
+     kDecision},
+    {Action::kQuotaDeny,
+     {A, T, N, N},
+     "deny a quota request (never one's own request or quota)",
+     kDecision},
     {Action::kPoolList, {A, A, A, A}, "list pools"},
     {Action::kPoolModify, {A, T, N, N}, "change a pool's settings"},
     {Action::kTopologyRead, {A, A, A, A}, "read the topology"},
@@ -106,14 +116,32 @@ std::string_view ScopeName(Scope s) {
 std::span<const PermissionRule> PermissionTable() { return kTable; }
 
 CheckResult Check(const Principal& p, Action action, const Resource& r) {
-  const Scope scope = kTable[static_cast<size_t>(action)].scope[static_cast<int>(p.role)];
+  const PermissionRule& rule = kTable[static_cast<size_t>(action)];
+  const Scope scope = rule.scope[static_cast<int>(p.role)];
   const std::string what =
       fmt::format("{} {} {}{}", p.user, ActionName(action), r.kind, r.id.empty() ? "" : " " + r.id);
   auto verdict = [&](bool ok, std::string_view why) {
     return CheckResult{ok, fmt::format("{}: {} ({} may {} {})", what, ok ? "allowed" : "denied",
                                        RoleName(p.role), ActionName(action), why)};
   };
-  const bool own = !r.owner.empty() && r.owner == p.user;
+  if (!p.agent_host.empty()) {
+    return {false, fmt::format("{}: denied (an agent's identity acts only through the agent "
+                               "service)",
+                               what)};
+  }
+  const bool mine = !r.owner.empty() && r.owner == p.user;
+  // A decision on one's own request is nobody's but a system admin's, who overrides.
+  if (rule.decision && mine && scope != Scope::kNone) {
+    if (scope != Scope::kAny) {
+      return verdict(false,
+                     "never on its own request or job; another admin of the team, or a system "
+                     "admin, decides it");
+    }
+    CheckResult result = verdict(true, "anything; its own request: an override");
+    result.override_own = true;
+    return result;
+  }
+  const bool own = mine && !rule.decision;
   // A collection (no id, no owner): listing is allowed; the server filters what it returns.
   const bool collection = r.id.empty() && r.owner.empty() && r.team.empty();
   switch (scope) {

@@ -65,6 +65,11 @@ struct PermissionRule {
   Action action;
   Scope scope[kNumRoles];  // indexed by Role
   std::string_view what;   // one line for the docs
+  // A decision on someone's request (an approval): owning the resource (having asked, or
+  // being its subject) grants nothing, so `own` and `team` reach only the teams the principal
+  // administers, and never its own request; a system admin may decide its own (an override,
+  // which the services audit as such).
+  bool decision = false;
 };
 
 // The table, one row per action, in Action order.
@@ -75,6 +80,10 @@ struct Principal {
   Role role = Role::kObserver;
   std::vector<std::string> teams;     // member of
   std::vector<std::string> admin_of;  // resource admin of these teams' pools
+  // Set for an agent's machine identity ("agent/HOST" as `user`): the host it speaks for. An
+  // agent has no role: the table allows it nothing, and kcd's RPC layer lets it call the agent
+  // service alone, for this host alone.
+  std::string agent_host;
 };
 
 struct Resource {
@@ -87,10 +96,16 @@ struct Resource {
 struct CheckResult {
   bool allowed = false;
   std::string reason;  // why, for the caller and the audit log
+  // Allowed only because the principal is a system admin deciding its own request: the
+  // service records the decision with outcome "override".
+  bool override_own = false;
 };
 
 // The decision for one request: the table's scope for the principal's role, applied to the
-// resource. Pure and cheap; the permission service calls it for every check, uncached.
+// resource. For a decision action (PermissionRule::decision) the resource's owner is whoever
+// asked (the requester, the job's owner): a principal never decides its own, except a system
+// admin (override_own). Pure and cheap; the permission service calls it for every check,
+// uncached.
 CheckResult Check(const Principal& principal, Action action, const Resource& resource);
 
 // The table as a Markdown table (role columns, one row per action), for docs/operations/roles.md.

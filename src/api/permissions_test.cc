@@ -28,7 +28,12 @@ TEST(PermissionsTest, EveryRoleAndActionFollowsTheTable) {
       const Resource other{.kind = "job", .id = "3", .owner = "cat", .team = "nlp"};
       const Scope s = rule.scope[ri];
       const std::string where = fmt::format("{} {}", RoleName(role), ActionName(rule.action));
-      EXPECT_EQ(Check(p, rule.action, own).allowed, s != Scope::kNone) << where;
+      // A decision is never on one's own request, but for a system admin's override.
+      EXPECT_EQ(Check(p, rule.action, own).allowed,
+                rule.decision ? s == Scope::kAny : s != Scope::kNone)
+          << where;
+      EXPECT_EQ(Check(p, rule.action, own).override_own, rule.decision && s == Scope::kAny)
+          << where;
       EXPECT_EQ(Check(p, rule.action, team).allowed, s == Scope::kTeam || s == Scope::kAny)
           << where;
       EXPECT_EQ(Check(p, rule.action, other).allowed, s == Scope::kAny) << where;
@@ -58,6 +63,35 @@ TEST(PermissionsTest, DenialsSayWhy) {
   EXPECT_FALSE(r.allowed);
   EXPECT_THAT(r.reason, HasSubstr("teams it administers (vision)"));
   EXPECT_FALSE(Check(ra, Action::kTopologyWrite, {.kind = "topology"}).allowed);
+}
+
+// A resource admin of vision who is only a member of nlp decides nothing of nlp's, and no one
+// but a system admin decides their own request or plan.
+TEST(PermissionsTest, ApprovalsNeedTheTeamsAdminAndNeverTheRequester) {
+  const Principal vera{.user = "vera",
+                       .role = Role::kResourceAdmin,
+                       .teams = {"vision", "nlp"},
+                       .admin_of = {"vision"}};
+  for (Action a :
+       {Action::kQuotaApprove, Action::kQuotaDeny, Action::kPlanApprove, Action::kPlanDeny}) {
+    SCOPED_TRACE(ActionName(a));
+    EXPECT_TRUE(Check(vera, a, {.kind = "x", .id = "1", .owner = "ann", .team = "vision"}).allowed);
+    CheckResult r = Check(vera, a, {.kind = "x", .id = "2", .owner = "bob", .team = "nlp"});
+    EXPECT_FALSE(r.allowed);
+    EXPECT_THAT(r.reason, HasSubstr("teams it administers (vision)"));
+    r = Check(vera, a, {.kind = "x", .id = "3", .owner = "vera", .team = "vision"});
+    EXPECT_FALSE(r.allowed);
+    EXPECT_THAT(r.reason, HasSubstr("never on its own request"));
+    EXPECT_FALSE(r.override_own);
+    const Principal root{.user = "root", .role = Role::kSystemAdmin};
+    r = Check(root, a, {.kind = "x", .id = "4", .owner = "root", .team = "vision"});
+    EXPECT_TRUE(r.allowed);
+    EXPECT_TRUE(r.override_own);
+    EXPECT_FALSE(Check(root, a, {.kind = "x", .id = "5", .owner = "ann"}).override_own);
+  }
+  // Asking is not deciding: a member may still read and ask for its team's quota.
+  EXPECT_TRUE(Check(vera, Action::kQuotaRequest, {.kind = "quota", .owner = "vera", .team = "nlp"})
+                  .allowed);
 }
 
 TEST(PermissionsTest, NamesRoundTrip) {

@@ -21,11 +21,9 @@ void Fill(const PlanRecord& p, kc::v1::PlanInfo* out) {
 }
 
 // The job's plan as the permission table sees it: the job's owner's and team's.
-Status Allowed(AuditLog* audit, const Principal& caller, Action action, const JobRecord& j) {
-  return internal::Authorized(
-      audit, caller, action, fmt::format("plan/{}", j.id),
-      Check(caller, action,
-            {.kind = "plan", .id = std::to_string(j.id), .owner = j.owner, .team = j.team}));
+CheckResult CheckPlan(const Principal& caller, Action action, const JobRecord& j) {
+  return Check(caller, action,
+               {.kind = "plan", .id = std::to_string(j.id), .owner = j.owner, .team = j.team});
 }
 
 }  // namespace
@@ -34,7 +32,9 @@ grpc::Status PlanServiceImpl::Get(grpc::ServerContext* context, const kc::v1::Ge
                                   kc::v1::PlanInfo* response) {
   return guard_->Serve(context, "kc.v1.PlanService.Get", [&](const Principal& caller) -> Status {
     KC_ASSIGN_OR_RETURN(JobRecord j, jobs_->Get(req->job()));
-    KC_RETURN_IF_ERROR(Allowed(audit_, caller, Action::kPlanGet, j));
+    KC_RETURN_IF_ERROR(internal::Authorized(audit_, caller, Action::kPlanGet,
+                                            fmt::format("plan/{}", j.id),
+                                            CheckPlan(caller, Action::kPlanGet, j)));
     KC_ASSIGN_OR_RETURN(PlanRecord p, plans_->Get(j.id));
     Fill(p, response);
     return OkStatus();
@@ -45,8 +45,10 @@ Status PlanServiceImpl::Decide(const Principal& caller, const kc::v1::DecidePlan
                                bool approve, kc::v1::PlanInfo* response) {
   if (!approve && req.note().empty()) return InvalidArgumentError("note: say why it is denied");
   KC_ASSIGN_OR_RETURN(JobRecord j, jobs_->Get(req.job()));
+  const Action action = approve ? Action::kPlanApprove : Action::kPlanDeny;
+  const CheckResult check = CheckPlan(caller, action, j);
   KC_RETURN_IF_ERROR(
-      Allowed(audit_, caller, approve ? Action::kPlanApprove : Action::kPlanDeny, j));
+      internal::Authorized(audit_, caller, action, fmt::format("plan/{}", j.id), check));
   if (j.phase != JobPhase::kApprovalRequired) {
     const std::string why =
         fmt::format("job {}: it is {}, not waiting for approval", j.id, JobPhaseName(j.phase));
@@ -63,8 +65,8 @@ Status PlanServiceImpl::Decide(const Principal& caller, const kc::v1::DecidePlan
   KC_RETURN_IF_ERROR(
       jobs_->Transition(j.id, approve ? JobPhase::kQueued : JobPhase::kCancelled, reason, now)
           .status());
-  KC_RETURN_IF_ERROR(AuditNow(audit_, caller.user, approve ? "plan.approve" : "plan.deny",
-                              fmt::format("plan/{}", j.id), "ok", reason));
+  KC_RETURN_IF_ERROR(internal::AuditDecision(audit_, caller, ActionName(action),
+                                             fmt::format("plan/{}", j.id), check, reason));
   if (dispatcher_ != nullptr) dispatcher_->Wake();
   Fill(p, response);
   return OkStatus();

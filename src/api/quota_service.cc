@@ -79,6 +79,25 @@ CheckResult QuotaServiceImpl::CheckQuotaAccess(const Principal& caller, Action a
              : internal::CheckTeamResource(caller, action, r, name);
 }
 
+CheckResult QuotaServiceImpl::CheckDecision(const Principal& caller, Action action,
+                                            const QuotaRequest& request) const {
+  std::vector<std::string> teams = {request.name};
+  if (request.subject == QuotaSubject::kUser) {
+    const std::optional<Principal> user = roles_->PrincipalFor(request.name);
+    teams = user ? user->teams : std::vector<std::string>{};
+  }
+  const std::string id = std::to_string(request.id);
+  // Both the one who asked and the user whose quota it is count as its owners: neither
+  // decides it.
+  CheckResult by_requester = internal::CheckInTeams(
+      caller, action, {.kind = "quota-request", .id = id, .owner = request.requester}, teams);
+  if (!by_requester.allowed || request.subject != QuotaSubject::kUser) return by_requester;
+  CheckResult by_subject = internal::CheckInTeams(
+      caller, action, {.kind = "quota-request", .id = id, .owner = request.name}, teams);
+  by_subject.override_own |= by_requester.override_own;
+  return by_subject;
+}
+
 grpc::Status QuotaServiceImpl::Get(grpc::ServerContext* context, const kc::v1::GetQuotaRequest* req,
                                    kc::v1::QuotaInfo* response) {
   return guard_->Serve(context, "kc.v1.QuotaService.Get", [&](const Principal& caller) -> Status {
@@ -134,7 +153,7 @@ grpc::Status QuotaServiceImpl::ListRequests(grpc::ServerContext* context,
         if (!req->all()) state = RequestState::kPending;
         KC_ASSIGN_OR_RETURN(std::vector<QuotaRequest> all, quotas_->Requests(state));
         for (const QuotaRequest& r : all) {
-          if (CheckQuotaAccess(caller, Action::kQuotaApprove, r.subject, r.name).allowed) {
+          if (CheckDecision(caller, Action::kQuotaApprove, r).allowed) {
             Fill(r, response->add_requests());
           }
         }
@@ -151,14 +170,15 @@ Status QuotaServiceImpl::Decide(const Principal& caller, const kc::v1::DecideQuo
   if (it == all.end())
     return NotFoundError(fmt::format("quota request {}: no such request", req.id()));
   const std::string path = fmt::format("quota-request/{}", req.id());
-  KC_RETURN_IF_ERROR(Authorized(audit_, caller, action, path,
-                                CheckQuotaAccess(caller, action, it->subject, it->name)));
+  const CheckResult check = CheckDecision(caller, action, *it);
+  KC_RETURN_IF_ERROR(Authorized(audit_, caller, action, path, check));
   Result<QuotaRequest> result = quotas_->Decide(req.id(), approve, caller.user, req.reason());
   if (!result.ok()) {
     return internal::AuditedFailure(audit_, caller, ActionName(action), path, result.status());
   }
   const QuotaRequest& decided = *result;
-  KC_RETURN_IF_ERROR(AuditNow(audit_, caller.user, ActionName(action), path, "ok",
+  KC_RETURN_IF_ERROR(
+      internal::AuditDecision(audit_, caller, ActionName(action), path, check,
                               fmt::format("{} {}{}", approve ? "approved" : "denied",
                                           QuotaPath(decided.subject, decided.name),
                                           req.reason().empty() ? "" : ": " + req.reason())));

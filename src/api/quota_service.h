@@ -41,6 +41,11 @@ class QuotaServiceImpl final : public kc::v1::QuotaService::Service {
   // The permission check for `action` on the quota of `subject` `name`.
   CheckResult CheckQuotaAccess(const Principal& caller, Action action, QuotaSubject subject,
                                const std::string& name) const;
+  // The permission check for deciding `request` (`action`: quota.approve or quota.deny): by
+  // an admin of the subject team (or of one of the subject user's teams) who is neither its
+  // requester nor the user whose quota it is, or by a system admin (override_own when either).
+  CheckResult CheckDecision(const Principal& caller, Action action,
+                            const QuotaRequest& request) const;
   // Approve and Deny.
   Status Decide(const Principal& caller, const kc::v1::DecideQuotaRequest& request, bool approve,
                 kc::v1::QuotaRequestInfo* response);

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+
 #include "api/internal/sqlite.h"
 #include "base/mutex.h"
 
@@ -184,10 +186,13 @@ Result<QuotaRequest> QuotaStore::Request(QuotaRequest r) {
   if (r.requester.empty()) {
     return InvalidArgumentError("quota request: requester: must not be empty");
   }
-  if ((r.wanted.max_devices && *r.wanted.max_devices < 0) ||
-      (r.wanted.max_device_hours && *r.wanted.max_device_hours < 0) ||
-      (r.wanted.max_storage_gb && *r.wanted.max_storage_gb < 0)) {
-    return InvalidArgumentError("quota request: a limit must not be negative");
+  // A limit is a non-negative number; an unlimited one is left unset, not infinite or NaN.
+  const auto bad = [](std::optional<double> v) { return v && !(*v >= 0 && std::isfinite(*v)); };
+  if ((r.wanted.max_devices && *r.wanted.max_devices < 0) || bad(r.wanted.max_device_hours) ||
+      bad(r.wanted.max_storage_gb)) {
+    return InvalidArgumentError(
+        "quota request: a limit must be a finite number, not negative (leave it unset for "
+        "unlimited)");
   }
   Impl& m = *impl_;
   MutexLock lock(&m.mu);

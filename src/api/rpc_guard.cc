@@ -49,11 +49,107 @@ Status AuditNow(AuditLog* audit, std::string_view principal, std::string_view ac
   return r.status();
 }
 
+std::string PeerAddress(std::string_view peer) {
+  const size_t colon = peer.rfind(':');
+  const size_t scheme = peer.find(':');
+  // "ipv4:HOST:PORT" and "ipv6:[HOST]:PORT" lose ":PORT"; anything else (a unix socket) stays.
+  if (colon == std::string_view::npos || colon == scheme) return std::string(peer);
+  const std::string_view port = peer.substr(colon + 1);
+  const bool numeric = !port.empty() && std::all_of(port.begin(), port.end(),
+                                                    [](char c) { return c >= '0' && c <= '9'; });
+  return std::string(numeric ? peer.substr(0, colon) : peer);
+}
+
 RpcGuard::RpcGuard(RpcGuardOptions options) : options_(options) {}
 
-grpc::Status RpcGuard::Refuse(std::string_view who, std::string_view method, const Status& why) {
-  AuditNow(options_.audit, who, method, "rpc", "denied", why.message()).IgnoreError();  // logged
+comm::TokenBucket& RpcGuard::Bucket(
+    std::map<std::string, std::unique_ptr<comm::TokenBucket>>* buckets, const std::string& key,
+    double rate, double burst) {
+  auto it = buckets->find(key);
+  if (it != buckets->end()) return *it->second;
+  if (buckets->size() >= options_.max_callers) {
+    // Forget the callers that have been quiet long enough to be back to a full bucket; if
+    // none has, new callers share one bucket.
+    for (auto b = buckets->begin(); b != buckets->end();) {
+      b = b->second->tokens() >= b->second->burst() ? buckets->erase(b) : std::next(b);
+    }
+    if (buckets->size() >= options_.max_callers) {
+      const std::string shared = "*";
+      it = buckets->find(shared);
+      if (it != buckets->end()) return *it->second;
+      return *buckets
+                  ->emplace(shared,
+                            std::make_unique<comm::TokenBucket>(rate, burst, options_.clock))
+                  .first->second;
+    }
+  }
+  return *buckets->emplace(key, std::make_unique<comm::TokenBucket>(rate, burst, options_.clock))
+              .first->second;
+}
+
+grpc::Status RpcGuard::Refuse(const std::string& caller_key, std::string_view who,
+                              std::string_view method, const Status& why) {
+  int64_t left_out = 0;
+  {
+    MutexLock lock(&mu_);
+    if (!Bucket(&refusal_buckets_, caller_key, options_.refusal_audits_per_second,
+                options_.refusal_audit_burst)
+             .TryTake(1)) {
+      ++refusals_left_out_[caller_key];
+      return ToGrpc(why);
+    }
+    if (auto it = refusals_left_out_.find(caller_key); it != refusals_left_out_.end()) {
+      left_out = it->second;
+      refusals_left_out_.erase(it);
+    }
+  }
+  const std::string reason =
+      left_out == 0 ? std::string(why.message())
+                    : fmt::format(
+                          "{} ({} more refusals of {} since the last recorded were not "
+                          "recorded: over {} a second)",
+                          why.message(), left_out, caller_key, options_.refusal_audits_per_second);
+  AuditNow(options_.audit, who, method, "rpc", "denied", reason).IgnoreError();  // logged
   return ToGrpc(why);
+}
+
+Result<RpcGuard::Caller> RpcGuard::Authenticate(const grpc::ServerContext& context,
+                                                std::string_view method, const MethodInfo& info) {
+  const std::string token = BearerToken(context);
+  if (token.empty()) {
+    return UnauthenticatedError(fmt::format("{}: no bearer token (log in: kc login)", method));
+  }
+  KC_ASSIGN_OR_RETURN(TokenIdentity id, options_.tokens->Authenticate(token, WallSeconds()));
+  constexpr std::string_view kAgentService = "kc.v1.AgentService";
+  constexpr std::string_view kExecutionCheck = "kc.v1.PermissionService.Check";
+  if (id.kind == TokenKind::kAgent) {
+    Caller agent{.principal = {.user = "agent/" + id.subject, .agent_host = id.subject}};
+    agent.key = agent.principal.user;
+    if (info.service != kAgentService) {
+      return PermissionDeniedError(
+          fmt::format("{}: {} is an agent's identity, which may call the agent service only",
+                      method, agent.key));
+    }
+    return agent;
+  }
+  std::optional<Principal> p = options_.roles->PrincipalFor(id.subject);
+  if (!p) {
+    return UnauthenticatedError(
+        fmt::format("{}: user {} is not in the cluster's roles file", method, id.subject));
+  }
+  if (id.kind == TokenKind::kRun && method != kExecutionCheck) {
+    return PermissionDeniedError(fmt::format(
+        "{}: a run's token (issued by kcd to {} for a job's execution-time checks) may call "
+        "{} only",
+        method, id.subject, kExecutionCheck));
+  }
+  if (info.service == kAgentService) {
+    return PermissionDeniedError(
+        fmt::format("{}: {} is a user; the agent service takes an agent's identity (kc token issue "
+                    "--agent HOST)",
+                    method, id.subject));
+  }
+  return Caller{.principal = *std::move(p), .key = id.subject};
 }
 
 Result<RpcGuard::MethodInfo> RpcGuard::Info(std::string_view method) {
@@ -76,24 +172,13 @@ Result<RpcGuard::MethodInfo> RpcGuard::Info(std::string_view method) {
   info.burst =
       limit.burst() > 0 ? limit.burst() : std::max(1.0, std::ceil(limit.calls_per_second()));
   info.per_caller = limit.scope() == kc::v1::RateLimit::PER_CALLER;
-  info.needs_token = md->service()->full_name() != kPublicService;
+  info.service = md->service()->full_name();
+  info.needs_token = info.service != kPublicService;
   if (!(info.calls_per_second > 0)) {
     return InternalError(fmt::format("rpc: method {} declares no rate limit", method));
   }
   methods_.emplace(std::string(method), info);
   return info;
-}
-
-bool RpcGuard::Allow(std::string_view method, const MethodInfo& info, const std::string& caller) {
-  const std::string key = fmt::format("{}|{}", method, info.per_caller ? caller : "");
-  auto it = buckets_.find(key);
-  if (it == buckets_.end()) {
-    it = buckets_
-             .emplace(key, std::make_unique<comm::TokenBucket>(info.calls_per_second, info.burst,
-                                                               options_.clock))
-             .first;
-  }
-  return it->second->TryTake(1);
 }
 
 grpc::Status RpcGuard::Serve(grpc::ServerContext* context, std::string_view method,
@@ -108,37 +193,43 @@ grpc::Status RpcGuard::Serve(grpc::ServerContext* context, std::string_view meth
     }
     info = *i;
   }
-  Principal caller;
-  std::string key = context->peer();
+  Caller caller{.key = "peer " + PeerAddress(context->peer())};
   if (info.needs_token) {
-    const std::string token = BearerToken(*context);
-    if (token.empty()) {
-      return Refuse(
-          key, method,
-          UnauthenticatedError(fmt::format("{}: no bearer token (log in: kc login)", method)));
-    }
-    Result<std::string> user = options_.tokens->Authenticate(token, WallSeconds());
-    if (!user.ok()) return Refuse(key, method, user.status());
-    std::optional<Principal> p = options_.roles->PrincipalFor(*user);
-    if (!p) {
-      return Refuse(*user, method,
-                    UnauthenticatedError(fmt::format(
-                        "{}: user {} is not in the cluster's roles file", method, *user)));
-    }
-    caller = std::move(*p);
-    key = caller.user;
+    Result<Caller> c = Authenticate(*context, method, info);
+    // Refused: the record names the peer (the message, a principal it knows of).
+    if (!c.ok()) return Refuse(caller.key, context->peer(), method, c.status());
+    caller = *std::move(c);
   }
   Status over;
   {
     MutexLock lock(&mu_);
-    if (!Allow(method, info, key)) {
+    const std::string bucket = fmt::format("{}|{}", method, info.per_caller ? caller.key : "");
+    if (!Bucket(&buckets_, bucket, info.calls_per_second, info.burst).TryTake(1)) {
       over = ResourceExhaustedError(fmt::format(
           "{}: over the rate limit of {} calls/s{} (burst {}); retry with backoff", method,
           info.calls_per_second, info.per_caller ? " per caller" : "", info.burst));
+    } else if (in_flight_[caller.key] >= options_.max_calls_in_flight_per_caller) {
+      over = ResourceExhaustedError(
+          fmt::format("{}: {} has {} calls in progress, the most one caller may; retry when "
+                      "one has ended",
+                      method, caller.key, options_.max_calls_in_flight_per_caller));
+    } else {
+      ++in_flight_[caller.key];
     }
   }
-  if (!over.ok()) return Refuse(key, method, over);
-  const Status s = handler(caller);
+  if (!over.ok()) {
+    return Refuse(caller.key,
+                  caller.principal.user.empty() ? context->peer() : caller.principal.user, method,
+                  over);
+  }
+  const Status s = [&] {
+    const Status result = handler(caller.principal);
+    MutexLock lock(&mu_);
+    if (auto it = in_flight_.find(caller.key); it != in_flight_.end() && --it->second <= 0) {
+      in_flight_.erase(it);
+    }
+    return result;
+  }();
   if (s.ok()) return grpc::Status::OK;
   const ErrorCode code = s.code();
   const bool declared =

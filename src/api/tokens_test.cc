@@ -29,9 +29,9 @@ TEST_F(TokensTest, AnIssuedTokenAuthenticatesItsUserUntilItExpires) {
   Result<IssuedToken> t = store_->Issue("ann", 3600, 1000);
   ASSERT_TRUE(t.ok()) << t.status().message();
   EXPECT_EQ(t->token.size(), 3u + 64u);
-  EXPECT_EQ(*store_->Authenticate(t->token, 1000), "ann");
-  EXPECT_EQ(*store_->Authenticate(t->token, 4599), "ann");
-  Result<std::string> late = store_->Authenticate(t->token, 4600);
+  EXPECT_EQ(store_->Authenticate(t->token, 1000)->subject, "ann");
+  EXPECT_EQ(store_->Authenticate(t->token, 4599)->kind, TokenKind::kUser);
+  Result<TokenIdentity> late = store_->Authenticate(t->token, 4600);
   EXPECT_EQ(late.status().code(), ErrorCode::kUnauthenticated);
   EXPECT_THAT(late.status().message(), HasSubstr("expired"));
   // Two tokens are never the same.
@@ -46,8 +46,8 @@ TEST_F(TokensTest, ForgedMalformedAndRevokedTokensAreRefused) {
   EXPECT_THAT(store_->Authenticate(forged, 1).status().message(), HasSubstr("unknown"));
   EXPECT_THAT(store_->Authenticate("kc_xyz", 1).status().message(), HasSubstr("malformed"));
   EXPECT_THAT(store_->Authenticate("", 1).status().message(), HasSubstr("malformed"));
-  EXPECT_EQ(*store_->RevokeAll("bob"), 1);
-  Result<std::string> r = store_->Authenticate(t->token, 1);
+  EXPECT_EQ(*store_->RevokeAll("bob", 1), 1);
+  Result<TokenIdentity> r = store_->Authenticate(t->token, 1);
   EXPECT_EQ(r.status().code(), ErrorCode::kUnauthenticated);
   EXPECT_THAT(r.status().message(), HasSubstr("revoked"));
   EXPECT_EQ(store_->Issue("", 10, 0).status().code(), ErrorCode::kInvalidArgument);
@@ -67,7 +67,29 @@ TEST_F(TokensTest, OnlyTheHashIsStored) {
   // And it still works after reopening.
   Result<std::unique_ptr<TokenStore>> again = TokenStore::Open(path_);
   ASSERT_TRUE(again.ok());
-  EXPECT_EQ(*(*again)->Authenticate(t->token, 1), "ann");
+  EXPECT_EQ((*again)->Authenticate(t->token, 1)->subject, "ann");
+}
+
+// A user's revocation takes its run tokens with it, not its agent's namesake; it is
+// remembered with its time; one token is revoked by its hash.
+TEST_F(TokensTest, RevokingAUserTakesItsRunTokensAndIsRemembered) {
+  const IssuedToken user = *store_->Issue("ann", 3600, 0);
+  const IssuedToken run = *store_->Issue("ann", 3600, 0, TokenKind::kRun);
+  const IssuedToken agent = *store_->Issue("ann", 3600, 0, TokenKind::kAgent);
+  EXPECT_EQ(store_->Authenticate(run.token, 1)->kind, TokenKind::kRun);
+  EXPECT_EQ(*store_->RevokedAt("ann"), 0);
+  EXPECT_EQ(*store_->RevokeAll("ann", 50), 2);
+  EXPECT_EQ(*store_->RevokedAt("ann"), 50);
+  EXPECT_FALSE(store_->Authenticate(user.token, 60).ok());
+  EXPECT_FALSE(store_->Authenticate(run.token, 60).ok());
+  EXPECT_EQ(store_->Authenticate(agent.token, 60)->kind, TokenKind::kAgent);
+  EXPECT_EQ(*store_->RevokeAll("ann", 70, TokenKind::kAgent), 1);
+  EXPECT_EQ(*store_->RevokedAt("ann"), 50);  // an agent's revocation is not the user's
+  const IssuedToken one = *store_->Issue("bob", 3600, 0, TokenKind::kRun);
+  const IssuedToken other = *store_->Issue("bob", 3600, 0, TokenKind::kRun);
+  ASSERT_TRUE(store_->Revoke(one.hash).ok());
+  EXPECT_THAT(store_->Authenticate(one.token, 1).status().message(), HasSubstr("revoked"));
+  EXPECT_TRUE(store_->Authenticate(other.token, 1).ok());
 }
 
 }  // namespace

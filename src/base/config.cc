@@ -3,6 +3,8 @@
 // reads never touch yaml-cpp.
 #include "base/config.h"
 
+#include <yaml-cpp/eventhandler.h>
+#include <yaml-cpp/parser.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -19,6 +21,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <system_error>
 #include <tuple>
 #include <utility>
@@ -120,7 +123,17 @@ using internal::Node;
 using internal::Spec;
 
 constexpr int kMaxDepth = 100;
+// Values a document may hold: a few per byte of its text (and a little more, for the aliases a
+// small file uses to share settings), at most kMaxNodes. Aliases share their anchor's value, so
+// a few hundred bytes of nested aliases name billions of values: reading them would cost time
+// and memory out of all proportion to the file, which is refused instead at the budget.
 constexpr int64_t kMaxNodes = 1'000'000;
+constexpr int64_t kNodesPerByte = 2;
+constexpr int64_t kNodesSlack = 4096;
+
+int64_t NodeBudget(size_t text_bytes) {
+  return std::min(kMaxNodes, kNodesSlack + kNodesPerByte * static_cast<int64_t>(text_bytes));
+}
 constexpr size_t kMaxQuotedBytes = 60;
 
 // "FILE:LINE: ", or "FILE: " when the line is unknown.
@@ -409,21 +422,58 @@ std::string ClosestKey(std::string_view key, const std::set<std::string, std::le
   return best;
 }
 
+// Where a text's documents start, and their first values, read as parser events without
+// building them. (YAML::LoadAll builds every document, and loops for ever on one that starts
+// with a stray ',': yaml-cpp 0.7 parses an empty document there without moving on, so every
+// next document starts where the last did.)
+class DocumentScan final : public YAML::EventHandler {
+ public:
+  void OnDocumentStart(const YAML::Mark& mark) override {
+    starts.push_back(mark);
+    first_nodes.push_back(YAML::Mark::null_mark());
+  }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& mark, YAML::anchor_t) override { Value(mark); }
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override { Value(mark); }
+  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                const std::string&) override {
+    Value(mark);
+  }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    Value(mark);
+  }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {
+    Value(mark);
+  }
+  void OnMapEnd() override {}
+
+  std::vector<YAML::Mark> starts;       // per document
+  std::vector<YAML::Mark> first_nodes;  // per document; null when it has none yet
+
+ private:
+  void Value(const YAML::Mark& mark) {
+    if (!first_nodes.empty() && first_nodes.back().is_null()) first_nodes.back() = mark;
+  }
+};
+
 // Copies a yaml-cpp tree into a Node tree. May throw yaml-cpp exceptions; Load catches them.
 class TreeBuilder {
  public:
-  explicit TreeBuilder(const std::string& file) : file_(file) {}
+  TreeBuilder(const std::string& file, int64_t max_nodes) : file_(file), max_nodes_(max_nodes) {}
 
   // Non-OK (kInvalidArgument) on a key that is not a scalar, a duplicate key, nesting
-  // deeper than kMaxDepth, or more than kMaxNodes values (aliases expand here).
+  // deeper than kMaxDepth, or more than max_nodes values (aliases expand here).
   Status Build(const YAML::Node& in, const std::string& path, int depth, Node* out) {
     YAML::Mark mark = in.Mark();
     out->line = mark.is_null() ? 0 : mark.line + 1;
     out->column = mark.is_null() ? 0 : mark.column + 1;
-    if (++num_nodes_ > kMaxNodes) {
-      return InvalidArgumentError(Where(file_, out->line) + "more than " +
-                                  std::to_string(kMaxNodes) +
-                                  " values in the document (an alias expanded too often?)");
+    if (++num_nodes_ > max_nodes_) {
+      return InvalidArgumentError(
+          Where(file_, out->line) + "more than " + std::to_string(max_nodes_) +
+          " values in the document, the most its size allows (an alias expanded too often?)");
     }
     if (depth > kMaxDepth) {
       return InvalidArgumentError(Where(file_, out->line) + path + ": nested more than " +
@@ -483,6 +533,7 @@ class TreeBuilder {
 
  private:
   const std::string& file_;  // the Document's file name, which outlives the builder
+  const int64_t max_nodes_;
   int64_t num_nodes_ = 0;
 };
 
@@ -815,14 +866,24 @@ Result<Document> Document::LoadString(std::string_view text, std::string display
   state->file = std::move(display_name);
   const std::string& file = state->file;
   try {
-    std::vector<YAML::Node> docs = YAML::LoadAll(std::string(text));
-    if (docs.size() > 1) {
-      YAML::Mark mark = docs[1].Mark();
-      return InvalidArgumentError(Where(file, mark.is_null() ? 0 : mark.line + 1) +
+    // The documents first, as events: a second one is refused before anything is built.
+    std::istringstream in{std::string(text)};
+    YAML::Parser parser(in);
+    DocumentScan scan;
+    while (scan.starts.size() < 2 && parser.HandleNextDocument(scan)) {
+    }
+    if (scan.starts.size() > 1) {
+      if (scan.starts[1].pos == scan.starts[0].pos) {
+        return InvalidArgumentError(Where(file, scan.starts[0].line + 1) +
+                                    "YAML syntax error: no document can start here");
+      }
+      const YAML::Mark mark = scan.first_nodes[1].is_null() ? scan.starts[1] : scan.first_nodes[1];
+      return InvalidArgumentError(Where(file, mark.line + 1) +
                                   "expected one YAML document, found a second one");
     }
-    if (!docs.empty()) {
-      KC_RETURN_IF_ERROR(TreeBuilder(file).Build(docs[0], "", 0, &state->root));
+    if (!scan.starts.empty()) {
+      KC_RETURN_IF_ERROR(TreeBuilder(file, NodeBudget(text.size()))
+                             .Build(YAML::Load(std::string(text)), "", 0, &state->root));
     }
   } catch (const YAML::Exception& e) {
     return InvalidArgumentError(Where(file, e.mark.is_null() ? 0 : e.mark.line + 1) +

@@ -430,6 +430,45 @@ TEST(ConfigTest, RecursiveAliasIsRejectedNotFollowedForever) {
   EXPECT_THAT(doc.status().message(), HasSubstr("a recursive alias?"));
 }
 
+// A "billion laughs": nine levels of nine aliases name 9^9 values in a few hundred bytes.
+// Reading stops at a budget proportional to the text, so the cost of refusing it is that of
+// a plain file of its size, not of what it names.
+TEST(ConfigTest, AnAliasBombIsRefusedAtABudgetProportionalToItsSize) {
+  std::string text = "l0: &l0 [x, x, x, x, x, x, x, x, x]\n";
+  for (int i = 1; i < 9; ++i) {
+    const std::string prev = "*l" + std::to_string(i - 1);
+    text += "l" + std::to_string(i) + ": &l" + std::to_string(i) + " [";
+    for (int j = 0; j < 9; ++j) text += (j == 0 ? "" : ", ") + prev;
+    text += "]\n";
+  }
+  ASSERT_LT(text.size(), 600u);
+  Result<Document> doc = Document::LoadString(text, "bomb.yaml");
+  ASSERT_FALSE(doc.ok());
+  EXPECT_EQ(doc.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_THAT(doc.status().message(), HasSubstr("values in the document, the most its size"));
+  // The budget it stopped at: a few values per byte.
+  const std::string message(doc.status().message());
+  const size_t at = message.find("more than ") + 10;
+  const int64_t budget = std::stoll(message.substr(at));
+  EXPECT_LE(budget, 4096 + 2 * static_cast<int64_t>(text.size()));
+  // A file that shares settings through a few aliases still reads.
+  Result<Document> shared =
+      Document::LoadString("base: &b {lr: 1, wd: 2}\na: *b\nb: *b\nc: *b\n", "shared.yaml");
+  EXPECT_TRUE(shared.ok()) << shared.status();
+}
+
+// yaml-cpp 0.7's LoadAll loops for ever on a document that starts with a stray ','
+// (found by fuzzing the settings, roles and grouping files): it is a syntax error, at once.
+TEST(ConfigTest, ADocumentStartingWithAStrayCommaIsASyntaxErrorNotAHang) {
+  for (const char* text : {",", ", x", ",og:\n  x: 2\n", "a: 1\n---\n,\n"}) {
+    Result<Document> doc = Document::LoadString(text, "kc.yaml");
+    ASSERT_FALSE(doc.ok()) << text;
+    EXPECT_EQ(doc.status().code(), ErrorCode::kInvalidArgument) << text;
+  }
+  EXPECT_THAT(Document::LoadString(",x: 1\n", "kc.yaml").status().message(),
+              HasSubstr("kc.yaml:1: YAML syntax error"));
+}
+
 TEST(ConfigTest, LoadFileNamesThePathInErrors) {
   std::string path = WriteTempFile("config_test_model.yaml", "model:\n  heads: 8\n  layers: x\n");
   Result<Document> doc = Document::LoadFile(path);

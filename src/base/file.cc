@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -20,15 +21,23 @@ Status Errno(const std::string& what, const std::string& path) {
 
 namespace {
 
-// Writes data to tmp (created), optionally fsyncs it, renames it to path.
-Status WriteAndRename(const std::string& path, std::span<const std::byte> data, bool sync) {
+// Writes data to a temporary file (created with options.mode), optionally fsyncs it, renames it
+// to path.
+Status WriteAndRename(const std::string& path, std::span<const std::byte> data, bool sync,
+                      const WriteOptions& options = {}) {
   const std::filesystem::path p(path);
   const std::filesystem::path dir = p.has_parent_path() ? p.parent_path() : ".";
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return UnavailableError("cannot create \"" + dir.string() + "\": " + ec.message());
-  const std::string tmp = path + ".tmp";
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  static std::atomic<uint64_t> calls{0};
+  const std::string tmp = options.unique_temp
+                              ? path + ".tmp." + std::to_string(getpid()) + "." +
+                                    std::to_string(calls.fetch_add(1, std::memory_order_relaxed))
+                              : path + ".tmp";
+  // A leftover temporary file keeps its old mode through O_TRUNC: start afresh.
+  unlink(tmp.c_str());
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, options.mode);
   if (fd < 0) return Errno("cannot create", tmp);
   size_t done = 0;
   while (done < data.size()) {
@@ -73,8 +82,9 @@ std::string DirOf(const std::string& path) {
 
 }  // namespace
 
-Status WriteFileDurably(const std::string& path, std::span<const std::byte> data) {
-  KC_RETURN_IF_ERROR(WriteAndRename(path, data, /*sync=*/true));
+Status WriteFileDurably(const std::string& path, std::span<const std::byte> data,
+                        const WriteOptions& options) {
+  KC_RETURN_IF_ERROR(WriteAndRename(path, data, /*sync=*/true, options));
   return SyncPath(DirOf(path), /*directory=*/true);
 }
 

@@ -1,6 +1,8 @@
 // Whole-file reads and crash-safe writes: what checkpoints, state files and reports need.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <span>
 #include <string>
@@ -10,13 +12,26 @@
 
 namespace kc {
 
+// How a file is written.
+struct WriteOptions {
+  // The file's permissions, given when it is created (the process's umask applies), so a file
+  // meant for its owner alone (0600) is never readable by others, not even for a moment.
+  mode_t mode = 0644;
+  // A temporary name of this call's own ("<path>.tmp.PID.N") instead of "<path>.tmp", for a
+  // file that several processes may replace at once.
+  bool unique_temp = false;
+};
+
 // Writes `data` to `path` so that after a crash the file is either the old one or the whole
 // new one: into "<path>.tmp" (parent directories created), fsync, rename over `path`, fsync of
 // the directory. kUnavailable naming the file and the system's reason on failure (the
 // temporary file is removed).
-Status WriteFileDurably(const std::string& path, std::span<const std::byte> data);
-inline Status WriteFileDurably(const std::string& path, std::string_view text) {
-  return WriteFileDurably(path, std::as_bytes(std::span<const char>(text.data(), text.size())));
+Status WriteFileDurably(const std::string& path, std::span<const std::byte> data,
+                        const WriteOptions& options = {});
+inline Status WriteFileDurably(const std::string& path, std::string_view text,
+                               const WriteOptions& options = {}) {
+  return WriteFileDurably(path, std::as_bytes(std::span<const char>(text.data(), text.size())),
+                          options);
 }
 
 // Writes `data` to "<path>.tmp" and renames it over `path`, without waiting for the disk:

@@ -26,8 +26,9 @@ std::string_view SeverityName(log::Severity s) {
 
 }  // namespace
 
-Result<Settings> LoadSettings(const std::string& path) {
-  KC_ASSIGN_OR_RETURN(config::Document doc, config::Document::LoadFile(path));
+namespace {
+
+Result<Settings> ReadSettings(config::Document doc) {
   Settings s;
   config::Map root = doc.root();
   config::Map logging = root.OptionalMap("log");
@@ -47,6 +48,19 @@ Result<Settings> LoadSettings(const std::string& path) {
   s.boundary.peer_blocking_call = level("peer_blocking_call", s.boundary.peer_blocking_call);
   KC_RETURN_IF_ERROR(doc.Finish());
   return s;
+}
+
+}  // namespace
+
+Result<Settings> LoadSettings(const std::string& path) {
+  KC_ASSIGN_OR_RETURN(config::Document doc, config::Document::LoadFile(path));
+  return ReadSettings(std::move(doc));
+}
+
+Result<Settings> LoadSettingsString(std::string_view text, std::string display_name) {
+  KC_ASSIGN_OR_RETURN(config::Document doc,
+                      config::Document::LoadString(text, std::move(display_name)));
+  return ReadSettings(std::move(doc));
 }
 
 Status ApplySettings(const Settings& settings) {

@@ -4,6 +4,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "base/layer_guard.h"
 #include "base/log.h"
@@ -22,6 +23,8 @@ struct Settings {
 // Reads settings from `path`. Unknown keys, wrong types and out-of-range values are
 // kInvalidArgument with "FILE:LINE: key.path: ..." messages; a missing file is kNotFound.
 Result<Settings> LoadSettings(const std::string& path);
+// As LoadSettings, for YAML text in memory; `display_name` stands for the file in errors.
+Result<Settings> LoadSettingsString(std::string_view text, std::string display_name);
 
 // Applies settings to this process: log level, verbosity and sink; the boundary policy.
 // kInvalidArgument if the log file cannot be opened (nothing is changed then).

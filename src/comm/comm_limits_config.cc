@@ -169,4 +169,11 @@ Result<CommLimits> LoadCommLimits(const std::string& path) {
   return ParseCommLimits(std::move(doc));
 }
 
+Result<CommLimits> LoadCommLimitsString(std::string_view text, std::string display_name) {
+  KC_LAYER_ENTRY(Layer::kComm, "comm_limits");
+  KC_ASSIGN_OR_RETURN(config::Document doc,
+                      config::Document::LoadString(text, std::move(display_name)));
+  return ParseCommLimits(std::move(doc));
+}
+
 }  // namespace kc::comm

@@ -55,5 +55,7 @@ bool JobPatternMatches(std::string_view pattern, std::string_view name);
 // priority that is not a permutation of the lanes, or telemetry ranked above gradient.
 // Blocks on file I/O only.
 Result<CommLimits> LoadCommLimits(const std::string& path);
+// As LoadCommLimits, for YAML text in memory; `display_name` stands for the file in errors.
+Result<CommLimits> LoadCommLimitsString(std::string_view text, std::string display_name);
 
 }  // namespace kc::comm

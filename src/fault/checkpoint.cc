@@ -1,10 +1,12 @@
 #include "fault/checkpoint.h"
 
+#include <fmt/format.h>
 #include <xxhash.h>
 #include <zstd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -45,7 +47,7 @@ std::string RankFileName(int rank) {
 // The step of a directory named step-N; -1 for any other name.
 int64_t StepOf(const fs::path& p) {
   const std::string name = p.filename().string();
-  if (name.size() <= 5 || name.compare(0, 5, "step-") != 0) return -1;
+  if (name.size() <= 5 || name.size() > 5 + 18 || name.compare(0, 5, "step-") != 0) return -1;
   int64_t step = 0;
   for (size_t i = 5; i < name.size(); ++i) {
     if (name[i] < '0' || name[i] > '9') return -1;
@@ -68,56 +70,210 @@ double Since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// Reads chunk `ref` ({"file", "hash", "bytes"}) under `dir`, decompressed, and checks its hash.
-Status ReadChunk(const fs::path& dir, const Json& ref, std::vector<std::byte>* out,
+// Typed reads of a checkpoint's JSON, each naming FILE and the key's path in its error.
+class JsonFields {
+ public:
+  explicit JsonFields(const std::string& file) : file_(file) {}
+
+  Status Bad(std::string_view path, std::string_view what) const {
+    return DataLossError(fmt::format("{}: {}: {}", file_, path, what));
+  }
+  Result<const Json*> Member(const Json& obj, std::string_view key, std::string_view path) const {
+    if (!obj.is_object()) return Bad(path, "expected an object");
+    auto it = obj.find(key);
+    if (it == obj.end()) return Bad(Join(path, key), "missing");
+    return &*it;
+  }
+  Result<int64_t> Int(const Json& obj, std::string_view key, std::string_view path, int64_t lo,
+                      int64_t hi) const {
+    KC_ASSIGN_OR_RETURN(const Json* v, Member(obj, key, path));
+    if (!v->is_number_integer() || (v->is_number_unsigned() && v->get<uint64_t>() > INT64_MAX) ||
+        v->get<int64_t>() < lo || v->get<int64_t>() > hi) {
+      return Bad(Join(path, key),
+                 fmt::format("expected an integer in [{}, {}], got {}", lo, hi, Shown(*v)));
+    }
+    return v->get<int64_t>();
+  }
+  Result<std::string> String(const Json& obj, std::string_view key, std::string_view path) const {
+    KC_ASSIGN_OR_RETURN(const Json* v, Member(obj, key, path));
+    if (!v->is_string()) return Bad(Join(path, key), "expected a string, got " + Shown(*v));
+    return v->get<std::string>();
+  }
+  // A string that `ok` accepts, `what` saying what it must be.
+  Result<std::string> String(const Json& obj, std::string_view key, std::string_view path,
+                             bool (*ok)(std::string_view), std::string_view what) const {
+    KC_ASSIGN_OR_RETURN(std::string v, String(obj, key, path));
+    if (!ok(v)) return Bad(Join(path, key), fmt::format("expected {}, got {}", what, Shown(v)));
+    return v;
+  }
+  Result<const Json*> Array(const Json& obj, std::string_view key, std::string_view path) const {
+    KC_ASSIGN_OR_RETURN(const Json* v, Member(obj, key, path));
+    if (!v->is_array()) return Bad(Join(path, key), "expected a list, got " + Shown(*v));
+    return v;
+  }
+  static std::string Join(std::string_view path, std::string_view key) {
+    return path.empty() ? std::string(key) : fmt::format("{}.{}", path, key);
+  }
+  static std::string Element(std::string_view path, size_t i) {
+    return fmt::format("{}[{}]", path, i);
+  }
+
+ private:
+  static std::string Shown(const Json& v) {
+    std::string text = v.dump(-1, ' ', true, Json::error_handler_t::replace);
+    return text.size() > 40 ? text.substr(0, 40) + "..." : text;
+  }
+  const std::string& file_;  // the caller's, which outlives this
+};
+
+bool IsHexDigits(std::string_view s, size_t n) {
+  return s.size() == n && std::all_of(s.begin(), s.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
+}
+bool IsContentHash(std::string_view s) { return IsHexDigits(s, 32); }
+bool IsDigits(std::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+// rank-NNNNN.json, as RankFileName writes it.
+bool IsRankFileName(std::string_view s) {
+  return s.starts_with("rank-") && s.ends_with(".json") && s.size() > 10 &&
+         IsDigits(s.substr(5, s.size() - 10));
+}
+// step-N/chunks/HASH.bin or .zst: a chunk under the checkpoint directory, never outside it.
+bool IsChunkFileName(std::string_view s) {
+  const size_t slash = s.find('/');
+  if (slash == std::string_view::npos || !s.starts_with("step-") ||
+      !IsDigits(s.substr(5, slash - 5))) {
+    return false;
+  }
+  std::string_view rest = s.substr(slash + 1);
+  if (!rest.starts_with("chunks/")) return false;
+  rest.remove_prefix(7);
+  return (rest.ends_with(".bin") || rest.ends_with(".zst")) &&
+         IsContentHash(rest.substr(0, rest.size() - 4));
+}
+bool IsKind(std::string_view s) { return s == "param" || s == "exp_avg" || s == "exp_avg_sq"; }
+bool IsNonEmpty(std::string_view s) { return !s.empty(); }
+
+constexpr int64_t kMaxRanks = 1 << 20;
+constexpr int64_t kMaxElements = int64_t{1} << 40;
+
+// `text` as a JSON object whose "format" is `format` (`what` names the kind of file).
+Result<Json> ParseJson(std::string_view text, const std::string& file, std::string_view format,
+                       std::string_view what) {
+  Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return DataLossError(file + ": not a JSON object (truncated or changed)");
+  }
+  if (j.value("format", Json()) != format) {
+    return DataLossError(fmt::format("{}: not a {} {}", file, format, what));
+  }
+  return j;
+}
+
+Result<PieceIndex> ParsePiece(const JsonFields& f, const Json& p, const std::string& at) {
+  PieceIndex piece;
+  KC_ASSIGN_OR_RETURN(piece.tensor, f.String(p, "tensor", at, IsNonEmpty, "a tensor's name"));
+  KC_ASSIGN_OR_RETURN(piece.kind,
+                      f.String(p, "kind", at, IsKind, "\"param\", \"exp_avg\" or \"exp_avg_sq\""));
+  KC_ASSIGN_OR_RETURN(const Json* shape, f.Array(p, "shape", at));
+  int64_t elements = 1;
+  for (size_t i = 0; i < shape->size(); ++i) {
+    const Json& d = (*shape)[i];
+    const std::string dim = JsonFields::Element(JsonFields::Join(at, "shape"), i);
+    if (!d.is_number_integer() || d.get<int64_t>() < 0 || d.get<int64_t>() > kMaxElements ||
+        (d.get<int64_t>() > 0 && elements > kMaxElements / d.get<int64_t>())) {
+      return f.Bad(dim,
+                   fmt::format("expected a dimension, the tensor at most {} values", kMaxElements));
+    }
+    piece.shape.push_back(d.get<int64_t>());
+    elements *= d.get<int64_t>();
+  }
+  KC_ASSIGN_OR_RETURN(const std::string split, f.String(p, "split", at));
+  bool known = false;
+  for (TpSplit s : {TpSplit::kReplicated, TpSplit::kVocab, TpSplit::kRows, TpSplit::kQkvRows,
+                    TpSplit::kColumns}) {
+    if (parallel::TpSplitName(s) == split) {
+      piece.split = s;
+      known = true;
+    }
+  }
+  if (!known) return f.Bad(JsonFields::Join(at, "split"), "expected a tensor-parallel split");
+  KC_ASSIGN_OR_RETURN(const int64_t tp_size, f.Int(p, "tp_size", at, 1, 4096));
+  KC_ASSIGN_OR_RETURN(const int64_t tp_rank, f.Int(p, "tp_rank", at, 0, tp_size - 1));
+  piece.tp_size = static_cast<int>(tp_size);
+  piece.tp_rank = static_cast<int>(tp_rank);
+  KC_ASSIGN_OR_RETURN(piece.offset, f.Int(p, "offset", at, 0, kMaxElements));
+  KC_ASSIGN_OR_RETURN(piece.count, f.Int(p, "count", at, 0, kMaxElements));
+  KC_ASSIGN_OR_RETURN(const Json* chunks, f.Array(p, "chunks", at));
+  for (size_t i = 0; i < chunks->size(); ++i) {
+    const std::string c = JsonFields::Element(JsonFields::Join(at, "chunks"), i);
+    ChunkRef ref;
+    KC_ASSIGN_OR_RETURN(ref.file, f.String((*chunks)[i], "file", c, IsChunkFileName,
+                                           "STEP-DIR/chunks/HASH.bin or .zst"));
+    KC_ASSIGN_OR_RETURN(ref.hash,
+                        f.String((*chunks)[i], "hash", c, IsContentHash, "32 hex digits"));
+    KC_ASSIGN_OR_RETURN(ref.bytes, f.Int((*chunks)[i], "bytes", c, 0, kMaxChunkBytes));
+    if (ref.bytes % 4 != 0) {
+      return f.Bad(JsonFields::Join(c, "bytes"), "expected a multiple of 4 (whole values)");
+    }
+    piece.chunks.push_back(std::move(ref));
+  }
+  return piece;
+}
+
+// Reads chunk `ref` under `dir`, decompressed, and checks its hash.
+Status ReadChunk(const fs::path& dir, const ChunkRef& ref, std::vector<std::byte>* out,
                  int64_t* stored = nullptr) {
-  const std::string file = ref.at("file").get<std::string>();
-  const int64_t bytes = ref.at("bytes").get<int64_t>();
-  Result<std::string> data = ReadWholeFile((dir / file).string());
-  if (!data.ok()) return DataLossError("chunk " + file + ": " + data.status().message());
+  Result<std::string> data = ReadWholeFile((dir / ref.file).string());
+  if (!data.ok()) return DataLossError("chunk " + ref.file + ": " + data.status().message());
   if (stored != nullptr) *stored += static_cast<int64_t>(data->size());
-  out->resize(static_cast<size_t>(bytes));
-  if (file.ends_with(".zst")) {
+  if (ref.file.ends_with(".zst")) {
+    // The frame says how big it is: nothing is allocated for a size the chunk does not have.
+    const unsigned long long size = ZSTD_getFrameContentSize(data->data(), data->size());
+    if (size != static_cast<unsigned long long>(ref.bytes)) {
+      return DataLossError("chunk " + ref.file + ": does not decompress to its " +
+                           std::to_string(ref.bytes) + " bytes");
+    }
+    out->resize(static_cast<size_t>(ref.bytes));
     const size_t n = ZSTD_decompress(out->data(), out->size(), data->data(), data->size());
-    if (ZSTD_isError(n) || static_cast<int64_t>(n) != bytes) {
-      return DataLossError("chunk " + file + ": does not decompress to its " +
-                           std::to_string(bytes) + " bytes (" +
+    if (ZSTD_isError(n) || static_cast<int64_t>(n) != ref.bytes) {
+      return DataLossError("chunk " + ref.file + ": does not decompress to its " +
+                           std::to_string(ref.bytes) + " bytes (" +
                            (ZSTD_isError(n) ? ZSTD_getErrorName(n) : "wrong size") + ")");
     }
   } else {
-    if (static_cast<int64_t>(data->size()) != bytes) {
-      return DataLossError("chunk " + file + ": " + std::to_string(data->size()) +
-                           " bytes, expected " + std::to_string(bytes) + " (truncated?)");
+    if (static_cast<int64_t>(data->size()) != ref.bytes) {
+      return DataLossError("chunk " + ref.file + ": " + std::to_string(data->size()) +
+                           " bytes, expected " + std::to_string(ref.bytes) + " (truncated?)");
     }
+    out->resize(static_cast<size_t>(ref.bytes));
     std::copy_n(reinterpret_cast<const std::byte*>(data->data()), data->size(), out->data());
   }
-  if (ContentHash(*out) != ref.at("hash").get<std::string>()) {
-    return DataLossError("chunk " + file + ": checksum mismatch (its content changed)");
+  if (ContentHash(*out) != ref.hash) {
+    return DataLossError("chunk " + ref.file + ": checksum mismatch (its content changed)");
   }
   return OkStatus();
 }
 
 // A rank file of the checkpoint at `path`, checked against the manifest's hash.
-Result<Json> ReadRankFile(const fs::path& path, const Json& entry) {
-  const std::string file = entry.at("file").get<std::string>();
-  Result<std::string> text = ReadWholeFile((path / file).string());
-  if (!text.ok()) return DataLossError(file + ": " + text.status().message());
-  if (ContentHash(Bytes(*text)) != entry.at("hash").get<std::string>()) {
-    return DataLossError(file + ": checksum mismatch against the manifest (changed or truncated)");
+Result<RankIndex> ReadRankFile(const fs::path& path, const Manifest::RankFile& entry) {
+  Result<std::string> text = ReadWholeFile((path / entry.file).string());
+  if (!text.ok()) return DataLossError(entry.file + ": " + text.status().message());
+  if (ContentHash(Bytes(*text)) != entry.hash) {
+    return DataLossError(entry.file +
+                         ": checksum mismatch against the manifest (changed or truncated)");
   }
-  Json j = Json::parse(*text, nullptr, false);
-  if (j.is_discarded() || j.value("format", "") != kRankFormat) {
-    return DataLossError(file + ": not a " + std::string(kRankFormat) + " file");
-  }
-  return j;
+  return ParseRankFile(*text, entry.file);
 }
 
 // Every rank file of the checkpoint at `path`, verified.
-Result<std::vector<Json>> ReadRankFiles(const fs::path& path, const Json& manifest) {
-  std::vector<Json> out;
-  for (const Json& entry : manifest.at("rank_files")) {
-    KC_ASSIGN_OR_RETURN(Json j, ReadRankFile(path, entry));
-    out.push_back(std::move(j));
+Result<std::vector<RankIndex>> ReadRankFiles(const fs::path& path, const Manifest& manifest) {
+  std::vector<RankIndex> out;
+  for (const Manifest::RankFile& entry : manifest.rank_files) {
+    KC_ASSIGN_OR_RETURN(RankIndex r, ReadRankFile(path, entry));
+    out.push_back(std::move(r));
   }
   return out;
 }
@@ -382,45 +538,89 @@ Result<std::vector<CheckpointEntry>> ListCheckpoints(const std::string& dir) {
   return out;
 }
 
-Result<Json> ReadManifest(const std::string& path) {
+Result<Manifest> ParseManifest(std::string_view text, const std::string& file) {
+  KC_ASSIGN_OR_RETURN(const Json j, ParseJson(text, file, kManifestFormat, "manifest"));
+  const JsonFields f(file);
+  Manifest m;
+  KC_ASSIGN_OR_RETURN(m.step, f.Int(j, "step", "", 0, INT64_MAX / 2));
+  KC_ASSIGN_OR_RETURN(m.loader_state, f.String(j, "loader_state", ""));
+  for (auto [key, out] : {std::pair{"plan", &m.plan}, {"model", &m.model}}) {
+    KC_ASSIGN_OR_RETURN(const Json* v, f.Member(j, key, ""));
+    if (!v->is_object()) return f.Bad(key, "expected an object");
+    *out = *v;
+  }
+  KC_ASSIGN_OR_RETURN(const int64_t ranks, f.Int(j, "ranks", "", 1, kMaxRanks));
+  m.ranks = static_cast<int>(ranks);
+  KC_ASSIGN_OR_RETURN(const Json* compress, f.Member(j, "compress", ""));
+  if (!compress->is_boolean()) return f.Bad("compress", "expected true or false");
+  m.compress = compress->get<bool>();
+  KC_ASSIGN_OR_RETURN(m.chunk_bytes, f.Int(j, "chunk_bytes", "", 4, kMaxChunkBytes));
+  KC_ASSIGN_OR_RETURN(const Json* created, f.Member(j, "created_unix", ""));
+  if (!created->is_number() || !(created->get<double>() >= 0 && created->get<double>() < 1e12)) {
+    return f.Bad("created_unix", "expected seconds since the Unix epoch");
+  }
+  m.created_unix = created->get<double>();
+  KC_ASSIGN_OR_RETURN(const Json* rank_files, f.Array(j, "rank_files", ""));
+  if (rank_files->empty() || static_cast<int64_t>(rank_files->size()) > kMaxRanks) {
+    return f.Bad("rank_files", "expected one file per rank");
+  }
+  for (size_t i = 0; i < rank_files->size(); ++i) {
+    const std::string at = JsonFields::Element("rank_files", i);
+    Manifest::RankFile r;
+    KC_ASSIGN_OR_RETURN(r.file,
+                        f.String((*rank_files)[i], "file", at, IsRankFileName, "rank-N.json"));
+    KC_ASSIGN_OR_RETURN(r.hash,
+                        f.String((*rank_files)[i], "hash", at, IsContentHash, "32 hex digits"));
+    m.rank_files.push_back(std::move(r));
+  }
+  return m;
+}
+
+Result<RankIndex> ParseRankFile(std::string_view text, const std::string& file) {
+  KC_ASSIGN_OR_RETURN(const Json j, ParseJson(text, file, kRankFormat, "file"));
+  const JsonFields f(file);
+  RankIndex r;
+  KC_ASSIGN_OR_RETURN(const int64_t rank, f.Int(j, "rank", "", 0, kMaxRanks - 1));
+  r.rank = static_cast<int>(rank);
+  KC_ASSIGN_OR_RETURN(const Json* pieces, f.Array(j, "pieces", ""));
+  for (size_t i = 0; i < pieces->size(); ++i) {
+    KC_ASSIGN_OR_RETURN(PieceIndex p,
+                        ParsePiece(f, (*pieces)[i], JsonFields::Element("pieces", i)));
+    r.pieces.push_back(std::move(p));
+  }
+  return r;
+}
+
+Result<Manifest> ReadManifest(const std::string& path) {
   const std::string file = (fs::path(path) / kManifest).string();
   Result<std::string> text = ReadWholeFile(file);
   if (!text.ok()) return DataLossError(text.status().message());
-  Json j = Json::parse(*text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) {
-    return DataLossError(file + ": not JSON (truncated or changed)");
-  }
-  if (j.value("format", "") != kManifestFormat || !j.contains("rank_files") ||
-      !j.contains("step")) {
-    return DataLossError(file + ": not a " + std::string(kManifestFormat) + " manifest");
-  }
-  return j;
+  return ParseManifest(*text, file);
 }
 
 Result<VerifyReport> VerifyCheckpoint(const std::string& path) {
-  KC_ASSIGN_OR_RETURN(Json manifest, ReadManifest(path));
+  KC_ASSIGN_OR_RETURN(Manifest manifest, ReadManifest(path));
   VerifyReport report;
   const fs::path root = fs::path(path).parent_path();
-  KC_ASSIGN_OR_RETURN(std::vector<Json> ranks, ReadRankFiles(path, manifest));
+  KC_ASSIGN_OR_RETURN(std::vector<RankIndex> ranks, ReadRankFiles(path, manifest));
   report.ranks = static_cast<int>(ranks.size());
   std::vector<std::byte> buf;
   std::set<std::string> seen;
-  for (const Json& rank : ranks) {
-    for (const Json& piece : rank.at("pieces")) {
+  for (const RankIndex& rank : ranks) {
+    for (const PieceIndex& piece : rank.pieces) {
       ++report.pieces;
       int64_t bytes = 0;
-      for (const Json& ref : piece.at("chunks")) {
-        bytes += ref.at("bytes").get<int64_t>();
-        if (!seen.insert(ref.at("file").get<std::string>()).second) continue;
+      for (const ChunkRef& ref : piece.chunks) {
+        bytes += ref.bytes;
+        if (!seen.insert(ref.file).second) continue;
         KC_RETURN_IF_ERROR(ReadChunk(root, ref, &buf, &report.stored_bytes));
         ++report.chunks;
         report.raw_bytes += static_cast<int64_t>(buf.size());
       }
-      if (bytes != piece.at("count").get<int64_t>() * 4) {
-        return DataLossError(RankFileName(rank.at("rank").get<int>()) + ": piece of " +
-                             piece.at("tensor").get<std::string>() + " has " +
+      if (bytes != piece.count * 4) {
+        return DataLossError(RankFileName(rank.rank) + ": piece of " + piece.tensor + " has " +
                              std::to_string(bytes) + " bytes of chunks for " +
-                             std::to_string(piece.at("count").get<int64_t>()) + " values");
+                             std::to_string(piece.count) + " values");
       }
     }
   }
@@ -441,15 +641,13 @@ Result<CheckpointEntry> LatestGoodCheckpoint(const std::string& dir,
 
 Status RestoreTensors(const std::string& path, std::span<StateTensor> tensors) {
   KC_LAYER_ENTRY(Layer::kFault, "checkpoint");
-  KC_ASSIGN_OR_RETURN(Json manifest, ReadManifest(path));
-  KC_ASSIGN_OR_RETURN(std::vector<Json> ranks, ReadRankFiles(path, manifest));
+  KC_ASSIGN_OR_RETURN(Manifest manifest, ReadManifest(path));
+  KC_ASSIGN_OR_RETURN(std::vector<RankIndex> ranks, ReadRankFiles(path, manifest));
   const fs::path root = fs::path(path).parent_path();
-  std::multimap<std::pair<std::string, std::string>, const Json*> pieces;  // (tensor, kind)
-  for (const Json& rank : ranks) {
-    for (const Json& piece : rank.at("pieces")) {
-      pieces.emplace(std::make_pair(piece.at("tensor").get<std::string>(),
-                                    piece.at("kind").get<std::string>()),
-                     &piece);
+  std::multimap<std::pair<std::string, std::string>, const PieceIndex*> pieces;  // tensor, kind
+  for (const RankIndex& rank : ranks) {
+    for (const PieceIndex& piece : rank.pieces) {
+      pieces.emplace(std::make_pair(piece.tensor, piece.kind), &piece);
     }
   }
   std::vector<std::byte> buf;
@@ -462,28 +660,25 @@ Status RestoreTensors(const std::string& path, std::span<StateTensor> tensors) {
     }
     whole->assign(static_cast<size_t>(Elements(t.shape)), 0.0f);
     // Shards by (tp_size, tp_rank, split): each filled from its ranges, then put in place.
+    // Every piece of it was cut one way: one split, one tensor-parallel size.
     std::map<std::pair<int, int>, std::pair<std::vector<float>, int64_t>> shards;
-    TpSplit split = TpSplit::kReplicated;
-    int tp_size = 1;
+    const TpSplit split = first->second->split;
+    const int tp_size = first->second->tp_size;
+    const int64_t shard_n = Elements(parallel::ShardShape(t.shape, split, tp_size));
     for (auto it = first; it != last; ++it) {
-      const Json& p = *it->second;
-      if (p.at("shape").get<std::vector<int64_t>>() != t.shape) {
+      const PieceIndex& p = *it->second;
+      if (p.shape != t.shape) {
         return InvalidArgumentError(path + ": tensor " + t.name + " has shape " +
-                                    p.at("shape").dump() + " there, " + Json(t.shape).dump() +
+                                    Json(p.shape).dump() + " there, " + Json(t.shape).dump() +
                                     " in this model");
       }
-      const std::string split_name = p.at("split").get<std::string>();
-      for (TpSplit s : {TpSplit::kReplicated, TpSplit::kVocab, TpSplit::kRows, TpSplit::kQkvRows,
-                        TpSplit::kColumns}) {
-        if (parallel::TpSplitName(s) == split_name) split = s;
+      if (p.split != split || p.tp_size != tp_size) {
+        return DataLossError(path + ": the pieces of " + t.name + " disagree on how it was split");
       }
-      tp_size = p.at("tp_size").get<int>();
-      const int tp_rank = p.at("tp_rank").get<int>();
-      auto& [shard, filled] = shards[{tp_size, tp_rank}];
-      const int64_t shard_n = Elements(parallel::ShardShape(t.shape, split, tp_size));
+      auto& [shard, filled] = shards[{tp_size, p.tp_rank}];
       shard.resize(static_cast<size_t>(shard_n));
-      int64_t at = p.at("offset").get<int64_t>();
-      for (const Json& ref : p.at("chunks")) {
+      int64_t at = p.offset;
+      for (const ChunkRef& ref : p.chunks) {
         KC_RETURN_IF_ERROR(ReadChunk(root, ref, &buf));
         const int64_t n = static_cast<int64_t>(buf.size() / sizeof(float));
         if (at + n > shard_n) {
@@ -494,7 +689,6 @@ Status RestoreTensors(const std::string& path, std::span<StateTensor> tensors) {
         filled += n;
       }
     }
-    const int64_t shard_n = Elements(parallel::ShardShape(t.shape, split, tp_size));
     const int need = split == TpSplit::kReplicated ? 1 : tp_size;
     int complete = 0;
     for (auto& [key, value] : shards) {
@@ -540,13 +734,13 @@ Status PruneCheckpoints(const std::string& dir, int keep) {
     const CheckpointEntry& e = committed[i];
     if (static_cast<int>(i) < keep) {
       kept_paths.insert(fs::path(e.path).filename().string());
-      Result<Json> manifest = ReadManifest(e.path);
+      Result<Manifest> manifest = ReadManifest(e.path);
       if (!manifest.ok()) continue;  // corrupt: nothing of it is worth keeping for it
-      Result<std::vector<Json>> ranks = ReadRankFiles(e.path, *manifest);
+      Result<std::vector<RankIndex>> ranks = ReadRankFiles(e.path, *manifest);
       if (!ranks.ok()) continue;
-      for (const Json& rank : *ranks) {
-        for (const Json& piece : rank.at("pieces")) {
-          for (const Json& ref : piece.at("chunks")) referenced.insert(ref.at("file"));
+      for (const RankIndex& rank : *ranks) {
+        for (const PieceIndex& piece : rank.pieces) {
+          for (const ChunkRef& ref : piece.chunks) referenced.insert(ref.file);
         }
       }
       continue;

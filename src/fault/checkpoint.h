@@ -28,6 +28,7 @@
 #include "base/mutex.h"
 #include "base/status.h"
 #include "comm/store.h"
+#include "parallel/tensor_parallel.h"
 #include "parallel/trainer.h"
 
 namespace kc::fault {
@@ -133,8 +134,63 @@ struct CheckpointEntry {
 // An absent directory has none.
 Result<std::vector<CheckpointEntry>> ListCheckpoints(const std::string& dir);
 
-// The manifest of the checkpoint at `path`: kDataLoss naming the file when unreadable.
-Result<nlohmann::json> ReadManifest(const std::string& path);
+// A checkpoint's files as read back, every field checked: a manifest or rank file that is not
+// JSON, lacks a key, has one of the wrong type or out of range, or names a file outside its
+// checkpoint directory is kDataLoss as "FILE: key.path: what was expected" (a file written by
+// someone else is data, never trusted to be what the writer made).
+
+// One chunk of a piece: its file (STEP-DIR/chunks/HASH.bin or .zst, under the checkpoint
+// directory), its content hash, its size once decompressed.
+struct ChunkRef {
+  std::string file;
+  std::string hash;
+  int64_t bytes = 0;  // a multiple of 4, at most kMaxChunkBytes
+};
+inline constexpr int64_t kMaxChunkBytes = int64_t{1} << 28;
+
+// A piece of a tensor one rank saved: `count` values at `offset` of tensor-parallel shard
+// `tp_rank` of `tp_size`.
+struct PieceIndex {
+  std::string tensor;
+  std::string kind;  // "param", "exp_avg", "exp_avg_sq"
+  std::vector<int64_t> shape;
+  parallel::TpSplit split = parallel::TpSplit::kReplicated;
+  int tp_rank = 0;
+  int tp_size = 1;
+  int64_t offset = 0;
+  int64_t count = 0;  // whose bytes the chunks hold: 4 * count
+  std::vector<ChunkRef> chunks;
+};
+
+// A rank file (rank-NNNNN.json): the pieces one rank saved.
+struct RankIndex {
+  int rank = 0;
+  std::vector<PieceIndex> pieces;
+};
+
+// A manifest (MANIFEST.json): the commit of one checkpoint.
+struct Manifest {
+  int64_t step = 0;
+  std::string loader_state;
+  nlohmann::json plan;   // an object (informational)
+  nlohmann::json model;  // an object: the model's fields
+  int ranks = 0;
+  bool compress = false;
+  int64_t chunk_bytes = 0;
+  double created_unix = 0;
+  struct RankFile {
+    std::string file;  // rank-NNNNN.json
+    std::string hash;  // of its text
+  };
+  std::vector<RankFile> rank_files;
+};
+
+// Parses a manifest's or a rank file's text; `file` names it in errors.
+Result<Manifest> ParseManifest(std::string_view text, const std::string& file);
+Result<RankIndex> ParseRankFile(std::string_view text, const std::string& file);
+
+// The manifest of the checkpoint at `path`: kDataLoss naming the file and key when unreadable.
+Result<Manifest> ReadManifest(const std::string& path);
 
 struct VerifyReport {
   int ranks = 0;

@@ -5,9 +5,13 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <numeric>
+#include <span>
 #include <thread>
 
+#include "base/check.h"
+#include "base/file.h"
 #include "comm/hash_store.h"
 #include "tests/support/temp_dir.h"
 
@@ -128,8 +132,8 @@ TEST(CheckpointTest, SavesVerifiesAndRestores) {
     EXPECT_EQ(report->raw_bytes, s.raw_bytes);
     auto manifest = ReadManifest((*list)[0].path);
     ASSERT_TRUE(manifest.ok());
-    EXPECT_EQ((*manifest)["loader_state"], Info(10).loader_state);
-    EXPECT_EQ((*manifest)["model"]["name"], "fake");
+    EXPECT_EQ(manifest->loader_state, Info(10).loader_state);
+    EXPECT_EQ(manifest->model["name"], "fake");
 
     FakeRank restored = MakeRank(0, 1, 0, 1, 99.0f);  // other values, overwritten
     ASSERT_TRUE(RestoreTensors((*list)[0].path, restored.tensors).ok());
@@ -312,6 +316,103 @@ TEST(CheckpointTest, BadOptionsAreRefused) {
               HasSubstr("keep 0"));
   EXPECT_THAT(CheckpointWriter::Create({.dir = "x"}, 0, 2, nullptr).status().message(),
               HasSubstr("rendezvous store"));
+}
+
+// Manifests and rank files are data from disk: every malformed one is a kDataLoss naming the
+// file and the key, never an exception, never a read outside the checkpoint, never an
+// allocation of the size a file claims.
+TEST(CheckpointTest, MalformedManifestsAndRankFilesAreRefusedNamingFileAndKey) {
+  const std::string good_rank =
+      R"({"format":"kc-checkpoint-rank/1","rank":0,"pieces":[{"tensor":"w","kind":"param",)"
+      R"("shape":[2,2],"split":"replicated","tp_rank":0,"tp_size":1,"offset":0,"count":4,)"
+      R"("chunks":[{"file":"step-00000001/chunks/0123456789abcdef0123456789abcdef.bin",)"
+      R"("hash":"0123456789abcdef0123456789abcdef","bytes":16}]}]})";
+  ASSERT_TRUE(ParseRankFile(good_rank, "rank-00000.json").ok());
+  // `text` with `from` replaced by `to`.
+  const auto with = [](std::string text, const std::string& from, const std::string& to) {
+    const size_t at = text.find(from);
+    KC_CHECK(at != std::string::npos) << from;
+    return text.replace(at, from.size(), to);
+  };
+  const auto rank_with = [&](const std::string& from, const std::string& to) {
+    return with(good_rank, from, to);
+  };
+  struct Case {
+    std::string text, want;
+  };
+  for (const Case& c : std::vector<Case>{
+           {rank_with(R"("bytes":16)", R"("bytes":-16)"), "pieces[0].chunks[0].bytes: expected"},
+           {rank_with(R"("bytes":16)", R"("bytes":4611686018427387904)"), "chunks[0].bytes"},
+           {rank_with(R"("bytes":16)", R"("bytes":18)"), "a multiple of 4"},
+           {rank_with(R"("bytes":16)", R"("bytes":"16")"), "chunks[0].bytes"},
+           {rank_with(R"("step-00000001/chunks/)", R"("../../../etc/)"),
+            "chunks[0].file: expected STEP-DIR/chunks/HASH.bin or .zst"},
+           {rank_with(R"("tp_rank":0)", R"("tp_rank":3)"), "pieces[0].tp_rank"},
+           {rank_with(R"("count":4)", R"("count":-1)"), "pieces[0].count"},
+           {rank_with(R"("offset":0)", R"("offset":-8)"), "pieces[0].offset"},
+           {rank_with(R"("shape":[2,2])", R"("shape":[4294967296,4294967296])"), "shape[1]"},
+           {rank_with(R"("kind":"param")", R"("kind":7)"), "pieces[0].kind"},
+           {rank_with(R"("split":"replicated")", R"("split":"diagonal")"), "pieces[0].split"},
+           {rank_with(R"(,"pieces":[)", R"(,"pieces":{}, "x":[)"), "pieces: expected a list"},
+           {"[1, 2]", "not a JSON object"},
+       }) {
+    Result<RankIndex> r = ParseRankFile(c.text, "rank-00000.json");
+    ASSERT_FALSE(r.ok()) << c.text;
+    EXPECT_EQ(r.status().code(), ErrorCode::kDataLoss) << c.text;
+    EXPECT_THAT(r.status().message(), HasSubstr("rank-00000.json: ")) << c.text;
+    EXPECT_THAT(r.status().message(), HasSubstr(c.want)) << c.text;
+  }
+  const std::string good_manifest =
+      R"({"format":"kc-checkpoint/1","step":6,"loader_state":"s","plan":{},"model":{},)"
+      R"("ranks":1,"compress":false,"chunk_bytes":4096,"created_unix":1.7e9,)"
+      R"("rank_files":[{"file":"rank-00000.json","hash":"0123456789abcdef0123456789abcdef"}]})";
+  ASSERT_TRUE(ParseManifest(good_manifest, "MANIFEST.json").ok());
+  const auto manifest_with = [&](const std::string& from, const std::string& to) {
+    return with(good_manifest, from, to);
+  };
+  for (const Case& c : std::vector<Case>{
+           {manifest_with(
+                R"([{"file":"rank-00000.json","hash":"0123456789abcdef0123456789abcdef"}])",
+                "[{}]"),
+            "rank_files[0].file: missing"},
+           {manifest_with(R"("step":6)", R"("step":"six")"), "step: expected an integer"},
+           {manifest_with(R"("step":6)", R"("step":-6)"), "step: expected an integer"},
+           {manifest_with(R"("rank-00000.json")", R"("../../MANIFEST.json")"),
+            "rank_files[0].file: expected rank-N.json"},
+           {manifest_with(R"("model":{})", R"("model":[])"), "model: expected an object"},
+           {manifest_with(R"("created_unix":1.7e9)", R"("created_unix":1e300)"), "created_unix"},
+       }) {
+    Result<Manifest> m = ParseManifest(c.text, "MANIFEST.json");
+    ASSERT_FALSE(m.ok()) << c.text;
+    EXPECT_EQ(m.status().code(), ErrorCode::kDataLoss) << c.text;
+    EXPECT_THAT(m.status().message(), HasSubstr("MANIFEST.json: " + c.want)) << c.text;
+  }
+}
+
+// A rank file that passes its hash (someone wrote the manifest for it) but claims a chunk far
+// past the shard, or pieces cut two ways, is refused before anything is written out of bounds.
+TEST(CheckpointTest, RestoringFromAForgedRankFileFailsCleanly) {
+  TempDir dir("kc_ckpt");
+  auto w = CheckpointWriter::Create({.dir = dir.Path("ckpt"), .chunk_bytes = 4096}, 0, 1, nullptr);
+  ASSERT_TRUE(w.ok());
+  FakeRank r = MakeRank(0, 1, 0, 1, 1.0f);
+  ASSERT_TRUE(SaveOne(**w, r, 3).ok());
+  const fs::path step = dir.Path("ckpt/step-00000003");
+  Result<std::string> text = ReadWholeFile((step / "rank-00000.json").string());
+  ASSERT_TRUE(text.ok());
+  nlohmann::json rank = nlohmann::json::parse(*text);
+  rank["pieces"][0]["offset"] = 1 << 30;
+  const std::string forged = rank.dump(1);
+  ASSERT_TRUE(WriteFileDurably((step / "rank-00000.json").string(), forged).ok());
+  Result<std::string> m = ReadWholeFile((step / "MANIFEST.json").string());
+  ASSERT_TRUE(m.ok());
+  nlohmann::json manifest = nlohmann::json::parse(*m);
+  manifest["rank_files"][0]["hash"] = ContentHash(std::as_bytes(std::span(forged)));
+  ASSERT_TRUE(WriteFileDurably((step / "MANIFEST.json").string(), manifest.dump(1)).ok());
+  FakeRank got = MakeRank(0, 1, 0, 1, 9.0f);
+  const Status s = RestoreTensors(step.string(), got.tensors);
+  EXPECT_EQ(s.code(), ErrorCode::kDataLoss) << s;
+  EXPECT_THAT(s.message(), HasSubstr("runs past its shard"));
 }
 
 }  // namespace

@@ -48,8 +48,8 @@ Result<std::unique_ptr<ResilientRunner>> ResilientRunner::Create(parallel::Train
 Result<int64_t> ResilientRunner::Restore() {
   KC_LAYER_ENTRY(Layer::kFault, "runner");
   const std::string& path = options_.resume_from;
-  KC_ASSIGN_OR_RETURN(nlohmann::json manifest, ReadManifest(path));
-  const nlohmann::json& saved = manifest["model"];
+  KC_ASSIGN_OR_RETURN(const Manifest manifest, ReadManifest(path));
+  const nlohmann::json& saved = manifest.model;
   // In the order a person reads a model file; the name may differ (a renamed file loads).
   for (const char* key :
        {"layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len", "tied_embeddings"}) {
@@ -62,7 +62,7 @@ Result<int64_t> ResilientRunner::Restore() {
                                   " (a checkpoint loads into the same model only)");
     }
   }
-  const int64_t step = manifest["step"].get<int64_t>();
+  const int64_t step = manifest.step;
   if (step >= options_.steps) {
     return InvalidArgumentError(path + " is at step " + std::to_string(step) +
                                 ", which already reaches the " + std::to_string(options_.steps) +
@@ -71,7 +71,7 @@ Result<int64_t> ResilientRunner::Restore() {
   std::vector<parallel::StateTensor> tensors = trainer_->StateTensors();
   KC_RETURN_IF_ERROR(RestoreTensors(path, tensors));
   KC_ASSIGN_OR_RETURN(parallel::LoaderState loader,
-                      parallel::LoaderState::Parse(manifest["loader_state"].get<std::string>()));
+                      parallel::LoaderState::Parse(manifest.loader_state));
   KC_RETURN_IF_ERROR(trainer_->RestoreProgress(step, loader).WithContext(path));
   return step;
 }

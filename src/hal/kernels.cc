@@ -138,8 +138,10 @@ Status CheckProduct(const Stream& stream, SgemmStridedBatchedOptions* shape, Dev
   KC_RETURN_IF_ERROR(CheckOperandSpan(stream, b, need_b, "b"));
   KC_RETURN_IF_ERROR(CheckOperandSpan(stream, c, need_c, "c"));
   const DeviceSpan<TC> used_c = c.first(static_cast<size_t>(need_c));
-  KC_RETURN_IF_ERROR(internal::CheckDisjoint(used_c, a.first(static_cast<size_t>(need_a)), "c", "a"));
-  KC_RETURN_IF_ERROR(internal::CheckDisjoint(used_c, b.first(static_cast<size_t>(need_b)), "c", "b"));
+  KC_RETURN_IF_ERROR(
+      internal::CheckDisjoint(used_c, a.first(static_cast<size_t>(need_a)), "c", "a"));
+  KC_RETURN_IF_ERROR(
+      internal::CheckDisjoint(used_c, b.first(static_cast<size_t>(need_b)), "c", "b"));
   return OkStatus();
 }
 
@@ -158,7 +160,8 @@ auto Typed(DeviceSpan<B> s) {
 
 // Gemm's checks with the operands typed as `options` says.
 template <typename TA, typename TC>
-Status CheckGemmTyped(const Stream& stream, const GemmOptions& o, SgemmStridedBatchedOptions* shape) {
+Status CheckGemmTyped(const Stream& stream, const GemmOptions& o,
+                      SgemmStridedBatchedOptions* shape) {
   return CheckProduct<TA, TC>(stream, shape, Typed<TA>(o.a), Typed<TA>(o.b), Typed<TC>(o.c));
 }
 

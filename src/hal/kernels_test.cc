@@ -315,13 +315,11 @@ TEST_F(KernelValidationTest, GemmInF32GivesSgemmsResult) {
   const std::vector<float> expected = c_;
   std::fill(c_.begin(), c_.end(), 7.0f);
   const SgemmOptions v = Valid();
-  ASSERT_TRUE(Gemm(stream(), {.m = 4,
-                              .n = 4,
-                              .k = 4,
-                              .a = AsBytes(v.a),
-                              .b = AsBytes(v.b),
-                              .c = AsWritableBytes(v.c)})
-                  .ok());
+  ASSERT_TRUE(
+      Gemm(
+          stream(),
+          {.m = 4, .n = 4, .k = 4, .a = AsBytes(v.a), .b = AsBytes(v.b), .c = AsWritableBytes(v.c)})
+          .ok());
   EXPECT_EQ(c_, expected);
 }
 

@@ -51,8 +51,9 @@ Result<double> MeasureGemmFlops(ComputeDevice& device, const GemmRateOptions& op
   KC_LAYER_ENTRY(Layer::kHal, "measure");
   if (options.n <= 0 || options.repetitions <= 0 ||
       (options.type != DataType::kF32 && options.type != DataType::kBf16)) {
-    return InvalidArgumentError("gemm rate: n and repetitions must be positive, the type f32 or "
-                                "bf16");
+    return InvalidArgumentError(
+        "gemm rate: n and repetitions must be positive, the type f32 or "
+        "bf16");
   }
   const int64_t n = options.n;
   const size_t count = static_cast<size_t>(n * n);

@@ -11,13 +11,13 @@ namespace kc::hal {
 namespace {
 
 // The PTX of `source`, or a skip when NVRTC is not on this machine.
-#define KC_COMPILE_OR_SKIP(var, source)                                              \
-  Result<std::string> var = CompileToPtx(source, "compute_80");                      \
+#define KC_COMPILE_OR_SKIP(var, source)                         \
+  Result<std::string> var = CompileToPtx(source, "compute_80"); \
   if (var.status().code() == ErrorCode::kNotFound) GTEST_SKIP() << var.status();
 
 TEST(RuntimeKernelsTest, AKernelCompilesToPtx) {
-  KC_COMPILE_OR_SKIP(ptx, (KernelSource{.name = "axpy",
-                                        .code = R"(extern "C" __global__ void axpy(float* y,
+  KC_COMPILE_OR_SKIP(
+      ptx, (KernelSource{.name = "axpy", .code = R"(extern "C" __global__ void axpy(float* y,
                                                        float a, const float* x, int n) {
                                               int i = blockIdx.x * blockDim.x + threadIdx.x;
                                               if (i < n) y[i] += a * x[i];
@@ -27,8 +27,9 @@ TEST(RuntimeKernelsTest, AKernelCompilesToPtx) {
 }
 
 TEST(RuntimeKernelsTest, ASourceThatDoesNotCompileIsInvalidWithTheCompilersLog) {
-  KC_COMPILE_OR_SKIP(ptx, (KernelSource{.name = "broken",
-                                        .code = "extern \"C\" __global__ void k() { undeclared(); }"}));
+  KC_COMPILE_OR_SKIP(ptx,
+                     (KernelSource{.name = "broken",
+                                   .code = "extern \"C\" __global__ void k() { undeclared(); }"}));
   EXPECT_EQ(ptx.status().code(), ErrorCode::kInvalidArgument);
   EXPECT_NE(ptx.status().message().find("undeclared"), std::string::npos) << ptx.status();
 }
@@ -36,7 +37,8 @@ TEST(RuntimeKernelsTest, ASourceThatDoesNotCompileIsInvalidWithTheCompilersLog) 
 TEST(RuntimeKernelsTest, OptionsReachTheCompiler) {
   const KernelSource needs_define{
       .name = "defined",
-      .code = "#ifndef KC_FLAG\n#error KC_FLAG not set\n#endif\nextern \"C\" __global__ void k() {}",
+      .code =
+          "#ifndef KC_FLAG\n#error KC_FLAG not set\n#endif\nextern \"C\" __global__ void k() {}",
       .options = {"-DKC_FLAG=1"}};
   KC_COMPILE_OR_SKIP(ptx, needs_define);
   EXPECT_TRUE(ptx.ok()) << ptx.status();

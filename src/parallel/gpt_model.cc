@@ -341,8 +341,8 @@ void InitParameterTensor(const ModelSpec& spec, int index, uint64_t seed, std::s
     uint64_t stream_seed = seed ^ (0x5851f42d4c957f2dull * (g + 1));
     FillNormal(values, residual ? residual_std : 0.02, SplitMix64(&stream_seed));
   } else {
-    const bool is_ln_weight = EndsWith(t.name, "ln1.weight") || EndsWith(t.name, "ln2.weight") ||
-                              t.name == "lnf.weight";
+    const bool is_ln_weight =
+        EndsWith(t.name, "ln1.weight") || EndsWith(t.name, "ln2.weight") || t.name == "lnf.weight";
     std::fill(values.begin(), values.end(), is_ln_weight ? Real{1} : Real{0});
   }
 }

@@ -278,9 +278,9 @@ Status Trainer::InitCuda() {
     return UnimplementedError(
         "trainer: on a CUDA device the engine runs data parallelism only (t=1, p=1, zero_stage "
         "0, no recompute); this plan has t=" +
-        std::to_string(options_.tensor_parallel) + " p=" + std::to_string(options_.pipeline_stages) +
-        " zero_stage=" + std::to_string(options_.zero_stage) +
-        (options_.recompute ? " with recompute" : ""));
+        std::to_string(options_.tensor_parallel) +
+        " p=" + std::to_string(options_.pipeline_stages) + " zero_stage=" +
+        std::to_string(options_.zero_stage) + (options_.recompute ? " with recompute" : ""));
   }
   comm::Communicator* comm = options_.comm;
   world_ = comm != nullptr ? comm->size() : 1;
@@ -372,9 +372,8 @@ Status Trainer::RestoreProgress(int64_t steps, const LoaderState& loader) {
     const size_t n = static_cast<size_t>(cuda_model_->num_parameters());
     if (host_state_.size() != 3 * n) return OkStatus();  // StateTensors was not written
     std::span<const float> all(host_state_);
-    KC_RETURN_IF_ERROR(hal::CopyHostToDevice<float>(cuda_model_->stream(),
-                                                    cuda_optimizer_->moments(),
-                                                    all.subspan(n, 2 * n)));
+    KC_RETURN_IF_ERROR(hal::CopyHostToDevice<float>(
+        cuda_model_->stream(), cuda_optimizer_->moments(), all.subspan(n, 2 * n)));
     return cuda_model_->SetParameters(all.first(n));  // waits, so host_state_ may change after
   }
   optimizer_->set_steps(steps);
@@ -581,7 +580,7 @@ Status Trainer::SyncGradients(double* comm_s) {
 }
 
 std::chrono::steady_clock::time_point Trainer::Span(const char* name, SpanKind kind,
-                                                   std::chrono::steady_clock::time_point from) {
+                                                    std::chrono::steady_clock::time_point from) {
   const std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now();
   if (options_.timeline != nullptr) options_.timeline->Add(name, kind, step_, from, now);
   return now;
@@ -719,8 +718,7 @@ Result<StepStats> Trainer::StepCuda() {
   }
   if (world_ > 1) {
     // The gradients' average over the replicas, through host memory.
-    KC_RETURN_IF_ERROR(
-        hal::CopyDeviceToHost<float>(model.stream(), host_grads_, model.grads()));
+    KC_RETURN_IF_ERROR(hal::CopyDeviceToHost<float>(model.stream(), host_grads_, model.grads()));
     KC_RETURN_IF_ERROR(model.Synchronize());
     KC_ASSIGN_OR_RETURN(auto work,
                         dp_comm_->Allreduce(std::span<float>(host_grads_), comm::ReduceOp::kAvg));
@@ -735,7 +733,8 @@ Result<StepStats> Trainer::StepCuda() {
   KC_ASSIGN_OR_RETURN(const double squares, model.GradSquaredNorm());
   stats.grad_norm = std::sqrt(squares);
   stats.lr = LearningRate(options_.spec.training, step_, options_.total_steps);
-  KC_RETURN_IF_ERROR(cuda_optimizer_->Step(stats.lr, ClipScale(options_.spec.training, stats.grad_norm)));
+  KC_RETURN_IF_ERROR(
+      cuda_optimizer_->Step(stats.lr, ClipScale(options_.spec.training, stats.grad_norm)));
   KC_RETURN_IF_ERROR(model.Synchronize());
   Span("optimizer", SpanKind::kCompute, t);
   ++step_;

@@ -4,7 +4,10 @@
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sqlite3.h>
 
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -181,6 +184,45 @@ TEST_F(AdminCliTest, OnlyTheTeamsAdminsDecideAndBadInputIsNamed) {
                 "no user \"ghost\"");
   // Submitters may not verify the chain.
   EXPECT_EQ(As("alice", "audit verify").exit_code, 1);
+}
+
+// A resource admin asks for her own team's quota: someone else decides it.
+TEST_F(AdminCliTest, NoOneButASystemAdminDecidesTheirOwnRequest) {
+  const int64_t id =
+      Int(Json("rob", "quota request --team vision --devices 64 --reason mine")["id"]);
+  ExpectRefused(As("rob", fmt::format("quota approve {}", id)), 1, "never on its own request");
+  EXPECT_EQ(Json("rob", "quota requests")["requests"].size(), 0u);
+  KcRun approve = As("admin", fmt::format("quota approve {} --note 'checked'", id));
+  EXPECT_EQ(approve.exit_code, 0) << approve.err;
+}
+
+// Records cut from the end of kcd's log, with the head file that named them, while kcd runs:
+// kcd still holds the head, so `kc audit verify` says so, kcd appends nothing more, and a
+// restarted kcd refuses to start on the log.
+TEST_F(AdminCliTest, KcdNoticesRecordsCutFromTheEndOfItsLog) {
+  AliceRequests("--devices 4");
+  KcRun before = As("admin", "audit verify");
+  ASSERT_EQ(before.exit_code, 0) << before.err;
+  const std::string cluster = dir_.Path("cluster");
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((cluster + "/audit.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db,
+                         "DROP TRIGGER audit_no_delete; DELETE FROM audit WHERE seq > "
+                         "(SELECT MAX(seq) - 2 FROM audit);",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  std::filesystem::remove(cluster + "/audit.head");
+
+  KcRun verify = As("admin", "audit verify");
+  EXPECT_EQ(verify.exit_code, 1) << verify.out << verify.err;
+  EXPECT_THAT(verify.out, HasSubstr("removed from the end"));
+  // A change kcd would record is refused rather than recorded on the cut log.
+  EXPECT_EQ(As("alice", "quota request --team vision --devices 2 --reason x").exit_code, 1);
+  kcd_->Stop(SIGTERM);
+  Daemon again(fmt::format("{} --dir {} --listen 127.0.0.1:0", KCD_BINARY, cluster));
+  EXPECT_EQ(again.WaitForLine("listening on"), "");
+  EXPECT_NE(again.Stop(SIGTERM), 0);
 }
 
 TEST_F(AdminCliTest, PoolsAndTopologyAreReadByAllAndReplacedByAdmins) {

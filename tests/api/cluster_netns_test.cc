@@ -104,12 +104,17 @@ class ClusterNetnsTest : public ::testing::Test {
     KillProcessGroupsOf(w2_);
   }
 
+  // The agent of `host`, with the machine identity a system admin issued it.
   std::unique_ptr<Daemon> StartAgent(const std::string& ns, const std::string& host,
                                      const std::string& work) {
+    const std::string token = dir_.Path(host + ".token");
+    KcRun issue = kc::testing::RunKc(
+        KC_BINARY, fmt::format("token issue --agent {} --dir {} --out {}", host, cluster_, token));
+    EXPECT_EQ(issue.exit_code, 0) << issue.err;
     return std::make_unique<Daemon>(fmt::format(
         "ip netns exec {} env XDG_CONFIG_HOME={} {} agent --host {} --devices 2 --work {} "
-        "--data-root {}",
-        ns, dir_.Path("config"), KC_BINARY, host, work, data_->path()));
+        "--data-root {} --token-file {}",
+        ns, dir_.Path("config"), KC_BINARY, host, work, data_->path(), token));
   }
 
   // Kills the process groups of every process whose command line names `path` (a host's work

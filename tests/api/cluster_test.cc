@@ -8,11 +8,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -21,6 +23,7 @@
 #include <thread>
 
 #include "api/audit_log.h"
+#include "api/client.h"
 #include "tests/support/daemon.h"
 #include "tests/support/inventories.h"
 #include "tests/support/kc_run.h"
@@ -112,12 +115,17 @@ class ClusterTest : public ::testing::Test {
     return {std::move(kcd), bound};
   }
 
-  // `kc agent` for host h1 of the two-host inventory, logged in as the admin.
+  // `kc agent` for host h1 of the two-host inventory, with the agent token a system admin
+  // issued it (and the admin's login for kcd's address and CA).
   std::unique_ptr<Daemon> AgentOnH1() {
+    const std::string token = dir_.Path("h1.token");
+    KcRun issue =
+        Kc(fmt::format("token issue --agent h1 --dir {} --out {}", dir_.Path("cluster"), token));
+    EXPECT_EQ(issue.exit_code, 0) << issue.err;
     auto agent = std::make_unique<Daemon>(
         fmt::format("env XDG_CONFIG_HOME={} {} agent --host h1 --devices 2 --work {} "
-                    "--data-root {}",
-                    dir_.Path("config"), KC_BINARY, dir_.Path("work"), data_->path()));
+                    "--data-root {} --token-file {}",
+                    dir_.Path("config"), KC_BINARY, dir_.Path("work"), data_->path(), token));
     EXPECT_THAT(agent->WaitForLine("kc agent:"), HasSubstr("host h1 with 2 devices"));
     return agent;
   }
@@ -201,6 +209,39 @@ TEST_F(ClusterTest, UpTrainsASubmittedJobEndToEnd) {
   EXPECT_THAT(actions, ::testing::IsSupersetOf({"job.submit", "agent.register", "job.start",
                                                 "job.running", "job.succeeded"}));
   EXPECT_TRUE((*audit)->Verify("")->ok);
+}
+
+// The newcomer's path: `kc init DIR` without an inventory, then `kc up --dir DIR` (this host
+// is the inventory). Port 0 is chosen once and kept over restarts, so the saved login keeps
+// working; a login to another cluster is kept beside the new one, not overwritten unsaid.
+TEST_F(ClusterTest, UpOnAnInitDirectoryKeepsItsPortAndEarlierLogins) {
+  KcRun init = Kc("init " + dir_.Path("cluster"));
+  ASSERT_EQ(init.exit_code, 0) << init.err;
+  const std::string login = dir_.Path("config/kc/login.json");
+  ASSERT_TRUE(
+      SaveClientConfig(login, {.server = "elsewhere:7470", .ca_pem = "-", .token = "kc_x"}).ok());
+
+  std::unique_ptr<Daemon> up = Up();
+  EXPECT_THAT(up->output(), HasSubstr("has no inventory; this host's is"));
+  auto port = [](const Daemon& d) {
+    const std::string& out = d.output();
+    const size_t at = out.find("kcd on localhost:");
+    return at == std::string::npos ? "" : out.substr(at + 17, out.find(' ', at + 17) - at - 17);
+  };
+  const std::string first = port(*up);
+  ASSERT_FALSE(first.empty()) << up->output();
+  Result<ClientConfig> kept = LoadClientConfig(login + ".previous");
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(kept->server, "elsewhere:7470");
+  EXPECT_EQ(up->Stop(SIGTERM), 0);
+
+  up = Up();
+  EXPECT_EQ(port(*up), first) << up->output();
+  EXPECT_THAT(up->output(), ::testing::Not(HasSubstr("has no inventory")));
+  KcRun jobs = Kc("jobs");  // the login saved by the first kc up
+  EXPECT_EQ(jobs.exit_code, 0) << jobs.err;
+  // The same login again is not a login to keep.
+  EXPECT_EQ(LoadClientConfig(login + ".previous")->server, "elsewhere:7470");
 }
 
 TEST_F(ClusterTest, PauseResumeAndCancelAJob) {
@@ -306,8 +347,9 @@ TEST_F(ClusterTest, APlanPastTheApprovalLimitsWaitsForAResourceAdmin) {
   for (const AuditRecord& r : *records) {
     if (r.action.starts_with("plan.")) decisions.push_back(r.action + " " + r.outcome);
   }
-  EXPECT_THAT(decisions,
-              ::testing::IsSupersetOf({"plan.approve ok", "plan.deny ok", "plan.deny failed"}));
+  // The admin decided the plans of its own jobs: overrides, recorded as such.
+  EXPECT_THAT(decisions, ::testing::IsSupersetOf(
+                             {"plan.approve override", "plan.deny override", "plan.deny failed"}));
 }
 
 TEST_F(ClusterTest, AJobNoHostCanHoldFailsWithWhy) {
@@ -519,6 +561,69 @@ TEST_F(ClusterTest, KillNineOfKcdAmidSubmissionsLosesNoAcknowledgedJob) {
   Result<std::unique_ptr<AuditLog>> audit = AuditLog::Open(dir_.Path("cluster/audit.db"));
   ASSERT_TRUE(audit.ok());
   EXPECT_TRUE((*audit)->Verify("")->ok);
+}
+
+// Two tenants on one cluster: bob (team nlp) names the directory where alice (team vision) keeps
+// her checkpoints. His job is stopped at its first execution-time check, before it reads or
+// writes anything there, and her checkpoints stay as they were. Another job's own directory
+// cannot even be named.
+TEST_F(ClusterTest, AJobCannotWriteIntoAnotherTenantsCheckpointDirectory) {
+  const std::string cluster = dir_.Path("cluster");
+  Init();
+  dir_.Write("cluster/roles.yaml",
+             "cluster: local\nusers:\n  - {name: admin, role: system_admin}\n"
+             "  - {name: alice, role: submitter, teams: [vision]}\n"
+             "  - {name: bob, role: submitter, teams: [nlp]}\n"
+             "teams:\n  - {name: vision}\n  - {name: nlp}\n");
+  auto [kcd, port] = Kcd("--check-period 0.2");
+  std::map<std::string, std::string> login;
+  for (const char* user : {"alice", "bob"}) {
+    const std::string token = dir_.Path(std::string(user) + ".token");
+    ASSERT_EQ(Kc(fmt::format("token issue {} --dir {} --out {}", user, cluster, token)).exit_code,
+              0);
+    login[user] = dir_.Path(std::string(user) + ".json");
+    KcRun r =
+        Kc(fmt::format("login --server localhost:{} --ca {}/tls/ca.pem --token-file {} "
+                       "--login {}",
+                       port, cluster, token, login[user]));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+  std::unique_ptr<Daemon> agent = AgentOnH1();
+
+  KcRun mine =
+      Kc("submit " + JobFile("mine", 6, "checkpoint_every: 3\ncheckpoint_dir: shared/a\n") +
+         " --wait --json --login " + login["alice"]);
+  ASSERT_EQ(mine.exit_code, 0) << mine.err << mine.out;
+  const std::string checkpoints = dir_.Path("work/shared/a");
+  const auto listing = [&] {
+    std::vector<std::string> names;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(checkpoints)) {
+      names.push_back(e.path().string() + " " +
+                      std::to_string(e.is_regular_file() ? e.file_size() : 0));
+    }
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  const std::vector<std::string> before = listing();
+  ASSERT_TRUE(std::filesystem::exists(checkpoints + "/step-00000006/MANIFEST.json"));
+
+  KcRun theirs =
+      Kc("submit " + JobFile("theirs", 100, "checkpoint_every: 1\ncheckpoint_dir: shared/a\n") +
+         " --json --login " + login["bob"]);
+  ASSERT_EQ(theirs.exit_code, 0) << theirs.err;
+  const int64_t id = Int(nlohmann::json::parse(theirs.out), "id");
+  nlohmann::json j = Await(id, [](const nlohmann::json& x) { return x["phase"] == "paused"; });
+  EXPECT_THAT(j["reason"].get<std::string>(), HasSubstr("checkpoint.write"));
+  EXPECT_THAT(j["reason"].get<std::string>(), HasSubstr("this belongs to alice"));
+  EXPECT_EQ(Int(j, "step"), 0);
+  EXPECT_EQ(listing(), before);
+
+  KcRun named = Kc("submit " + JobFile("named", 3, "checkpoint_dir: jobs/1/checkpoints\n") +
+                   " --login " + login["bob"]);
+  EXPECT_EQ(named.exit_code, 2);
+  EXPECT_THAT(named.err, HasSubstr("checkpoint_dir: expected a directory outside jobs/"));
+  EXPECT_EQ(agent->Stop(SIGTERM), 0);
+  EXPECT_EQ(kcd->Stop(SIGTERM), 0);
 }
 
 TEST_F(ClusterTest, JobPathsThatClimbOutOfTheAgentsRootsAreRefused) {

@@ -76,4 +76,64 @@ TEST(KcCliTest, UnknownCommandAndBadFlagExitTwo) {
   EXPECT_EQ(Kc("").exit_code, 2);
 }
 
+// A number too big for its type, infinite or not a number is refused, naming the option,
+// before anything runs: never clamped to the largest value (which would look up job
+// 9223372036854775807, or issue a token that never expires).
+TEST(KcCliTest, NumbersOutOfRangeAreRefusedNotClamped) {
+  const std::string login = " --login " + WriteFile("cli_login.json", "{}");
+  for (const std::string& args :
+       {"job show 99999999999999999999" + login, "job show -99999999999999999999" + login,
+        "job show 0x10" + login, "job cancel 1e3" + login,
+        std::string("token issue ann --dir . --days inf"),
+        std::string("token issue ann --dir . --days nan"),
+        std::string("token issue ann --dir . --days 1e400"),
+        std::string("train nope.yaml --steps 99999999999999999999"),
+        std::string("plan nope.yaml --devices 99999999999999999999")}) {
+    KcRun r = Kc(args);
+    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.output;
+    // Refused while parsing: nothing else was looked at.
+    EXPECT_NE(r.output.find("out of range"), std::string::npos) << args << ": " << r.output;
+    EXPECT_EQ(r.output.find("9223372036854775807"), std::string::npos) << args;
+  }
+}
+
+// A login file with a value of the wrong type is an error naming the file and the key, for
+// every command that reads it.
+TEST(KcCliTest, AWrongTypeInTheLoginFileNamesFileAndKey) {
+  for (const char* json :
+       {R"({"server": "localhost:1", "ca": "", "token": "t", "insecure": "yes"})",
+        R"({"server": 7470, "ca": "", "token": "t"})", R"({"server": "s", "ca": [], "token": "t"})",
+        R"([1, 2])"}) {
+    const std::string login = WriteFile("cli_bad_login.json", json);
+    for (const char* command : {"jobs", "job show 1", "quota show", "audit verify"}) {
+      KcRun r = Kc(std::string(command) + " --login " + login);
+      EXPECT_EQ(r.exit_code, 2) << command << " with " << json << ": " << r.output;
+      EXPECT_NE(r.output.find(login), std::string::npos) << r.output;
+    }
+  }
+  const std::string login =
+      WriteFile("cli_bad_login.json", R"({"server": "s", "ca": "", "token": "t", "insecure": 1})");
+  KcRun r = Kc("jobs --login " + login);
+  EXPECT_NE(r.output.find(login + ": insecure: expected true or false"), std::string::npos)
+      << r.output;
+}
+
+// `.inf` and `.nan` in a job file are refused by kc itself, naming the file, the line and the
+// key; nothing is sent to kcd.
+TEST(KcCliTest, InfiniteNumbersInAJobFileAreRefusedWithFileLineAndKey) {
+  const std::string model = WriteFile("cli_model.yaml",
+                                      "name: m\nlayers: 1\nhidden: 64\n"
+                                      "heads: 2\nvocab: 257\nseq_len: 32\n"
+                                      "batch_per_rank: 4\n");
+  for (const char* value : {".inf", ".nan", "-.inf"}) {
+    const std::string job =
+        WriteFile("cli_job.yaml", "name: j\nmodel: " + model + "\nexpected_hours: " + value + "\n");
+    KcRun r = Kc("submit " + job + " --login /nonexistent/login.json");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find(job + ":3: expected_hours: expected a number in (0, 100000]"),
+              std::string::npos)
+        << r.output;
+  }
+}
+
 }  // namespace

@@ -123,26 +123,25 @@ TEST_P(CudaSgemmTest, MatchesTheReference) {
     for (int64_t j = g.n; j < ldc; ++j) c[static_cast<size_t>(i * ldc + j)] = -7.0f;
   }
   DeviceBuffer da = Upload(a), db = Upload(b), dc = Upload(c);
-  ASSERT_TRUE(SgemmStridedBatched(stream(), {.gemm = {.trans_a = g.ta ? Transpose::kYes
-                                                                     : Transpose::kNo,
-                                                      .trans_b = g.tb ? Transpose::kYes
-                                                                     : Transpose::kNo,
-                                                      .m = g.m,
-                                                      .n = g.n,
-                                                      .k = g.k,
-                                                      .alpha = g.alpha,
-                                                      .a = da.As<float>().first(a.size()),
-                                                      .lda = lda,
-                                                      .b = db.As<float>().first(b.size()),
-                                                      .ldb = ldb,
-                                                      .beta = g.beta,
-                                                      .c = dc.As<float>().first(c.size()),
-                                                      .ldc = ldc},
-                                             .batch_count = g.batch,
-                                             .stride_a = sa,
-                                             .stride_b = sb,
-                                             .stride_c = sc})
-                  .ok());
+  ASSERT_TRUE(
+      SgemmStridedBatched(stream(), {.gemm = {.trans_a = g.ta ? Transpose::kYes : Transpose::kNo,
+                                              .trans_b = g.tb ? Transpose::kYes : Transpose::kNo,
+                                              .m = g.m,
+                                              .n = g.n,
+                                              .k = g.k,
+                                              .alpha = g.alpha,
+                                              .a = da.As<float>().first(a.size()),
+                                              .lda = lda,
+                                              .b = db.As<float>().first(b.size()),
+                                              .ldb = ldb,
+                                              .beta = g.beta,
+                                              .c = dc.As<float>().first(c.size()),
+                                              .ldc = ldc},
+                                     .batch_count = g.batch,
+                                     .stride_a = sa,
+                                     .stride_b = sb,
+                                     .stride_c = sc})
+          .ok());
   const std::vector<float> got = Download<float>(dc, c.size());
   std::vector<float> want = c;
   reference::SgemmArgs args{.trans_a = g.ta ? Transpose::kYes : Transpose::kNo,
@@ -165,7 +164,8 @@ TEST_P(CudaSgemmTest, MatchesTheReference) {
       ASSERT_EQ(got[i], -7.0f) << "padding written at " << i;
       continue;
     }
-    const double tol = (g.k + 2) * double{FLT_EPSILON} * (std::fabs(g.alpha) * g.k + std::fabs(g.beta));
+    const double tol =
+        (g.k + 2) * double{FLT_EPSILON} * (std::fabs(g.alpha) * g.k + std::fabs(g.beta));
     ASSERT_NEAR(got[i], want[i], tol) << g.name << " element " << i;
   }
 }
@@ -187,8 +187,10 @@ TEST_F(CudaKernelsTest, Bf16GemmMatchesTheReferenceOnTheSameBf16Values) {
   const int64_t m = 70, n = 45, k = 96, batch = 3;
   std::vector<Bf16> a(static_cast<size_t>(batch * m * k)), b(static_cast<size_t>(batch * n * k));
   std::vector<float> a32(a.size()), b32(b.size());
-  for (size_t i = 0; i < a.size(); ++i) a32[i] = Bf16ToFloat(a[i] = FloatToBf16(RandomFloats(rng, 1)[0]));
-  for (size_t i = 0; i < b.size(); ++i) b32[i] = Bf16ToFloat(b[i] = FloatToBf16(RandomFloats(rng, 1)[0]));
+  for (size_t i = 0; i < a.size(); ++i)
+    a32[i] = Bf16ToFloat(a[i] = FloatToBf16(RandomFloats(rng, 1)[0]));
+  for (size_t i = 0; i < b.size(); ++i)
+    b32[i] = Bf16ToFloat(b[i] = FloatToBf16(RandomFloats(rng, 1)[0]));
   // C (m, n) = A (m, k) B^T, B stored (n, k).
   std::vector<float> want(static_cast<size_t>(batch * m * n), 0.0f);
   reference::SgemmArgs args{.trans_b = Transpose::kYes,
@@ -385,7 +387,8 @@ TEST_F(CudaKernelsTest, ACompiledKernelRunsWithItsArguments) {
   float* y = dy.As<float>().data();
   const float* xs = dx.As<float>().data();
   const float a = 2.0f, b = 1.0f;
-  ASSERT_TRUE(Launch(stream(), *fn, {.grid_x = (n + 127) / 128, .block_x = 128}, y, xs, a, b, n).ok());
+  ASSERT_TRUE(
+      Launch(stream(), *fn, {.grid_x = (n + 127) / 128, .block_x = 128}, y, xs, a, b, n).ok());
   const std::vector<float> got = Download<float>(dy, n);
   for (int i = 0; i < n; ++i) ASSERT_EQ(got[static_cast<size_t>(i)], 2.0f * i + 1.0f) << i;
   EXPECT_EQ(Launch(stream(), *fn, {.grid_x = 1, .block_x = 2048}, y, xs, a, b, n).code(),
@@ -394,8 +397,7 @@ TEST_F(CudaKernelsTest, ACompiledKernelRunsWithItsArguments) {
 
 TEST_F(CudaKernelsTest, SynchronizeReturnsDeadlineExceededWhileWorkRunsThenSucceeds) {
   Result<std::unique_ptr<KernelModule>> module = CompileKernels(
-      *device_, {.name = "test_spin",
-                 .code = R"(extern "C" __global__ void spin(long long cycles) {
+      *device_, {.name = "test_spin", .code = R"(extern "C" __global__ void spin(long long cycles) {
                               long long start = clock64();
                               while (clock64() - start < cycles) {}
                             })"});

@@ -61,9 +61,8 @@ class GpuFixture : public ::testing::TestWithParam<Precision> {
         {.id = "test/gpu0", .kind = hal::DeviceKind::kCuda, .host = "local", .index_on_host = 0});
     KC_CHECK(d.ok()) << d.status();
     device_ = std::move(d).value().release();
-    cpu_ = hal::OpenComputeDevice({.id = "test/cpu", .kind = hal::DeviceKind::kCpu})
-               .value()
-               .release();
+    cpu_ =
+        hal::OpenComputeDevice({.id = "test/cpu", .kind = hal::DeviceKind::kCpu}).value().release();
   }
   void SetUp() override {
     if (device_ == nullptr) GTEST_SKIP() << "no CUDA device: " << *skip_;
@@ -94,7 +93,8 @@ class GpuFixture : public ::testing::TestWithParam<Precision> {
     if (bf16()) {
       std::vector<hal::Bf16> narrow(v.size());
       for (size_t i = 0; i < v.size(); ++i) narrow[i] = hal::FloatToBf16(v[i]);
-      KC_CHECK(hal::CopyHostToDevice<hal::Bf16>(stream(), b.As<hal::Bf16>().first(v.size()), narrow).ok());
+      KC_CHECK(hal::CopyHostToDevice<hal::Bf16>(stream(), b.As<hal::Bf16>().first(v.size()), narrow)
+                   .ok());
       KC_CHECK(hal::Synchronize(stream(), kTimeout).ok());
     } else {
       KC_CHECK(hal::CopyHostToDevice<float>(stream(), b.As<float>().first(v.size()), v).ok());
@@ -152,8 +152,11 @@ TEST_P(CudaGptKernelTest, EncoderMatchesTheReference) {
   std::vector<int32_t> inp(B * T);
   for (int32_t& t : inp) t = static_cast<int32_t>(rng() % V);
   inp[1] = inp[2] = inp[9];  // repeated tokens: their gradients add up
-  hal::DeviceBuffer dwte = Raw(wte), dwpe = Raw(wpe), dinp = Raw(inp), out = Act(std::vector<float>(B * T * C));
-  ASSERT_TRUE(k_->EncoderForward(stream(), P(out), static_cast<int32_t*>(P(dinp)), F(dwte), F(dwpe), B, T, C).ok());
+  hal::DeviceBuffer dwte = Raw(wte), dwpe = Raw(wpe), dinp = Raw(inp),
+                    out = Act(std::vector<float>(B * T * C));
+  ASSERT_TRUE(k_->EncoderForward(stream(), P(out), static_cast<int32_t*>(P(dinp)), F(dwte), F(dwpe),
+                                 B, T, C)
+                  .ok());
   std::vector<float> want(B * T * C);
   EncoderForward<float>(want.data(), inp.data(), wte.data(), wpe.data(), B, T, C);
   EXPECT_LE(RelativeError(ReadAct(out, want.size()), Held(want)), 1e-6);
@@ -162,7 +165,9 @@ TEST_P(CudaGptKernelTest, EncoderMatchesTheReference) {
   hal::DeviceBuffer d = Act(dout);
   std::vector<float> gwte = Random(rng, V * C), gwpe = Random(rng, T * C);
   hal::DeviceBuffer g1 = Raw(gwte), g2 = Raw(gwpe);
-  ASSERT_TRUE(k_->EncoderBackward(stream(), F(g1), F(g2), P(d), static_cast<int32_t*>(P(dinp)), B, T, C).ok());
+  ASSERT_TRUE(
+      k_->EncoderBackward(stream(), F(g1), F(g2), P(d), static_cast<int32_t*>(P(dinp)), B, T, C)
+          .ok());
   EncoderBackward<float>(gwte.data(), gwpe.data(), dout.data(), inp.data(), B, T, C);
   EXPECT_LE(RelativeError(ReadRaw<float>(g1, gwte.size()), gwte), 1e-6);
   EXPECT_LE(RelativeError(ReadRaw<float>(g2, gwpe.size()), gwpe), 1e-6);
@@ -176,9 +181,12 @@ TEST_P(CudaGptKernelTest, LayerNormForwardAndBackwardMatchTheReference) {
   const std::vector<float> w = Random(rng, C), b = Random(rng, C);
   hal::DeviceBuffer din = Act(inp), dw = Raw(w), db = Raw(b), out = Act(std::vector<float>(N * C));
   hal::DeviceBuffer mean = Raw(std::vector<float>(N)), rstd = Raw(std::vector<float>(N));
-  ASSERT_TRUE(k_->LayerNormForward(stream(), P(out), F(mean), F(rstd), P(din), F(dw), F(db), N, C, eps).ok());
+  ASSERT_TRUE(
+      k_->LayerNormForward(stream(), P(out), F(mean), F(rstd), P(din), F(dw), F(db), N, C, eps)
+          .ok());
   std::vector<float> want(N * C), wmean(N), wrstd(N);
-  LayerNormForward<float>(want.data(), wmean.data(), wrstd.data(), inp.data(), w.data(), b.data(), N, C, eps);
+  LayerNormForward<float>(want.data(), wmean.data(), wrstd.data(), inp.data(), w.data(), b.data(),
+                          N, C, eps);
   EXPECT_LE(RelativeError(ReadAct(out, want.size()), want), Tol());
   EXPECT_LE(RelativeError(ReadRaw<float>(mean, N), wmean), 1e-5);
   EXPECT_LE(RelativeError(ReadRaw<float>(rstd, N), wrstd), 1e-5);
@@ -189,13 +197,13 @@ TEST_P(CudaGptKernelTest, LayerNormForwardAndBackwardMatchTheReference) {
     SCOPED_TRACE(overwrite ? "overwrite" : "accumulate");
     hal::DeviceBuffer dd = Act(dout), dinp = Act(dinp0);
     hal::DeviceBuffer gw = Raw(std::vector<float>(C, 0.0f)), gb = Raw(std::vector<float>(C, 0.0f));
-    ASSERT_TRUE(k_->LayerNormBackward(stream(), P(dinp), F(gw), F(gb), P(dd), P(din), F(dw), F(mean),
-                                      F(rstd), N, C, overwrite)
+    ASSERT_TRUE(k_->LayerNormBackward(stream(), P(dinp), F(gw), F(gb), P(dd), P(din), F(dw),
+                                      F(mean), F(rstd), N, C, overwrite)
                     .ok());
     std::vector<float> wdinp = overwrite ? std::vector<float>(N * C, 0.0f) : dinp0;
     std::vector<float> wgw(C), wgb(C);
-    LayerNormBackward<float>(wdinp.data(), wgw.data(), wgb.data(), dout.data(), inp.data(), w.data(),
-                             wmean.data(), wrstd.data(), N, C, false);
+    LayerNormBackward<float>(wdinp.data(), wgw.data(), wgb.data(), dout.data(), inp.data(),
+                             w.data(), wmean.data(), wrstd.data(), N, C, false);
     EXPECT_LE(RelativeError(ReadAct(dinp, wdinp.size()), wdinp), Tol());
     EXPECT_LE(RelativeError(ReadRaw<float>(gw, C), wgw), 1e-4);
     EXPECT_LE(RelativeError(ReadRaw<float>(gb, C), wgb), 1e-4);
@@ -205,7 +213,8 @@ TEST_P(CudaGptKernelTest, LayerNormForwardAndBackwardMatchTheReference) {
 TEST_P(CudaGptKernelTest, BiasResidualAndGeluMatchTheReference) {
   std::mt19937 rng(kSeed);
   const int64_t N = 257, OC = 67, n = N * OC;
-  const std::vector<float> x = Held(Random(rng, n)), y = Held(Random(rng, n)), bias = Random(rng, OC);
+  const std::vector<float> x = Held(Random(rng, n)), y = Held(Random(rng, n)),
+                           bias = Random(rng, OC);
   hal::DeviceBuffer dx = Act(x), dy = Act(y), dbias = Raw(bias), out = Act(std::vector<float>(n));
   // AddBias: BiasForward.
   ASSERT_TRUE(k_->AddBias(stream(), P(dx), F(dbias), N, OC).ok());
@@ -219,7 +228,8 @@ TEST_P(CudaGptKernelTest, BiasResidualAndGeluMatchTheReference) {
   for (int64_t r = 0; r < N; ++r) {
     for (int64_t j = 0; j < OC; ++j) sums[j] += y[r * OC + j];
   }
-  EXPECT_LE(RelativeError(ReadRaw<float>(gsum, OC), std::vector<float>(sums.begin(), sums.end())), 1e-5);
+  EXPECT_LE(RelativeError(ReadRaw<float>(gsum, OC), std::vector<float>(sums.begin(), sums.end())),
+            1e-5);
   // Residual.
   const std::vector<float> a = Held(Random(rng, n));
   hal::DeviceBuffer da = Act(a), dy2 = Act(y);
@@ -253,7 +263,8 @@ TEST_P(CudaGptKernelTest, HeadsSplitAndMergeBackToTheSameRows) {
       for (int64_t h = 0; h < NH; ++h) {
         for (int64_t t = 0; t < T; ++t) {
           for (int64_t d = 0; d < hd; ++d) {
-            ASSERT_EQ(got[((b * NH + h) * T + t) * hd + d], qkv[(b * T + t) * ld + which * C + h * hd + d]);
+            ASSERT_EQ(got[((b * NH + h) * T + t) * hd + d],
+                      qkv[(b * T + t) * ld + which * C + h * hd + d]);
           }
         }
       }
@@ -279,12 +290,14 @@ TEST_P(CudaGptKernelTest, CausalSoftmaxForwardAndBackwardMatchAPlainLoop) {
     double mx = -INFINITY, sum = 0;
     for (int64_t j = 0; j <= t; ++j) mx = std::max(mx, double{scores[r * T + j]});
     for (int64_t j = 0; j <= t; ++j) sum += std::exp(scores[r * T + j] - mx);
-    for (int64_t j = 0; j <= t; ++j) want[r * T + j] = static_cast<float>(std::exp(scores[r * T + j] - mx) / sum);
+    for (int64_t j = 0; j <= t; ++j)
+      want[r * T + j] = static_cast<float>(std::exp(scores[r * T + j] - mx) / sum);
   }
   const std::vector<float> probs = ReadAct(att, want.size());
   EXPECT_LE(RelativeError(probs, want), Tol());
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t j = r % T + 1; j < T; ++j) ASSERT_EQ(probs[r * T + j], 0.0f) << "above the diagonal";
+    for (int64_t j = r % T + 1; j < T; ++j)
+      ASSERT_EQ(probs[r * T + j], 0.0f) << "above the diagonal";
   }
   const std::vector<float> datt0 = Held(Random(rng, rows * T));
   hal::DeviceBuffer datt = Act(datt0);
@@ -294,7 +307,8 @@ TEST_P(CudaGptKernelTest, CausalSoftmaxForwardAndBackwardMatchAPlainLoop) {
     const int64_t t = r % T;
     double dot = 0;
     for (int64_t j = 0; j <= t; ++j) dot += double{probs[r * T + j]} * datt0[r * T + j];
-    for (int64_t j = 0; j <= t; ++j) wd[r * T + j] = static_cast<float>(probs[r * T + j] * (datt0[r * T + j] - dot));
+    for (int64_t j = 0; j <= t; ++j)
+      wd[r * T + j] = static_cast<float>(probs[r * T + j] * (datt0[r * T + j] - dot));
   }
   EXPECT_LE(RelativeError(ReadAct(datt, wd.size()), wd), Tol());
 }
@@ -309,7 +323,9 @@ TEST_P(CudaGptKernelTest, CrossEntropyMatchesTheReferenceWithPaddedRows) {
     for (int32_t& t : targets) t = static_cast<int32_t>(rng() % V);
     hal::DeviceBuffer dl = Act(logits), dt = Raw(targets), dloss = Raw(std::vector<float>(N));
     const float scale = 1.0f / static_cast<float>(N);
-    ASSERT_TRUE(k_->CrossEntropy(stream(), P(dl), F(dloss), static_cast<int32_t*>(P(dt)), N, V, ldv, scale).ok());
+    ASSERT_TRUE(
+        k_->CrossEntropy(stream(), P(dl), F(dloss), static_cast<int32_t*>(P(dt)), N, V, ldv, scale)
+            .ok());
     // The reference on tight rows.
     std::vector<float> tight(N * V), losses(N);
     for (int64_t r = 0; r < N; ++r) std::copy_n(logits.begin() + r * ldv, V, tight.begin() + r * V);
@@ -319,7 +335,8 @@ TEST_P(CudaGptKernelTest, CrossEntropyMatchesTheReferenceWithPaddedRows) {
     std::vector<float> got_tight(N * V);
     for (int64_t r = 0; r < N; ++r) {
       std::copy_n(got.begin() + r * ldv, V, got_tight.begin() + r * V);
-      for (int64_t j = V; j < ldv; ++j) ASSERT_EQ(got[r * ldv + j], logits[r * ldv + j]) << "padding written";
+      for (int64_t j = V; j < ldv; ++j)
+        ASSERT_EQ(got[r * ldv + j], logits[r * ldv + j]) << "padding written";
     }
     EXPECT_LE(RelativeError(got_tight, tight), Tol());
   }
@@ -417,7 +434,8 @@ TEST_P(CudaGptModelTest, LossAndEveryGradientMatchTheCpuEngine) {
     const ModelSpec spec = TestSpec(tied);
     auto cpu = Gpt<float>::Create(spec, cpu_, {}).value();
     cpu->InitParameters(spec.training.seed);
-    Result<std::unique_ptr<CudaGpt>> made = CudaGpt::Create(spec, device_, {.precision = GetParam()});
+    Result<std::unique_ptr<CudaGpt>> made =
+        CudaGpt::Create(spec, device_, {.precision = GetParam()});
     ASSERT_TRUE(made.ok()) << made.status();
     CudaGpt& gpu = **made;
     ASSERT_TRUE(gpu.InitParameters(spec.training.seed).ok());
@@ -444,7 +462,8 @@ TEST_P(CudaGptModelTest, LossAndEveryGradientMatchTheCpuEngine) {
     for (size_t i = 0; i < gpu.tensors().size(); ++i) {
       const TensorSpec& t = gpu.tensors()[i];
       const std::span<float> want = cpu->grad(static_cast<int>(i));
-      const std::vector<float> got(grads.begin() + t.offset, grads.begin() + t.offset + t.num_elements);
+      const std::vector<float> got(grads.begin() + t.offset,
+                                   grads.begin() + t.offset + t.num_elements);
       EXPECT_LE(RelativeError(got, std::vector<float>(want.begin(), want.end())),
                 bf16() ? 1e-1 : 1e-3)
           << t.name;

@@ -1,9 +1,12 @@
 // Test support: a long-running child (kcd, `kc up`, `kc agent`) started from a shell command
-// line, whose standard output is read line by line; killed and reaped when the test leaves
-// its scope, however it leaves. Header-only.
+// line, whose standard output is read line by line; stopped and reaped when the test leaves
+// its scope, however it leaves (a failed assertion included): asked with SIGTERM first, so kc up
+// and agents stop the jobs they started, then its whole process group killed. Header-only.
 #pragma once
 
+#include <poll.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -25,6 +28,7 @@ class Daemon {
     if (pipe(fds) != 0) return;
     pid_ = fork();
     if (pid_ == 0) {
+      setpgid(0, 0);  // its own process group, so teardown reaches what it starts
       dup2(fds[1], STDOUT_FILENO);
       close(fds[0]);
       close(fds[1]);
@@ -35,7 +39,19 @@ class Daemon {
     out_ = fdopen(fds[0], "r");
   }
   ~Daemon() {
-    if (pid_ > 0) Stop(SIGKILL);
+    if (pid_ > 0) {
+      // Still running: the test left early. A graceful stop first (kc up stops its agent, which
+      // stops its jobs, within their stop grace), then nothing of its group is left.
+      kill(pid_, SIGTERM);
+      const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid_, 0));
+      if (pidfd >= 0) {
+        pollfd p{.fd = pidfd, .events = POLLIN, .revents = 0};
+        poll(&p, 1, kGraceMs);
+        close(pidfd);
+      }
+      kill(-pid_, SIGKILL);
+      Stop(SIGKILL);
+    }
     if (out_ != nullptr) std::fclose(out_);
   }
   Daemon(const Daemon&) = delete;
@@ -67,6 +83,8 @@ class Daemon {
   pid_t pid() const { return pid_; }
 
  private:
+  static constexpr int kGraceMs = 40000;  // longer than an agent's default stop grace (30 s)
+
   pid_t pid_ = -1;
   FILE* out_ = nullptr;
   std::string output_;

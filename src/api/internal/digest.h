@@ -1,4 +1,4 @@
-// Small helpers the api stores share: SHA-256 as hex, and wall-clock seconds.
+// Small helpers the api stores share: SHA-256 and HMAC-SHA256 as hex, and wall-clock seconds.
 #pragma once
 
 #include <string>
@@ -8,6 +8,9 @@ namespace kc::api::internal {
 
 // SHA-256 of `data`, as 64 lowercase hex digits.
 std::string Sha256Hex(std::string_view data);
+
+// HMAC-SHA256 of `data` under `key`, as 64 lowercase hex digits.
+std::string HmacSha256Hex(std::string_view key, std::string_view data);
 
 // Seconds since the Unix epoch, now.
 double WallSeconds();

@@ -1,12 +1,36 @@
 #include "api/internal/sqlite.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 namespace kc::api::internal {
 
 Status Database::Open(const std::string& path, std::string_view what, const char* schema) {
   path_ = path;
   what_ = std::string(what);
+  // kcd's databases hold token hashes, jobs' specs and logs, the audit trail: its owner's
+  // alone. A new file is made 0600 before SQLite opens it (its -wal and -shm files take the
+  // same mode); one made before with a wider mode is narrowed. An existing file is never opened
+  // here: closing a descriptor of it would drop the locks this process's SQLite connections
+  // hold on it (POSIX locks are per process).
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) {
+    const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      close(fd);
+    } else if (errno != EEXIST) {
+      return UnavailableError(
+          fmt::format("{} {}: cannot create: {}", what_, path_, strerror(errno)));
+    }
+  } else if ((st.st_mode & 077) != 0 && chmod(path.c_str(), 0600) != 0) {
+    return UnavailableError(
+        fmt::format("{} {}: cannot make it 0600: {}", what_, path_, strerror(errno)));
+  }
   if (sqlite3_open_v2(path.c_str(), &db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr) !=
       SQLITE_OK) {
     return Error("cannot open");
@@ -18,6 +42,19 @@ Status Database::Open(const std::string& path, std::string_view what, const char
       return Error(fmt::format("not a {}, or cannot be set up", what_));
     }
   }
+  return OkStatus();
+}
+
+Status Database::OpenExisting(const std::string& path, std::string_view what) {
+  path_ = path;
+  what_ = std::string(what);
+  if (access(path.c_str(), F_OK) != 0) {
+    return NotFoundError(fmt::format("{}: no such {}", path, what));
+  }
+  if (sqlite3_open_v2(path.c_str(), &db_, SQLITE_OPEN_READWRITE, nullptr) != SQLITE_OK) {
+    return Error("cannot open");
+  }
+  sqlite3_busy_timeout(db_, 10000);
   return OkStatus();
 }
 

@@ -69,6 +69,10 @@ class Database {
   // Opens or creates `path` with WAL, synchronous=FULL, and runs `schema` (idempotent SQL).
   // kUnavailable naming the file and `what` (e.g. "audit log") when it cannot.
   Status Open(const std::string& path, std::string_view what, const char* schema);
+  // Opens `path`, which must exist, as it is: no file is created, no schema or setting is
+  // written (reading a file to learn whether it is what it should be changes nothing).
+  // kNotFound when it does not exist; kUnavailable when it cannot be opened.
+  Status OpenExisting(const std::string& path, std::string_view what);
   Result<Statement> Prepare(std::string_view sql) const;
   Status Exec(const char* sql);
   // kUnavailable: "WHAT PATH: DOING: sqlite's message".

@@ -129,8 +129,8 @@ Status LoadCublas(CublasApi* api) {
   Bind(lib, "cublasSgemmStridedBatched", &api->cublasSgemmStridedBatched, &missing);
   Bind(lib, "cublasGemmStridedBatchedEx", &api->cublasGemmStridedBatchedEx, &missing);
   if (!missing.empty()) return NotFoundError("cuBLAS lacks " + missing);
-  api->cublasGetStatusString = reinterpret_cast<decltype(api->cublasGetStatusString)>(
-      dlsym(lib, "cublasGetStatusString"));
+  api->cublasGetStatusString =
+      reinterpret_cast<decltype(api->cublasGetStatusString)>(dlsym(lib, "cublasGetStatusString"));
   return OkStatus();
 }
 

@@ -23,15 +23,16 @@ using CUmodule = struct CUmod_st*;
 using CUfunction = struct CUfunc_st*;
 using CUhostFn = void (*)(void* user_data);
 
-constexpr CUresult kCudaSuccess = 0;           // CUDA_SUCCESS
-constexpr CUresult kCudaErrorNoDevice = 100;   // CUDA_ERROR_NO_DEVICE
-constexpr CUresult kCudaErrorNotReady = 600;   // CUDA_ERROR_NOT_READY
-constexpr unsigned kStreamNonBlocking = 0x1;   // CU_STREAM_NON_BLOCKING
-constexpr int kFuncAttrMaxDynamicShared = 8;   // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-constexpr int kAttrMultiprocessorCount = 16;   // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+constexpr CUresult kCudaSuccess = 0;          // CUDA_SUCCESS
+constexpr CUresult kCudaErrorNoDevice = 100;  // CUDA_ERROR_NO_DEVICE
+constexpr CUresult kCudaErrorNotReady = 600;  // CUDA_ERROR_NOT_READY
+constexpr unsigned kStreamNonBlocking = 0x1;  // CU_STREAM_NON_BLOCKING
+constexpr int kFuncAttrMaxDynamicShared = 8;  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+constexpr int kAttrMultiprocessorCount = 16;  // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
 constexpr int kAttrComputeCapabilityMajor = 75;
 constexpr int kAttrComputeCapabilityMinor = 76;
-constexpr int kAttrMaxSharedPerBlockOptin = 97;  // CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+constexpr int kAttrMaxSharedPerBlockOptin =
+    97;  // CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
 
 struct DriverApi {
   CUresult (*cuInit)(unsigned flags);
@@ -46,16 +47,15 @@ struct DriverApi {
   CUresult (*cuCtxSetCurrent)(CUcontext context);
   CUresult (*cuCtxGetCurrent)(CUcontext* context);
   CUresult (*cuMemGetInfo)(size_t* free_bytes, size_t* total_bytes);  // _v2
-  CUresult (*cuMemAlloc)(CUdeviceptr* ptr, size_t bytes);              // _v2
-  CUresult (*cuMemFree)(CUdeviceptr ptr);                              // _v2
+  CUresult (*cuMemAlloc)(CUdeviceptr* ptr, size_t bytes);             // _v2
+  CUresult (*cuMemFree)(CUdeviceptr ptr);                             // _v2
   CUresult (*cuMemcpyHtoDAsync)(CUdeviceptr dst, const void* src, size_t bytes,
                                 CUstream stream);  // _v2
   CUresult (*cuMemcpyDtoHAsync)(void* dst, CUdeviceptr src, size_t bytes,
                                 CUstream stream);  // _v2
   CUresult (*cuMemcpyDtoDAsync)(CUdeviceptr dst, CUdeviceptr src, size_t bytes,
                                 CUstream stream);  // _v2
-  CUresult (*cuMemsetD8Async)(CUdeviceptr dst, unsigned char value, size_t count,
-                              CUstream stream);
+  CUresult (*cuMemsetD8Async)(CUdeviceptr dst, unsigned char value, size_t count, CUstream stream);
   CUresult (*cuStreamCreate)(CUstream* stream, unsigned flags);
   CUresult (*cuStreamDestroy)(CUstream stream);  // _v2
   CUresult (*cuStreamQuery)(CUstream stream);
@@ -66,8 +66,7 @@ struct DriverApi {
   CUresult (*cuFuncSetAttribute)(CUfunction function, int attribute, int value);
   CUresult (*cuLaunchKernel)(CUfunction f, unsigned grid_x, unsigned grid_y, unsigned grid_z,
                              unsigned block_x, unsigned block_y, unsigned block_z,
-                             unsigned shared_bytes, CUstream stream, void** params,
-                             void** extra);
+                             unsigned shared_bytes, CUstream stream, void** params, void** extra);
 };
 
 // --- NVRTC (nvrtc.h) -------------------------------------------------------------------
@@ -107,8 +106,8 @@ constexpr int kCublasCompute32F = 68;         // CUBLAS_COMPUTE_32F
 constexpr int kCublasGemmDefault = -1;        // CUBLAS_GEMM_DEFAULT
 
 struct CublasApi {
-  cublasStatus_t (*cublasCreate)(cublasHandle_t* handle);   // _v2
-  cublasStatus_t (*cublasDestroy)(cublasHandle_t handle);   // _v2
+  cublasStatus_t (*cublasCreate)(cublasHandle_t* handle);                     // _v2
+  cublasStatus_t (*cublasDestroy)(cublasHandle_t handle);                     // _v2
   cublasStatus_t (*cublasSetStream)(cublasHandle_t handle, CUstream stream);  // _v2
   cublasStatus_t (*cublasSetMathMode)(cublasHandle_t handle, int mode);
   cublasStatus_t (*cublasSgemmStridedBatched)(cublasHandle_t handle, int transa, int transb, int m,
@@ -116,11 +115,13 @@ struct CublasApi {
                                               int lda, long long stride_a, const float* b, int ldb,
                                               long long stride_b, const float* beta, float* c,
                                               int ldc, long long stride_c, int batch_count);
-  cublasStatus_t (*cublasGemmStridedBatchedEx)(
-      cublasHandle_t handle, int transa, int transb, int m, int n, int k, const void* alpha,
-      const void* a, int a_type, int lda, long long stride_a, const void* b, int b_type, int ldb,
-      long long stride_b, const void* beta, void* c, int c_type, int ldc, long long stride_c,
-      int batch_count, int compute_type, int algo);
+  cublasStatus_t (*cublasGemmStridedBatchedEx)(cublasHandle_t handle, int transa, int transb, int m,
+                                               int n, int k, const void* alpha, const void* a,
+                                               int a_type, int lda, long long stride_a,
+                                               const void* b, int b_type, int ldb,
+                                               long long stride_b, const void* beta, void* c,
+                                               int c_type, int ldc, long long stride_c,
+                                               int batch_count, int compute_type, int algo);
   const char* (*cublasGetStatusString)(cublasStatus_t status);  // may be null (old cuBLAS)
 };
 

@@ -18,9 +18,9 @@ namespace kc::hal::cuda {
 namespace {
 
 // The element-wise kernels of hal/kernels.h (after KernelPrelude()). Grid-stride loops over n
-// elements; bf16 widens to fp32 and rounds to nearest even once, as FloatToBf16 does; the scale and axpy products are
-// rounded operations (__fmul_rn, __fadd_rn), never fused, so the results equal the CPU's bit
-// for bit.
+// elements; bf16 widens to fp32 and rounds to nearest even once, as FloatToBf16 does; the scale and
+// axpy products are rounded operations (__fmul_rn, __fadd_rn), never fused, so the results equal
+// the CPU's bit for bit.
 constexpr const char* kElementwiseSource = R"CUDA(
 
 template <typename T> __device__ __forceinline__ T op_min(T a, T b) { return b < a ? b : a; }
@@ -252,7 +252,8 @@ class CudaDevice final : public ComputeDevice, public internal::KernelBackend {
         r = api_->cuMemcpyDtoDAsync(Ptr(dst), Ptr(src), size_bytes, s);
         break;
     }
-    if (r != kCudaSuccess) return DriverError(r, "copy of " + std::to_string(size_bytes) + " bytes");
+    if (r != kCudaSuccess)
+      return DriverError(r, "copy of " + std::to_string(size_bytes) + " bytes");
     return OkStatus();
   }
 
@@ -286,9 +287,10 @@ class CudaDevice final : public ComputeDevice, public internal::KernelBackend {
         return DriverError(q, "synchronize");  // the callback will not run: `done` is left
       }
       if (clock->Now() >= deadline) {
-        return DeadlineExceededError("synchronize: the stream's work has not finished within " +
-                                     std::to_string(std::chrono::duration<double>(timeout).count()) +
-                                     " s (it keeps running)");
+        return DeadlineExceededError(
+            "synchronize: the stream's work has not finished within " +
+            std::to_string(std::chrono::duration<double>(timeout).count()) +
+            " s (it keeps running)");
       }
     }
     const CUresult q = api_->cuStreamQuery(s);
@@ -338,7 +340,8 @@ class CudaDevice final : public ComputeDevice, public internal::KernelBackend {
 
   Status Scale(Stream& stream, DataType type, void* x, size_t count, double alpha) override {
     const unsigned long long n = count;
-    if (type == DataType::kF64) return LaunchElementwise(stream, "kc_scale_f64", count, x, n, alpha);
+    if (type == DataType::kF64)
+      return LaunchElementwise(stream, "kc_scale_f64", count, x, n, alpha);
     const float a = static_cast<float>(alpha);
     return LaunchElementwise(stream, type == DataType::kBf16 ? "kc_scale_bf16" : "kc_scale_f32",
                              count, x, n, a);
@@ -347,7 +350,8 @@ class CudaDevice final : public ComputeDevice, public internal::KernelBackend {
   Status Axpy(Stream& stream, DataType type, void* y, double alpha, const void* x,
               size_t count) override {
     const unsigned long long n = count;
-    if (type == DataType::kF64) return LaunchElementwise(stream, "kc_axpy_f64", count, y, alpha, x, n);
+    if (type == DataType::kF64)
+      return LaunchElementwise(stream, "kc_axpy_f64", count, y, alpha, x, n);
     const float a = static_cast<float>(alpha);
     return LaunchElementwise(stream, type == DataType::kBf16 ? "kc_axpy_bf16" : "kc_axpy_f32",
                              count, y, a, x, n);
@@ -463,8 +467,8 @@ class CudaDevice final : public ComputeDevice, public internal::KernelBackend {
   Status LaunchElementwise(Stream& stream, const std::string& name, size_t count,
                            const Args&... args) {
     KC_ASSIGN_OR_RETURN(KernelFunction fn, Elementwise(name));
-    const size_t blocks = std::min<size_t>((count + kBlock - 1) / kBlock,
-                                           static_cast<size_t>(multiprocessors_) * 32);
+    const size_t blocks =
+        std::min<size_t>((count + kBlock - 1) / kBlock, static_cast<size_t>(multiprocessors_) * 32);
     void* pointers[] = {const_cast<void*>(static_cast<const void*>(&args))...};
     return Launch(stream, fn, {.grid_x = static_cast<uint32_t>(blocks), .block_x = kBlock},
                   std::span<void* const>(pointers, sizeof...(Args)));

@@ -35,8 +35,8 @@ Result<CompileTarget> TargetFor(int major, int minor) {
     if (a <= want) best = std::max(best, a);
   }
   if (best < 0) {
-    return UnimplementedError("NVRTC knows no architecture at or below sm_" +
-                              std::to_string(want) + " (the device's)");
+    return UnimplementedError("NVRTC knows no architecture at or below sm_" + std::to_string(want) +
+                              " (the device's)");
   }
   return CompileTarget{.arch = "compute_" + std::to_string(best), .cubin = false};
 }
@@ -45,8 +45,8 @@ Result<std::string> Compile(const KernelSource& source, const CompileTarget& tar
   KC_ASSIGN_OR_RETURN(const NvrtcApi* api, Nvrtc());
   nvrtcProgram program = nullptr;
   const std::string file = source.name + ".cu";
-  if (nvrtcResult r = api->nvrtcCreateProgram(&program, source.code.c_str(), file.c_str(), 0,
-                                              nullptr, nullptr);
+  if (nvrtcResult r =
+          api->nvrtcCreateProgram(&program, source.code.c_str(), file.c_str(), 0, nullptr, nullptr);
       r != kNvrtcSuccess) {
     return NvrtcError(*api, r, "nvrtcCreateProgram " + source.name);
   }

@@ -4,8 +4,9 @@ namespace kc::hal::internal {
 
 Status KernelBackend::Gemm(Stream& stream, const GemmOptions& o) {
   if (o.ab_type != DataType::kF32 || o.c_type != DataType::kF32) {
-    return UnimplementedError("gemm: bf16 operands need a device with bf16 matrix units (CUDA); "
-                              "this backend runs f32 products only");
+    return UnimplementedError(
+        "gemm: bf16 operands need a device with bf16 matrix units (CUDA); "
+        "this backend runs f32 products only");
   }
   auto as_float = [](auto span) {
     using B = typename decltype(span)::element_type;

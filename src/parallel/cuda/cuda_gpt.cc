@@ -97,8 +97,9 @@ Status CudaGpt::Allocate() {
   // Activations (and the bf16 weights).
   auto lay_act = [&](Layout& x) {
     if (bf16) {
-      params_bf16_ = hal::DeviceSpan<hal::Bf16>(static_cast<hal::Bf16*>(x.Take(num_parameters_, 2)),
-                                                static_cast<size_t>(num_parameters_), device_->id());
+      params_bf16_ =
+          hal::DeviceSpan<hal::Bf16>(static_cast<hal::Bf16*>(x.Take(num_parameters_, 2)),
+                                     static_cast<size_t>(num_parameters_), device_->id());
     }
     const size_t before = x.used();
     resid_.assign(static_cast<size_t>(L + 1), nullptr);
@@ -135,7 +136,8 @@ Status CudaGpt::Allocate() {
   lay_act(count_act);
   KC_ASSIGN_OR_RETURN(f32_arena_, device_->Allocate(count_f32.used(), kAlign));
   KC_ASSIGN_OR_RETURN(act_arena_, device_->Allocate(count_act.used(), kAlign));
-  KC_ASSIGN_OR_RETURN(i32_arena_, device_->Allocate(2 * static_cast<size_t>(BT) * 4 + kAlign, kAlign));
+  KC_ASSIGN_OR_RETURN(i32_arena_,
+                      device_->Allocate(2 * static_cast<size_t>(BT) * 4 + kAlign, kAlign));
   Layout f32(f32_arena_.data()), act(act_arena_.data());
   lay_f32(f32);
   lay_act(act);
@@ -205,27 +207,26 @@ Status CudaGpt::Mm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
   const int64_t nb = Span(trans_b ? n : k, trans_b ? k : n, ldb, batch, stride_b);
   const int64_t nc = Span(m, n, ldc, batch, stride_c);
   const hal::DeviceId id = device_->id();
-  return hal::Gemm(
-      stream(),
-      {.trans_a = trans_a ? hal::Transpose::kYes : hal::Transpose::kNo,
-       .trans_b = trans_b ? hal::Transpose::kYes : hal::Transpose::kNo,
-       .m = m,
-       .n = n,
-       .k = k,
-       .alpha = alpha,
-       .ab_type = ab,
-       .a = {static_cast<const std::byte*>(a), static_cast<size_t>(na) * ab_bytes, id},
-       .lda = lda,
-       .b = {static_cast<const std::byte*>(b), static_cast<size_t>(nb) * ab_bytes, id},
-       .ldb = ldb,
-       .beta = beta,
-       .c_type = c_type,
-       .c = {static_cast<std::byte*>(c), static_cast<size_t>(nc) * c_bytes, id},
-       .ldc = ldc,
-       .batch_count = batch,
-       .stride_a = stride_a,
-       .stride_b = stride_b,
-       .stride_c = stride_c});
+  return hal::Gemm(stream(),
+                   {.trans_a = trans_a ? hal::Transpose::kYes : hal::Transpose::kNo,
+                    .trans_b = trans_b ? hal::Transpose::kYes : hal::Transpose::kNo,
+                    .m = m,
+                    .n = n,
+                    .k = k,
+                    .alpha = alpha,
+                    .ab_type = ab,
+                    .a = {static_cast<const std::byte*>(a), static_cast<size_t>(na) * ab_bytes, id},
+                    .lda = lda,
+                    .b = {static_cast<const std::byte*>(b), static_cast<size_t>(nb) * ab_bytes, id},
+                    .ldb = ldb,
+                    .beta = beta,
+                    .c_type = c_type,
+                    .c = {static_cast<std::byte*>(c), static_cast<size_t>(nc) * c_bytes, id},
+                    .ldc = ldc,
+                    .batch_count = batch,
+                    .stride_a = stride_a,
+                    .stride_b = stride_b,
+                    .stride_c = stride_c});
 }
 
 Result<double> CudaGpt::Forward(std::span<const int32_t> inputs, std::span<const int32_t> targets,
@@ -251,8 +252,8 @@ Result<double> CudaGpt::Forward(std::span<const int32_t> inputs, std::span<const
       s, hal::DeviceSpan<int32_t>(tokens_, static_cast<size_t>(BT), id), inputs));
   KC_RETURN_IF_ERROR(hal::CopyHostToDevice<int32_t>(
       s, hal::DeviceSpan<int32_t>(targets_, static_cast<size_t>(BT), id), targets));
-  KC_RETURN_IF_ERROR(kernels_->EncoderForward(s, resid_[0], tokens_, P(0), P(1), batch_,
-                                              spec_.seq_len, C));
+  KC_RETURN_IF_ERROR(
+      kernels_->EncoderForward(s, resid_[0], tokens_, P(0), P(1), batch_, spec_.seq_len, C));
   for (int64_t l = 0; l < L; ++l) KC_RETURN_IF_ERROR(LayerForward(l));
   KC_RETURN_IF_ERROR(kernels_->LayerNormForward(s, lnf_out_, lnf_mean_, lnf_rstd_,
                                                 resid_[static_cast<size_t>(L)], P(lnf_),
@@ -283,8 +284,8 @@ Status CudaGpt::LayerForward(int64_t l) {
   // Attention: LayerNorm, the qkv product, heads apart, causal softmax of the scaled scores.
   KC_RETURN_IF_ERROR(kernels_->LayerNormForward(s, la.ln1, la.ln1_mean, la.ln1_rstd, x,
                                                 P(idx(kLn1W)), P(idx(kLn1B)), BT, C, eps));
-  KC_RETURN_IF_ERROR(Mm(false, true, BT, 3 * C, C, 1.0f, la.ln1, C, W(idx(kQkvW)), C, 0.0f, qkv_,
-                        act, 3 * C));
+  KC_RETURN_IF_ERROR(
+      Mm(false, true, BT, 3 * C, C, 1.0f, la.ln1, C, W(idx(kQkvW)), C, 0.0f, qkv_, act, 3 * C));
   KC_RETURN_IF_ERROR(kernels_->AddBias(s, qkv_, P(idx(kQkvB)), BT, 3 * C));
   KC_RETURN_IF_ERROR(kernels_->SplitHeads(s, la.q, qkv_, B, T, NH, hd, 3 * C, 0));
   KC_RETURN_IF_ERROR(kernels_->SplitHeads(s, la.k, qkv_, B, T, NH, hd, 3 * C, C));
@@ -297,19 +298,19 @@ Status CudaGpt::LayerForward(int64_t l) {
                         B * NH, T * T, T * hd, T * hd));
   KC_RETURN_IF_ERROR(kernels_->MergeHeads(s, la.atty, y_, B, T, NH, hd, C, 0));
   // The projection and the residual.
-  KC_RETURN_IF_ERROR(Mm(false, true, BT, C, C, 1.0f, la.atty, C, W(idx(kProjW)), C, 0.0f, tmp_,
-                        act, C));
+  KC_RETURN_IF_ERROR(
+      Mm(false, true, BT, C, C, 1.0f, la.atty, C, W(idx(kProjW)), C, 0.0f, tmp_, act, C));
   KC_RETURN_IF_ERROR(kernels_->AddBias(s, tmp_, P(idx(kProjB)), BT, C));
   KC_RETURN_IF_ERROR(kernels_->Residual(s, la.res2, x, tmp_, BT * C));
   // The MLP and the residual.
   KC_RETURN_IF_ERROR(kernels_->LayerNormForward(s, la.ln2, la.ln2_mean, la.ln2_rstd, la.res2,
                                                 P(idx(kLn2W)), P(idx(kLn2B)), BT, C, eps));
-  KC_RETURN_IF_ERROR(Mm(false, true, BT, F, C, 1.0f, la.ln2, C, W(idx(kFcW)), C, 0.0f, la.fch,
-                        act, F));
+  KC_RETURN_IF_ERROR(
+      Mm(false, true, BT, F, C, 1.0f, la.ln2, C, W(idx(kFcW)), C, 0.0f, la.fch, act, F));
   KC_RETURN_IF_ERROR(kernels_->AddBias(s, la.fch, P(idx(kFcB)), BT, F));
   KC_RETURN_IF_ERROR(kernels_->GeluForward(s, la.fchg, la.fch, BT * F));
-  KC_RETURN_IF_ERROR(Mm(false, true, BT, C, F, 1.0f, la.fchg, F, W(idx(kFcProjW)), F, 0.0f, tmp_,
-                        act, C));
+  KC_RETURN_IF_ERROR(
+      Mm(false, true, BT, C, F, 1.0f, la.fchg, F, W(idx(kFcProjW)), F, 0.0f, tmp_, act, C));
   KC_RETURN_IF_ERROR(kernels_->AddBias(s, tmp_, P(idx(kFcProjB)), BT, C));
   return kernels_->Residual(s, resid_[static_cast<size_t>(l + 1)], la.res2, tmp_, BT * C);
 }
@@ -329,8 +330,8 @@ Status CudaGpt::Backward() {
   KC_RETURN_IF_ERROR(Mm(true, false, V, C, BT, 1.0f, logits_, vocab_ld_, lnf_out_, C, 1.0f,
                         G(head_), hal::DataType::kF32, C));
   KC_RETURN_IF_ERROR(kernels_->LayerNormBackward(s, dres_, G(lnf_), G(lnf_ + 1), tmp_,
-                                                 resid_[static_cast<size_t>(L)], P(lnf_),
-                                                 lnf_mean_, lnf_rstd_, BT, C, true));
+                                                 resid_[static_cast<size_t>(L)], P(lnf_), lnf_mean_,
+                                                 lnf_rstd_, BT, C, true));
   for (int64_t l = L - 1; l >= 0; --l) KC_RETURN_IF_ERROR(LayerBackward(l));
   return kernels_->EncoderBackward(s, G(0), G(1), dres_, tokens_, batch_, spec_.seq_len, C);
 }
@@ -346,30 +347,30 @@ Status CudaGpt::LayerBackward(int64_t l) {
   auto idx = [&](LayerTensor t) { return LayerIndex(l, t); };
   // dres_ holds the gradient of the layer's output. The MLP: output = res2 + fcproj(gelu(fc)).
   KC_RETURN_IF_ERROR(kernels_->BiasBackward(s, G(idx(kFcProjB)), dres_, BT, C));
-  KC_RETURN_IF_ERROR(Mm(true, false, C, F, BT, 1.0f, dres_, C, la.fchg, F, 1.0f,
-                        G(idx(kFcProjW)), f32, F));
-  KC_RETURN_IF_ERROR(Mm(false, false, BT, F, C, 1.0f, dres_, C, W(idx(kFcProjW)), F, 0.0f, dfch_,
-                        act, F));
+  KC_RETURN_IF_ERROR(
+      Mm(true, false, C, F, BT, 1.0f, dres_, C, la.fchg, F, 1.0f, G(idx(kFcProjW)), f32, F));
+  KC_RETURN_IF_ERROR(
+      Mm(false, false, BT, F, C, 1.0f, dres_, C, W(idx(kFcProjW)), F, 0.0f, dfch_, act, F));
   KC_RETURN_IF_ERROR(kernels_->GeluBackward(s, dfch_, la.fch, dfch_, BT * F));
   KC_RETURN_IF_ERROR(kernels_->BiasBackward(s, G(idx(kFcB)), dfch_, BT, F));
-  KC_RETURN_IF_ERROR(Mm(true, false, F, C, BT, 1.0f, dfch_, F, la.ln2, C, 1.0f, G(idx(kFcW)), f32,
-                        C));
-  KC_RETURN_IF_ERROR(Mm(false, false, BT, C, F, 1.0f, dfch_, F, W(idx(kFcW)), C, 0.0f, tmp_, act,
-                        C));
+  KC_RETURN_IF_ERROR(
+      Mm(true, false, F, C, BT, 1.0f, dfch_, F, la.ln2, C, 1.0f, G(idx(kFcW)), f32, C));
+  KC_RETURN_IF_ERROR(
+      Mm(false, false, BT, C, F, 1.0f, dfch_, F, W(idx(kFcW)), C, 0.0f, tmp_, act, C));
   // Through ln2 into the residual stream: dres_ becomes the gradient of res2.
   KC_RETURN_IF_ERROR(kernels_->LayerNormBackward(s, dres_, G(idx(kLn2W)), G(idx(kLn2B)), tmp_,
                                                  la.res2, P(idx(kLn2W)), la.ln2_mean, la.ln2_rstd,
                                                  BT, C, false));
   // The attention: res2 = x + proj(atty).
   KC_RETURN_IF_ERROR(kernels_->BiasBackward(s, G(idx(kProjB)), dres_, BT, C));
-  KC_RETURN_IF_ERROR(Mm(true, false, C, C, BT, 1.0f, dres_, C, la.atty, C, 1.0f, G(idx(kProjW)),
-                        f32, C));
-  KC_RETURN_IF_ERROR(Mm(false, false, BT, C, C, 1.0f, dres_, C, W(idx(kProjW)), C, 0.0f, tmp_, act,
-                        C));
+  KC_RETURN_IF_ERROR(
+      Mm(true, false, C, C, BT, 1.0f, dres_, C, la.atty, C, 1.0f, G(idx(kProjW)), f32, C));
+  KC_RETURN_IF_ERROR(
+      Mm(false, false, BT, C, C, 1.0f, dres_, C, W(idx(kProjW)), C, 0.0f, tmp_, act, C));
   KC_RETURN_IF_ERROR(kernels_->SplitHeads(s, y_, tmp_, B, T, NH, hd, C, 0));  // dy
   // datt = dy v^T; dv = att^T dy; the softmax's backward; dq = scale datt k; dk = scale datt^T q.
-  KC_RETURN_IF_ERROR(Mm(false, true, T, T, hd, 1.0f, y_, hd, la.v, hd, 0.0f, datt_, act, T,
-                        B * NH, T * hd, T * hd, T * T));
+  KC_RETURN_IF_ERROR(Mm(false, true, T, T, hd, 1.0f, y_, hd, la.v, hd, 0.0f, datt_, act, T, B * NH,
+                        T * hd, T * hd, T * T));
   KC_RETURN_IF_ERROR(Mm(true, false, T, hd, T, 1.0f, la.att, T, y_, hd, 0.0f, dv_, act, hd, B * NH,
                         T * T, T * hd, T * hd));
   KC_RETURN_IF_ERROR(kernels_->SoftmaxCausalBackward(s, datt_, la.att, B * NH * T, T));
@@ -383,12 +384,12 @@ Status CudaGpt::LayerBackward(int64_t l) {
   KC_RETURN_IF_ERROR(kernels_->MergeHeads(s, qkv_, dv_, B, T, NH, hd, 3 * C, 2 * C));
   // The qkv product and ln1: dres_ becomes the gradient of the layer's input.
   KC_RETURN_IF_ERROR(kernels_->BiasBackward(s, G(idx(kQkvB)), qkv_, BT, 3 * C));
-  KC_RETURN_IF_ERROR(Mm(true, false, 3 * C, C, BT, 1.0f, qkv_, 3 * C, la.ln1, C, 1.0f,
-                        G(idx(kQkvW)), f32, C));
-  KC_RETURN_IF_ERROR(Mm(false, false, BT, C, 3 * C, 1.0f, qkv_, 3 * C, W(idx(kQkvW)), C, 0.0f,
-                        tmp_, act, C));
-  return kernels_->LayerNormBackward(s, dres_, G(idx(kLn1W)), G(idx(kLn1B)), tmp_, x,
-                                     P(idx(kLn1W)), la.ln1_mean, la.ln1_rstd, BT, C, false);
+  KC_RETURN_IF_ERROR(
+      Mm(true, false, 3 * C, C, BT, 1.0f, qkv_, 3 * C, la.ln1, C, 1.0f, G(idx(kQkvW)), f32, C));
+  KC_RETURN_IF_ERROR(
+      Mm(false, false, BT, C, 3 * C, 1.0f, qkv_, 3 * C, W(idx(kQkvW)), C, 0.0f, tmp_, act, C));
+  return kernels_->LayerNormBackward(s, dres_, G(idx(kLn1W)), G(idx(kLn1B)), tmp_, x, P(idx(kLn1W)),
+                                     la.ln1_mean, la.ln1_rstd, BT, C, false);
 }
 
 Result<double> CudaGpt::GradSquaredNorm() {
@@ -396,16 +397,14 @@ Result<double> CudaGpt::GradSquaredNorm() {
                                                   num_parameters_));
   std::vector<float> partials(static_cast<size_t>(kNormBlocks));
   KC_RETURN_IF_ERROR(hal::CopyDeviceToHost<float>(
-      stream(), partials,
-      hal::DeviceSpan<const float>(partials_, partials.size(), device_->id())));
+      stream(), partials, hal::DeviceSpan<const float>(partials_, partials.size(), device_->id())));
   KC_RETURN_IF_ERROR(Synchronize());
   double sum = 0;
   for (float p : partials) sum += static_cast<double>(p);
   return sum;
 }
 
-Result<std::unique_ptr<CudaAdamW>> CudaAdamW::Create(const TrainingSpec& training,
-                                                     CudaGpt* model) {
+Result<std::unique_ptr<CudaAdamW>> CudaAdamW::Create(const TrainingSpec& training, CudaGpt* model) {
   std::unique_ptr<CudaAdamW> opt(new CudaAdamW(training, model));
   const size_t n = static_cast<size_t>(model->num_parameters());
   hal::ComputeDevice& device = model->device();
@@ -425,9 +424,9 @@ Result<std::unique_ptr<CudaAdamW>> CudaAdamW::Create(const TrainingSpec& trainin
   KC_ASSIGN_OR_RETURN(opt->table_, device.Allocate(bounds_bytes + decay.size()));
   KC_RETURN_IF_ERROR(hal::CopyHostToDevice(s, opt->table_.bytes().first(bounds_bytes),
                                            std::as_bytes(std::span<const int64_t>(bounds))));
-  KC_RETURN_IF_ERROR(hal::CopyHostToDevice(
-      s, opt->table_.bytes().subspan(bounds_bytes, decay.size()),
-      std::as_bytes(std::span<const uint8_t>(decay))));
+  KC_RETURN_IF_ERROR(hal::CopyHostToDevice(s,
+                                           opt->table_.bytes().subspan(bounds_bytes, decay.size()),
+                                           std::as_bytes(std::span<const uint8_t>(decay))));
   KC_RETURN_IF_ERROR(model->Synchronize());
   return opt;
 }
@@ -442,8 +441,8 @@ Status CudaAdamW::Step(double lr, double grad_scale) {
   const auto* table = static_cast<const std::byte*>(table_.data());
   CudaAdamWArgs args{
       .params = model_->params().data(),
-      .params_act = model_->precision() == Precision::kBf16 ? model_->compute_params().data()
-                                                            : nullptr,
+      .params_act =
+          model_->precision() == Precision::kBf16 ? model_->compute_params().data() : nullptr,
       .grads = model_->grads().data(),
       .m = moments().data(),
       .v = moments().data() + model_->num_parameters(),

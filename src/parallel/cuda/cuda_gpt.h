@@ -106,10 +106,10 @@ class CudaGpt {
   Status LayerBackward(int64_t l);
   // hal::Gemm on this device: row-major C (M, N) = alpha op(A) op(B) + beta C, over `batch`
   // matrices `stride_*` elements apart; A and B of the activation type, C of `c_type`.
-  Status Mm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-            const void* a, int64_t lda, const void* b, int64_t ldb, float beta, void* c,
-            hal::DataType c_type, int64_t ldc, int64_t batch = 1, int64_t stride_a = 0,
-            int64_t stride_b = 0, int64_t stride_c = 0);
+  Status Mm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
+            int64_t lda, const void* b, int64_t ldb, float beta, void* c, hal::DataType c_type,
+            int64_t ldc, int64_t batch = 1, int64_t stride_a = 0, int64_t stride_b = 0,
+            int64_t stride_c = 0);
   // Tensor i's master weights and gradient (fp32), and the copy products read (act type).
   float* P(int i) const { return params_.data() + tensors_[static_cast<size_t>(i)].offset; }
   float* G(int i) const { return grads_.data() + tensors_[static_cast<size_t>(i)].offset; }
@@ -181,8 +181,8 @@ class CudaGpt {
   void* lnf_out_ = nullptr;  // (BT, C)
   float* lnf_mean_ = nullptr;
   float* lnf_rstd_ = nullptr;
-  void* logits_ = nullptr;  // (BT, vocab_ld): the logits' gradient after a training Forward
-  float* losses_ = nullptr;  // (BT)
+  void* logits_ = nullptr;     // (BT, vocab_ld): the logits' gradient after a training Forward
+  float* losses_ = nullptr;    // (BT)
   float* partials_ = nullptr;  // (kNormBlocks): GradSquaredNorm's
   // Scratch shared by the layers.
   void* qkv_ = nullptr;   // (BT, 3C): the qkv product, and its gradient in the backward
@@ -195,7 +195,7 @@ class CudaGpt {
   void* dk_ = nullptr;
   void* dv_ = nullptr;
   std::vector<float> host_losses_;  // (BT)
-  bool have_grad_ = false;  // the last Forward was a training one, not yet backpropagated
+  bool have_grad_ = false;          // the last Forward was a training one, not yet backpropagated
 };
 
 // AdamW (torch.optim.AdamW, as parallel/optimizer.h) over a CudaGpt's whole arena, its moments

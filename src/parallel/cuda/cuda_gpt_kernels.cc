@@ -10,8 +10,9 @@ namespace kc::parallel {
 namespace {
 
 // The kernels, in the order of gpt_kernels.h, after hal::KernelPrelude() (bf16_t, bf2f, f2bf,
-// GRID_STRIDE). Compiled with KC_BF16=0 or 1 (the type of activations); nothing is #included. Reductions accumulate in fp32; bf16 values widen exactly
-// and round to nearest even once when stored.
+// GRID_STRIDE). Compiled with KC_BF16=0 or 1 (the type of activations); nothing is #included.
+// Reductions accumulate in fp32; bf16 values widen exactly and round to nearest even once when
+// stored.
 constexpr const char* kSource = R"CUDA(
 #if KC_BF16
 typedef bf16_t act_t;
@@ -315,8 +316,8 @@ constexpr int kRowsPerBlock = 256;  // of the column-sum kernels
 
 Status CheckInt(int64_t v, const char* what) {
   if (v < 0 || v > INT_MAX) {
-    return InvalidArgumentError(std::string("cuda gpt kernels: ") + what + "=" +
-                                std::to_string(v) + " does not fit in int32");
+    return InvalidArgumentError(std::string("cuda gpt kernels: ") + what + "=" + std::to_string(v) +
+                                " does not fit in int32");
   }
   return OkStatus();
 }
@@ -382,14 +383,14 @@ Status CudaGptKernels::LayerNormForward(hal::Stream& s, void* out, float* mean, 
                                         int64_t N, int64_t C, float eps) {
   KC_RETURN_IF_ERROR(CheckInt(N, "N"));
   const int n = static_cast<int>(N), c = static_cast<int>(C);
-  return Run(s, "gpt_layernorm_forward", {.grid_x = Blocks(N, kBlock / 32), .block_x = kBlock},
-             out, mean, rstd, inp, weight, bias, n, c, eps);
+  return Run(s, "gpt_layernorm_forward", {.grid_x = Blocks(N, kBlock / 32), .block_x = kBlock}, out,
+             mean, rstd, inp, weight, bias, n, c, eps);
 }
 
 Status CudaGptKernels::LayerNormBackward(hal::Stream& s, void* dinp, float* dweight, float* dbias,
                                          const void* dout, const void* inp, const float* weight,
-                                         const float* mean, const float* rstd, int64_t N,
-                                         int64_t C, bool overwrite) {
+                                         const float* mean, const float* rstd, int64_t N, int64_t C,
+                                         bool overwrite) {
   KC_RETURN_IF_ERROR(CheckInt(N, "N"));
   const int n = static_cast<int>(N), c = static_cast<int>(C), ow = overwrite ? 1 : 0;
   KC_RETURN_IF_ERROR(Run(s, "gpt_layernorm_backward",
@@ -483,16 +484,16 @@ Status CudaGptKernels::CrossEntropy(hal::Stream& s, void* logits, float* losses,
   if (N == 0) return OkStatus();
   const int n = static_cast<int>(N), v = static_cast<int>(V), l = static_cast<int>(ldv);
   const uint32_t block = V >= 4096 ? 1024 : 256;
-  return Run(s, "gpt_crossentropy", {.grid_x = static_cast<uint32_t>(N), .block_x = block},
-             logits, losses, targets, n, v, l, grad_scale);
+  return Run(s, "gpt_crossentropy", {.grid_x = static_cast<uint32_t>(N), .block_x = block}, logits,
+             losses, targets, n, v, l, grad_scale);
 }
 
 Status CudaGptKernels::SquaredSumPartials(hal::Stream& s, float* partials, int64_t blocks,
                                           const float* x, int64_t n) {
   KC_CHECK(blocks >= 1 && blocks <= 65536);
   const unsigned long long count = static_cast<unsigned long long>(n);
-  return Run(s, "gpt_squared_sum",
-             {.grid_x = static_cast<uint32_t>(blocks), .block_x = kBlock}, partials, x, count);
+  return Run(s, "gpt_squared_sum", {.grid_x = static_cast<uint32_t>(blocks), .block_x = kBlock},
+             partials, x, count);
 }
 
 Status CudaGptKernels::AdamW(hal::Stream& s, const CudaAdamWArgs& a) {

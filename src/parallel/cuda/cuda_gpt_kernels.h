@@ -70,8 +70,7 @@ class CudaGptKernels {
                          const int32_t* inp, int64_t B, int64_t T, int64_t C);
   // out (N, C) = (inp - mean) * rstd * weight + bias; mean, rstd (N).
   Status LayerNormForward(hal::Stream& s, void* out, float* mean, float* rstd, const void* inp,
-                          const float* weight, const float* bias, int64_t N, int64_t C,
-                          float eps);
+                          const float* weight, const float* bias, int64_t N, int64_t C, float eps);
   // dinp (N, C) = (overwrite ? 0 : dinp) + the input gradient; dweight, dbias (C) added to.
   Status LayerNormBackward(hal::Stream& s, void* dinp, float* dweight, float* dbias,
                            const void* dout, const void* inp, const float* weight,

@@ -48,8 +48,7 @@ TEST(CudaGptTest, ACpuDeviceRunsNoCudaModel) {
   spec.vocab = 11;
   spec.seq_len = 4;
   spec.batch_per_rank = 2;
-  EXPECT_EQ(CudaGpt::Create(spec, cpu->get(), {}).status().code(),
-            ErrorCode::kUnimplemented);
+  EXPECT_EQ(CudaGpt::Create(spec, cpu->get(), {}).status().code(), ErrorCode::kUnimplemented);
 }
 
 TEST(PrecisionTest, ParsesItsNamesAndRefusesOthers) {
