@@ -72,8 +72,10 @@ struct Scheduler::Impl {
     double shadow_s = kInf;
     int extra = 0;
     int preempt_failed[3] = {0, 0, 0};
-    // The same for plans spanning the pools a job of this home pool may use.
+    // The same for plans spanning the pools a job of this home pool may use, and for those
+    // of its overdue high-priority jobs (normal jobs are victims too).
     int spread_failed[3] = {0, 0, 0};
+    int overdue_failed[3] = {0, 0, 0};
   };
 
   struct Job {
@@ -128,6 +130,9 @@ struct Scheduler::Impl {
   std::vector<int> users_in_team;
   std::vector<int> team_of_user;
   double now = 0;
+  // While planning for an overdue high-priority job (SchedulerSettings::high_max_wait_s):
+  // normal jobs are victims too.
+  bool overdue_plan = false;
 
   // ---- bookkeeping -------------------------------------------------------------------------
 
@@ -534,6 +539,16 @@ struct Scheduler::Impl {
             .reason = std::move(reason)};
   }
 
+  // Drops job ji's reservations of this pass (it starts after all).
+  void Unreserve(int ji) {
+    for (PoolRt& p : pools) {
+      if (p.reserved_for != ji) continue;
+      p.reserved_for = -1;
+      p.shadow_s = kInf;
+      p.extra = 0;
+    }
+  }
+
   // The devices job j needs to end within `s` seconds of running; INT_MAX when no count
   // does (unknown duration, or no time).
   int DevicesToEndWithin(const Job& j, double s) const {
@@ -617,6 +632,7 @@ struct Scheduler::Impl {
         (victim.level < j.level || (victim.level == j.level && !victim.starving))) {
       return true;  // reclaim
     }
+    if (overdue_plan && victim.level < j.level) return true;
     return victim.level == 0 && j.level > 0;
   }
   // How far job j may shrink `victim` on pool pi instead: to its minimum for a job of a
@@ -707,12 +723,14 @@ struct Scheduler::Impl {
     }
     // Shrinks first (they lose no work), then preemptions of the lowest levels: a preempted
     // job of j's level would go back to the queue and displace someone else in turn. Within
-    // each, by lost work per freed device.
+    // each, jobs that once starved last (they waited long already), then by lost work per
+    // freed device.
     std::stable_sort(cands.begin(), cands.end(), [this](const Option& a, const Option& b) {
       if (a.shrink != b.shrink) return a.shrink;
       if (!a.shrink && jobs[a.job].level != jobs[b.job].level) {
         return jobs[a.job].level < jobs[b.job].level;
       }
+      if (!a.shrink && jobs[a.job].starving != jobs[b.job].starving) return !jobs[a.job].starving;
       return a.cost / static_cast<double>(a.freed.size()) <
              b.cost / static_cast<double>(b.freed.size());
     });
@@ -924,6 +942,7 @@ struct Scheduler::Impl {
       p.extra = 0;
       std::fill(std::begin(p.preempt_failed), std::end(p.preempt_failed), 0);
       std::fill(std::begin(p.spread_failed), std::end(p.spread_failed), 0);
+      std::fill(std::begin(p.overdue_failed), std::end(p.overdue_failed), 0);
     }
     Starve();
     std::vector<int> order = Order();
@@ -976,9 +995,28 @@ struct Scheduler::Impl {
         ApplyPlan(ji, *best);
         continue;
       }
+      // A high-priority job that waited, or would wait, longer than high_max_wait_s also
+      // preempts normal jobs; otherwise its reservation holds the devices for it.
+      const bool reserved_before = home.reserved_for >= 0;
+      if (!reserved_before) Reserve(ji);
+      if (j.level == static_cast<int>(JobClass::kHigh) && !spread.empty() &&
+          config.settings.high_max_wait_s > 0) {
+        const double waited = j.queued_s + (now - j.pending_since_s);
+        const double start_s = home.reserved_for == ji ? home.shadow_s : kInf;
+        if (waited >= config.settings.high_max_wait_s ||
+            start_s - now > config.settings.high_max_wait_s) {
+          overdue_plan = true;
+          std::optional<Plan> plan = PlanPreempt(ji, spread, home.overdue_failed);
+          overdue_plan = false;
+          if (plan) {
+            if (!reserved_before) Unreserve(ji);
+            ApplyPlan(ji, *plan);
+            continue;
+          }
+        }
+      }
       ++blocked;
-      if (home.reserved_for < 0) {
-        Reserve(ji);
+      if (!reserved_before) {
         j.reason = fmt::format(
             "pending: reason=Resources (pool {}: {} of {} devices free, needs {}; expected to "
             "start {})",

@@ -234,6 +234,41 @@ TEST_F(SimulatorTest, StarvingJobsArePromotedAndReserved) {
   EXPECT_EQ(r.finished, 25);
 }
 
+// Default pools on 32 devices: high 4, preemptible 8, normal 20. A high-priority gang of 16
+// devices is larger than what it may take at once (its pool and the preemptible jobs): it
+// needs devices that normal jobs hold for hours. Past high_max_wait_s it preempts them
+// too; without that, its reservation holds the devices until they end.
+TEST_F(SimulatorTest, OverdueHighPriorityGangsPreemptNormalJobs) {
+  auto job = [](double at, std::string id, std::string cls, int n, double s) {
+    return TraceJob{.submit_s = at,
+                    .job = std::move(id),
+                    .team = "t",
+                    .user = "u",
+                    .job_class = std::move(cls),
+                    .min_devices = n,
+                    .max_devices = n,
+                    .duration_s = s};
+  };
+  const std::vector<TraceJob> trace = {
+      job(0, "n1", "normal", 16, 36000), job(0, "n2", "normal", 4, 7200),
+      job(0, "p1", "preemptible", 8, 36000), job(600, "gang", "high", 16, 3600),
+      job(1200, "n3", "normal", 4, 72000)};
+  PoolConfig pools = DefaultPoolConfig();
+  pools.settings.high_max_wait_s = 0;
+  RunJobs(trace, pools);
+  const double reserved = First(DecisionKind::kStart, "gang")->time_s;
+  EXPECT_GE(reserved, 7200);                                       // when n2 ends
+  EXPECT_GT(First(DecisionKind::kStart, "n3")->time_s, reserved);  // not on its devices
+  EXPECT_EQ(First(DecisionKind::kPreempt, "n1"), nullptr);
+  EXPECT_EQ(First(DecisionKind::kPreempt, "n2"), nullptr);
+  pools.settings.high_max_wait_s = 1800;
+  SimReport r = RunJobs(trace, pools);
+  EXPECT_LE(First(DecisionKind::kStart, "gang")->time_s, 600 + 60);  // the grace period
+  EXPECT_TRUE(First(DecisionKind::kPreempt, "n1") != nullptr ||
+              First(DecisionKind::kPreempt, "n2") != nullptr);
+  EXPECT_EQ(r.finished, 5);
+}
+
 TEST_F(SimulatorTest, RefusedJobsAreReportedNotFatal) {
   std::vector<TraceJob> trace = {{.submit_s = 0,
                                   .job = "huge",
