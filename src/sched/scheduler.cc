@@ -105,6 +105,7 @@ struct Scheduler::Impl {
     double pending_since_s = 0;  // when it last joined the queue
     double queued_s = 0;         // its time pending before that
     bool starving = false;       // pending starve_after_s in all (Starve)
+    double advised_s = 0;        // when interval_s was last advised (Readvise)
     int team = 0;
     int user = 0;
     std::string reason;
@@ -235,6 +236,7 @@ struct Scheduler::Impl {
     j.last_ckpt_s = j.seg_start_s;
     j.work_ckpt = j.work_base;
     j.interval_s = IntervalFor(j);
+    j.advised_s = now;
     j.started = true;
     j.placed_s = now;
     j.base = static_cast<int>(j.devices.size());
@@ -300,6 +302,7 @@ struct Scheduler::Impl {
       j.borrowed = borrowed;
       exposure[KeyOf(j)].first += 1;
       j.interval_s = IntervalFor(j);
+      j.advised_s = now;
     }
   }
 
@@ -1032,6 +1035,28 @@ struct Scheduler::Impl {
       }
     }
     Grow();
+    Readvise();
+  }
+
+  // A running job's checkpoint interval follows the history of its kind (pool, class,
+  // borrowing) as it grows: looked at again once per interval, changed when the advice moved
+  // by more than a fifth. Without it a job started on a key with little history keeps the
+  // prior's short interval for its whole run.
+  void Readvise() {
+    if (options.checkpoint == CheckpointPolicy::kSeedRule) return;
+    for (int ji : running) {
+      Job& j = jobs[ji];
+      if (now - j.advised_s < j.interval_s) continue;
+      j.advised_s = now;
+      const double interval = IntervalFor(j);
+      if (std::abs(interval - j.interval_s) <= 0.2 * j.interval_s) continue;
+      j.interval_s = interval;
+      const CheckpointAdvice a = advisor.Advise(KeyOf(j), j.req.checkpoint_cost_s);
+      decisions.push_back(
+          MakeDecision(DecisionKind::kInterval, j,
+                       fmt::format("checkpoint every {}: jobs like it ran {} with {} interruptions",
+                                   Seconds(interval), Seconds(a.exposure_s), a.interruptions)));
+    }
   }
 
   // Jobs pending starve_after_s in all are starving (PBS's max_starve): they go first within

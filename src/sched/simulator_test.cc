@@ -269,6 +269,41 @@ TEST_F(SimulatorTest, OverdueHighPriorityGangsPreemptNormalJobs) {
   EXPECT_EQ(r.finished, 5);
 }
 
+// A job started on a kind of placement with no history gets the prior's short interval
+// (borrowed devices: about 7 minutes for a 60 s checkpoint); as that kind runs without
+// interruption, the advice lengthens and the running job follows it (looked at in the
+// passes that short jobs arriving every hour cause).
+TEST_F(SimulatorTest, RunningJobsFollowTheAdviceAsHistoryGrows) {
+  std::vector<TraceJob> trace = {{.submit_s = 0,
+                                  .job = "long",
+                                  .team = "t",
+                                  .user = "u",
+                                  .job_class = "preemptible",
+                                  .min_devices = 8,
+                                  .max_devices = 8,
+                                  .duration_s = 48 * 3600.0}};
+  for (int h = 1; h < 48; ++h) {
+    trace.push_back({.submit_s = 3600.0 * h,
+                     .job = "tick" + std::to_string(h),
+                     .team = "t",
+                     .user = "u",
+                     .job_class = "normal",
+                     .min_devices = 1,
+                     .max_devices = 1,
+                     .duration_s = 60});
+  }
+  SimReport r = RunJobs(trace, one_pool_);
+  double first = 0, last = 0;
+  for (const Decision& d : decisions_) {
+    if (d.job != "long") continue;
+    if (d.kind == DecisionKind::kStart) first = d.checkpoint_interval_s;
+    if (d.kind == DecisionKind::kInterval) last = d.checkpoint_interval_s;
+  }
+  EXPECT_LT(first, 600);
+  EXPECT_GT(last, 3 * first);
+  EXPECT_EQ(r.finished, 48);
+}
+
 TEST_F(SimulatorTest, RefusedJobsAreReportedNotFatal) {
   std::vector<TraceJob> trace = {{.submit_s = 0,
                                   .job = "huge",
