@@ -85,6 +85,7 @@ struct Scheduler::Impl {
     int level = 0;
     JobState state = JobState::kPending;
     std::vector<int> devices;
+    std::vector<int> in_pool;  // of its devices, how many each pool holds (SetDevices)
     int run_pool = -1;
     bool borrowed = false;
     double submit_s = 0;
@@ -228,7 +229,7 @@ struct Scheduler::Impl {
   void StartRunning(int ji, std::vector<int> devs, int pool, bool borrowed, double delay_s) {
     Job& j = jobs[ji];
     Take(ji, devs);
-    j.devices = std::move(devs);
+    SetDevices(j, std::move(devs));
     j.state = JobState::kRunning;
     j.run_pool = pool;
     j.borrowed = borrowed;
@@ -257,7 +258,7 @@ struct Scheduler::Impl {
     exposure[KeyOf(j)].first -= 1;
     SetRate(j, -static_cast<double>(j.devices.size()));
     Release(j.devices);
-    j.devices.clear();
+    SetDevices(j, {});
     j.work_base = saved ? work : j.work_ckpt;
     j.state = next;
     j.run_pool = -1;
@@ -288,7 +289,7 @@ struct Scheduler::Impl {
     Take(ji, added);
     j.run_before_s += std::max(0.0, now - j.seg_start_s);
     j.fault_window_s += std::max(0.0, now - j.seg_start_s);
-    j.devices = std::move(devs);
+    SetDevices(j, std::move(devs));
     j.base = std::min(j.base, static_cast<int>(j.devices.size()));
     j.work_base = work;
     j.seg_start_s = now + delay_s;
@@ -321,9 +322,13 @@ struct Scheduler::Impl {
   // ---- placement ---------------------------------------------------------------------------
 
   // How many of job j's devices are in pool pi.
-  int CountIn(const Job& j, int pi) const {
-    return static_cast<int>(
-        std::count_if(j.devices.begin(), j.devices.end(), [&](int d) { return pool_of[d] == pi; }));
+  int CountIn(const Job& j, int pi) const { return j.in_pool.empty() ? 0 : j.in_pool[pi]; }
+  // The only way a job's devices change: keeps in_pool (CountIn, a hot path of PlanPreempt)
+  // in step with them.
+  void SetDevices(Job& j, std::vector<int> devs) const {
+    j.devices = std::move(devs);
+    j.in_pool.assign(pools.size(), 0);
+    for (int d : j.devices) ++j.in_pool[pool_of[d]];
   }
 
   // Picks devices for a job from the pools `ps`: between min and max (multiples of tp), all of
@@ -679,11 +684,12 @@ struct Scheduler::Impl {
     std::vector<char> in(pools.size(), 0);
     for (int pi : ps) in[pi] = 1;
     std::vector<Option> cands;
+    std::vector<char> shrink_in(pools.size(), 0);
     for (int ri : running) {
       const Job& r = jobs[ri];
       if (ri == ji) continue;
       const int n = static_cast<int>(r.devices.size());
-      std::vector<char> shrink_in(pools.size(), 0);
+      std::fill(shrink_in.begin(), shrink_in.end(), 0);
       int floor = n;
       for (int pi : ps) {
         const int f = ShrinkFloor(r, j, pi);
