@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <iostream>
@@ -57,14 +58,17 @@ std::string Pct(double x) { return fmt::format("{:.1f}%", 100 * x); }
 
 Json ReportJson(const Run& run) {
   const sched::SimReport& r = run.report;
-  Json delay = Json::object();
-  for (const auto& [cls, d] : r.delay) {
-    delay[cls] = {{"jobs", d.jobs},
+  auto by_class = [](const std::map<std::string, sched::TimeStats>& stats) {
+    Json out = Json::object();
+    for (const auto& [cls, d] : stats) {
+      out[cls] = {{"jobs", d.jobs},
                   {"mean_s", d.mean_s},
                   {"p50_s", d.p50_s},
                   {"p95_s", d.p95_s},
                   {"max_s", d.max_s}};
-  }
+    }
+    return out;
+  };
   Json curve = Json::array();
   for (auto [t, u] : r.curve) curve.push_back({t, u});
   Json by_pending = Json::array();
@@ -96,11 +100,13 @@ Json ReportJson(const Run& run) {
           {"utilisation", r.utilisation},
           {"utilisation_arrivals", r.utilisation_arrivals},
           {"useful_utilisation", r.useful_utilisation},
-          {"queue_delay", delay},
+          {"queue_delay", by_class(r.delay)},
+          {"completion", by_class(r.completion)},
           {"preemptions", r.preemptions},
           {"shrinks", r.shrinks},
           {"grows", r.grows},
           {"demotions", r.demotions},
+          {"promotions", r.promotions},
           {"faults", r.faults},
           {"lost_preemption_device_h", r.lost_preemption_h},
           {"lost_fault_device_h", r.lost_fault_h},
@@ -197,19 +203,30 @@ std::string TextReport(const SimArgs& a, const hal::Topology& topo,
   row("utilisation to the last end", [](R r) { return Pct(r.utilisation); });
   row("useful work / device time", [](R r) { return Pct(r.useful_utilisation); });
   row("last job ends", [](R r) { return Hours(r.makespan_s); });
-  for (const char* cls : {"high", "normal", "preemptible"}) {
-    bool any = false;
-    for (const Run& r : runs) any |= r.report.delay.contains(cls);
-    if (!any) continue;
-    row(fmt::format("queueing delay {} p50/p95", cls), [cls](R r) {
-      auto it = r.delay.find(cls);
-      if (it == r.delay.end()) return std::string("-");
-      return Short(it->second.p50_s) + " / " + Short(it->second.p95_s);
-    });
-  }
+  // One row per class that some run has: "LABEL CLASS mean/p95" of a TimeStats map.
+  using Stats = std::map<std::string, sched::TimeStats> sched::SimReport::*;
+  auto stats_rows = [&](std::string_view label, Stats stats, std::string_view which,
+                        std::vector<const char*> classes) {
+    for (const char* cls : classes) {
+      bool any = false;
+      for (const Run& r : runs) any |= (r.report.*stats).contains(cls);
+      if (!any) continue;
+      row(fmt::format("{} {} {}", label, cls, which), [&](R r) {
+        auto it = (r.*stats).find(cls);
+        if (it == (r.*stats).end()) return std::string("-");
+        const double first = which == "p50/p95" ? it->second.p50_s : it->second.mean_s;
+        return Short(first) + " / " + Short(it->second.p95_s);
+      });
+    }
+  };
+  stats_rows("queueing delay", &sched::SimReport::delay, "p50/p95",
+             {"high", "normal", "preemptible"});
+  stats_rows("completion time", &sched::SimReport::completion, "mean/p95",
+             {"all", "high", "normal", "preemptible"});
   row("preemptions / shrinks / grows",
       [](R r) { return fmt::format("{} / {} / {}", r.preemptions, r.shrinks, r.grows); });
-  row("faults / demotions", [](R r) { return fmt::format("{} / {}", r.faults, r.demotions); });
+  row("faults / demotions / promotions",
+      [](R r) { return fmt::format("{} / {} / {}", r.faults, r.demotions, r.promotions); });
   row("work lost to preemption (dev-h)",
       [](R r) { return fmt::format("{:.1f}", r.lost_preemption_h); });
   row("checkpoints while preemptible",
@@ -395,6 +412,7 @@ void AddSimCommand(CLI::App& app, Action* action) {
       "generate", "Write a synthetic trace shaped after the Microsoft Philly study");
   auto g = std::make_shared<sched::SyntheticTraceOptions>();
   auto out = std::make_shared<std::string>();
+  auto size_mix = std::make_shared<std::vector<double>>();
   gen->add_option("--jobs", g->jobs, "Jobs (default 2000)");
   gen->add_option("--devices", g->devices, "Cluster size the load is computed for (default 256)");
   gen->add_option("--devices-per-host", g->devices_per_host, "Devices per host (default 8)");
@@ -409,19 +427,35 @@ void AddSimCommand(CLI::App& app, Action* action) {
                   "Share of preemptible jobs (0.30)");
   gen->add_option("--elastic-fraction", g->elastic_fraction,
                   "Share of multi-device jobs with min < max (0.30)");
+  gen->add_option("--elastic-min-ratio", g->elastic_min_ratio,
+                  "An elastic job's min as a share of its max, in [0, 1) (0: max/2 or max/4)");
+  gen->add_option("--size-mix", *size_mix,
+                  "Weights of the job sizes 1, 2..host/2, one host, several hosts "
+                  "(0.8,0.1,0.07,0.03)")
+      ->delimiter(',')
+      ->expected(4);
+  gen->add_option("--duration-sigma", g->duration_sigma,
+                  "Spread of run times: sigma of their log-normal, ln seconds (3.0)");
+  gen->add_option("--burstiness", g->burstiness,
+                  "Squared coefficient of variation of the gaps between arrivals: 1 Poisson, "
+                  "more bursty (1)");
   gen->add_option("--max-job-fraction", g->max_job_fraction,
                   "Largest job as a share of the devices (0.5)");
   gen->add_option("--diurnal-amplitude", g->diurnal_amplitude,
                   "Daily swing of the arrival rate, in [0, 1) (0.5)");
   gen->add_option("-o,--out", *out, "Output file (default: standard output)");
-  gen->callback([action, g, out] {
+  gen->callback([action, g, out, size_mix] {
+    if (!size_mix->empty()) std::copy_n(size_mix->begin(), g->size_mix.size(), g->size_mix.begin());
     *action = [g, out] {
       Result<std::vector<sched::TraceJob>> t = sched::GenerateSyntheticTrace(*g);
       if (!t.ok()) return Fail(t.status());
       std::string csv = fmt::format(
           "# synthetic trace after Microsoft Philly (Jeon et al., USENIX ATC 2019): {} jobs, {} "
-          "devices, load {}, seed {}\n",
-          g->jobs, g->devices, g->load, g->seed);
+          "devices, load {}, seed {}; classes high {} preemptible {}; elastic {} (min ratio {}); "
+          "size mix {}; duration sigma {}; burstiness {}\n",
+          g->jobs, g->devices, g->load, g->seed, g->high_fraction, g->preemptible_fraction,
+          g->elastic_fraction, g->elastic_min_ratio, fmt::join(g->size_mix, ","), g->duration_sigma,
+          g->burstiness);
       csv += sched::TraceToCsv(*t);
       if (out->empty()) {
         std::cout << csv;

@@ -126,7 +126,9 @@ struct Dispatcher::Impl {
   std::map<int64_t, std::string> queued KC_GUARDED_BY(mu);      // job id -> scheduler id, pending
   std::map<std::string, int64_t> sched_jobs KC_GUARDED_BY(mu);  // scheduler id -> job id
   std::vector<sched::Decision> deferred KC_GUARDED_BY(mu);      // starts waiting for victims
-  std::vector<char> up KC_GUARDED_BY(mu);                       // per device: up in the scheduler
+  // Per queued job: the pending reason last written to the store, and when.
+  std::map<int64_t, std::pair<std::string, double>> shown_reasons KC_GUARDED_BY(mu);
+  std::vector<char> up KC_GUARDED_BY(mu);  // per device: up in the scheduler
   int64_t submissions KC_GUARDED_BY(mu) = 0;
   std::thread thread;
 
@@ -231,6 +233,7 @@ struct Dispatcher::Impl {
     } else if (auto r = runs.find(job); r != runs.end()) {
       id = r->second.sched_id;
     }
+    shown_reasons.erase(job);
     if (id.empty()) return;
     scheduler->Finished(id, now).IgnoreError();  // the id is the scheduler's own
     sched_jobs.erase(id);
@@ -580,6 +583,29 @@ struct Dispatcher::Impl {
                        << d.reason;
           break;
       }
+    }
+    ShowPendingReasons();
+  }
+
+  // Writes each queued job's pending reason as this pass left it ("pending: reason=Resources
+  // (...)", Slurm's squeue %R) for kc jobs and kc job show: at once when its kind changes,
+  // at most every kReasonRefreshS when only its details (free devices, expected start) do.
+  void ShowPendingReasons() KC_REQUIRES(mu) {
+    constexpr double kReasonRefreshS = 30;
+    const double wall = WallSeconds();
+    for (const auto& [job, sched_id] : queued) {
+      Result<sched::JobStatus> s = scheduler->Query(sched_id);
+      if (!s.ok() || s->state != sched::JobState::kPending || s->reason.empty()) continue;
+      auto& [shown, at] = shown_reasons[job];
+      if (shown == s->reason) continue;
+      const auto kind = [](std::string_view r) { return r.substr(0, r.find(" (")); };
+      if (kind(shown) == kind(s->reason) && wall - at < kReasonRefreshS) continue;
+      if (Status st = o.jobs->SetReason(job, s->reason, wall); !st.ok()) {
+        KC_LOG(INFO) << "dispatcher: job " << job << ": " << st.message();
+        continue;
+      }
+      shown = s->reason;
+      at = wall;
     }
   }
 

@@ -234,6 +234,23 @@ Result<JobRecord> JobStore::Transition(int64_t id, JobPhase to, std::string reas
   return job;
 }
 
+Status JobStore::SetReason(int64_t id, std::string_view reason, double now_s) {
+  Impl& m = *impl_;
+  MutexLock lock(&m.mu);
+  KC_ASSIGN_OR_RETURN(JobRecord job, m.GetLocked(id));
+  if (IsTerminal(job.phase)) {
+    return FailedPreconditionError(
+        fmt::format("job {}: it ended ({}); its reason stays", id, JobPhaseName(job.phase)));
+  }
+  KC_ASSIGN_OR_RETURN(internal::Statement st,
+                      m.db.Prepare("UPDATE jobs SET updated_s = ?, reason = ? WHERE id = ?"));
+  st.Bind(1, now_s);
+  st.Bind(2, reason);
+  st.Bind(3, id);
+  if (st.Step() != SQLITE_DONE) return m.db.Error("cannot record the reason");
+  return OkStatus();
+}
+
 Result<JobRecord> JobStore::Get(int64_t id) const {
   MutexLock lock(&impl_->mu);
   return impl_->GetLocked(id);

@@ -105,6 +105,10 @@ class JobStore {
   // Moves job `id` to `to` with `reason`. kNotFound for an unknown id; kFailedPrecondition,
   // naming both phases, for a transition the lifecycle does not allow.
   Result<JobRecord> Transition(int64_t id, JobPhase to, std::string reason, double now_s);
+  // Sets why job `id` is where it is without changing its phase or its history (a waiting
+  // job's pending reason, as the scheduler's passes refine it). kNotFound for an unknown id;
+  // kFailedPrecondition for a job that ended; kUnavailable when the write fails.
+  Status SetReason(int64_t id, std::string_view reason, double now_s);
   Result<JobRecord> Get(int64_t id) const;
   Result<std::vector<JobRecord>> List(const JobFilter& filter) const;
   // How many of `owner`'s jobs have not ended.

@@ -63,6 +63,25 @@ TEST(JobStoreTest, JobsMoveThroughTheirLifecycleAndPersist) {
   EXPECT_EQ((*again)->List({})->size(), 2u);
 }
 
+TEST(JobStoreTest, APendingReasonChangesNeitherPhaseNorHistory) {
+  testing::TempDir dir("kc_jobs");
+  Result<std::unique_ptr<JobStore>> store = JobStore::Open(dir.Path("kcd.db"));
+  ASSERT_TRUE(store.ok()) << store.status().message();
+  Result<JobRecord> j = (*store)->Submit(Job("train"), 100);
+  ASSERT_TRUE(j.ok());
+  ASSERT_TRUE((*store)->Transition(j->id, JobPhase::kQueued, "queued", 101).ok());
+  ASSERT_TRUE((*store)->SetReason(j->id, "pending: reason=Resources (pool all)", 102).ok());
+  Result<JobRecord> after = (*store)->Get(j->id);
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->phase, JobPhase::kQueued);
+  EXPECT_EQ(after->reason, "pending: reason=Resources (pool all)");
+  EXPECT_EQ((*store)->History(j->id)->size(), 2u);  // submitted, queued
+  EXPECT_EQ((*store)->SetReason(999, "x", 103).code(), ErrorCode::kNotFound);
+  ASSERT_TRUE((*store)->Transition(j->id, JobPhase::kCancelled, "by its owner", 104).ok());
+  EXPECT_EQ((*store)->SetReason(j->id, "x", 105).code(), ErrorCode::kFailedPrecondition);
+  EXPECT_EQ((*store)->Get(j->id)->reason, "by its owner");
+}
+
 TEST(JobStoreTest, TheLifecycleAllowsOnlyItsTransitions) {
   using P = JobPhase;
   EXPECT_TRUE(AllowedTransition(P::kPending, P::kQueued));

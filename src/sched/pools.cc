@@ -98,6 +98,10 @@ Result<PoolConfig> ReadPoolConfig(config::Document doc) {
       static_cast<int>(s.OptionalInt("backfill_depth", st.backfill_depth, {.min = 0}));
   st.grow_min_remaining_s =
       s.OptionalDouble("grow_min_remaining_s", st.grow_min_remaining_s, config::NonNegative());
+  st.starve_after_s =
+      s.OptionalDouble("starve_after_h", st.starve_after_s / 3600, config::NonNegative()) * 3600;
+  st.high_max_wait_s =
+      s.OptionalDouble("high_max_wait_s", st.high_max_wait_s, config::NonNegative());
   KC_RETURN_IF_ERROR(doc.Finish());
   if (out.pools.empty()) {
     return InvalidArgumentError(

@@ -44,6 +44,14 @@ struct SchedulerSettings {
   int demote_min_faults = 3;
   int backfill_depth = 2000;          // pending jobs a pass considers for backfill
   double grow_min_remaining_s = 600;  // grow an elastic job only if it has this much to run
+  // A job pending this long in all (PBS's max_starve) is starving: it goes first within its
+  // level, and a preemptible one is scheduled at the normal level from then on. 0: never.
+  double starve_after_s = 4 * 3600.0;
+  // A high-priority job that has waited this long, or whose reservation would start it later
+  // than this, may also preempt normal jobs on the pools it may use (they checkpoint within
+  // the grace period and go back to the queue). A gang larger than what it may take at once
+  // then waits about this long at most. 0: high-priority jobs preempt only preemptible ones.
+  double high_max_wait_s = 1800;
 };
 
 struct PoolConfig {

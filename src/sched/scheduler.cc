@@ -52,6 +52,8 @@ std::string_view DecisionKindName(DecisionKind kind) {
       return "grow";
     case DecisionKind::kDemote:
       return "demote";
+    case DecisionKind::kPromote:
+      return "promote";
     case DecisionKind::kInterval:
       return "interval";
   }
@@ -70,6 +72,10 @@ struct Scheduler::Impl {
     double shadow_s = kInf;
     int extra = 0;
     int preempt_failed[3] = {0, 0, 0};
+    // The same for plans spanning the pools a job of this home pool may use, and for those
+    // of its overdue high-priority jobs (normal jobs are victims too).
+    int spread_failed[3] = {0, 0, 0};
+    int overdue_failed[3] = {0, 0, 0};
   };
 
   struct Job {
@@ -79,6 +85,7 @@ struct Scheduler::Impl {
     int level = 0;
     JobState state = JobState::kPending;
     std::vector<int> devices;
+    std::vector<int> in_pool;  // of its devices, how many each pool holds (SetDevices)
     int run_pool = -1;
     bool borrowed = false;
     double submit_s = 0;
@@ -94,7 +101,12 @@ struct Scheduler::Impl {
     int preemptions = 0;
     bool started = false;
     double interval_s = 0;
-    double placed_s = -1;  // when it was last started or reshaped
+    double placed_s = -1;        // when it was last started or reshaped
+    int base = 0;                // devices it started with, or fewer after a shrink (ShrinkFloor)
+    double pending_since_s = 0;  // when it last joined the queue
+    double queued_s = 0;         // its time pending before that
+    bool starving = false;       // pending starve_after_s in all (Starve)
+    double advised_s = 0;        // when interval_s was last advised (Readvise)
     int team = 0;
     int user = 0;
     std::string reason;
@@ -120,6 +132,9 @@ struct Scheduler::Impl {
   std::vector<int> users_in_team;
   std::vector<int> team_of_user;
   double now = 0;
+  // While planning for an overdue high-priority job (SchedulerSettings::high_max_wait_s):
+  // normal jobs are victims too.
+  bool overdue_plan = false;
 
   // ---- bookkeeping -------------------------------------------------------------------------
 
@@ -214,7 +229,7 @@ struct Scheduler::Impl {
   void StartRunning(int ji, std::vector<int> devs, int pool, bool borrowed, double delay_s) {
     Job& j = jobs[ji];
     Take(ji, devs);
-    j.devices = std::move(devs);
+    SetDevices(j, std::move(devs));
     j.state = JobState::kRunning;
     j.run_pool = pool;
     j.borrowed = borrowed;
@@ -222,8 +237,11 @@ struct Scheduler::Impl {
     j.last_ckpt_s = j.seg_start_s;
     j.work_ckpt = j.work_base;
     j.interval_s = IntervalFor(j);
+    j.advised_s = now;
     j.started = true;
     j.placed_s = now;
+    j.base = static_cast<int>(j.devices.size());
+    j.queued_s += now - j.pending_since_s;
     j.reason.clear();
     running.push_back(ji);
     SetRate(j, static_cast<double>(j.devices.size()));
@@ -240,13 +258,16 @@ struct Scheduler::Impl {
     exposure[KeyOf(j)].first -= 1;
     SetRate(j, -static_cast<double>(j.devices.size()));
     Release(j.devices);
-    j.devices.clear();
+    SetDevices(j, {});
     j.work_base = saved ? work : j.work_ckpt;
     j.state = next;
     j.run_pool = -1;
     j.borrowed = false;
     running.erase(std::find(running.begin(), running.end(), ji));
-    if (next == JobState::kPending) pending.push_back(ji);
+    if (next == JobState::kPending) {
+      pending.push_back(ji);
+      j.pending_since_s = now;
+    }
   }
 
   // Changes a running job's devices in place (shrink, grow), keeping its work.
@@ -268,19 +289,46 @@ struct Scheduler::Impl {
     Take(ji, added);
     j.run_before_s += std::max(0.0, now - j.seg_start_s);
     j.fault_window_s += std::max(0.0, now - j.seg_start_s);
-    j.devices = std::move(devs);
+    SetDevices(j, std::move(devs));
+    j.base = std::min(j.base, static_cast<int>(j.devices.size()));
     j.work_base = work;
     j.seg_start_s = now + delay_s;
     j.placed_s = now;
     SetRate(j, static_cast<double>(j.devices.size()) - old_n);
+    // Growing onto lent devices, or shrinking off them, changes whether it borrows.
+    const auto [pool, borrowed] = RunPool(j.devices, j.home);
+    if (pool != j.run_pool || borrowed != j.borrowed) {
+      exposure[KeyOf(j)].first -= 1;
+      j.run_pool = pool;
+      j.borrowed = borrowed;
+      exposure[KeyOf(j)].first += 1;
+      j.interval_s = IntervalFor(j);
+      j.advised_s = now;
+    }
+  }
+
+  // The pool a job on `devs` runs on: the one holding most of them (`home` on a tie), and
+  // whether it borrows (any device is another pool's).
+  std::pair<int, bool> RunPool(const std::vector<int>& devs, int home) const {
+    std::map<int, int> per_pool;
+    for (int d : devs) ++per_pool[pool_of[d]];
+    int primary = home;
+    for (auto [pi, c] : per_pool) {
+      if (c > per_pool[primary]) primary = pi;
+    }
+    return {primary, per_pool.size() > 1 || primary != home};
   }
 
   // ---- placement ---------------------------------------------------------------------------
 
   // How many of job j's devices are in pool pi.
-  int CountIn(const Job& j, int pi) const {
-    return static_cast<int>(
-        std::count_if(j.devices.begin(), j.devices.end(), [&](int d) { return pool_of[d] == pi; }));
+  int CountIn(const Job& j, int pi) const { return j.in_pool.empty() ? 0 : j.in_pool[pi]; }
+  // The only way a job's devices change: keeps in_pool (CountIn, a hot path of PlanPreempt)
+  // in step with them.
+  void SetDevices(Job& j, std::vector<int> devs) const {
+    j.devices = std::move(devs);
+    j.in_pool.assign(pools.size(), 0);
+    for (int d : j.devices) ++j.in_pool[pool_of[d]];
   }
 
   // Picks devices for a job from the pools `ps`: between min and max (multiples of tp), all of
@@ -422,39 +470,63 @@ struct Scheduler::Impl {
     return out;
   }
 
-  // Sets the home pool's reservation for job ji (its first blocked job): when enough running
-  // jobs will have ended for ji's minimum, and what is spare then. A job larger than its home
-  // pool counts the lending pools' devices too.
-  void Reserve(int home, int ji) {
+  // Sets job ji's reservation (it is its home pool's first blocked job): when enough running
+  // jobs will have ended for its minimum, and how many devices are spare then on each pool.
+  // A job larger than its home pool reserves the lending pools too, those no job ahead of it
+  // has reserved this pass: nothing new starts on them that would delay it (EASY backfill
+  // across pools). The spare devices of each pool are what the job will not need from it,
+  // taking from its home pool first.
+  void Reserve(int ji) {
     const Job& j = jobs[ji];
-    PoolRt& p = pools[home];
-    std::vector<int> ps = {home};
-    if (j.req.min_devices > CapacityOfKind(p, j.req.kind)) {
-      for (int pi : Lenders(home)) ps.push_back(pi);
+    std::vector<int> ps = {j.home};
+    if (j.starving || j.req.min_devices > CapacityOfKind(pools[j.home], j.req.kind)) {
+      for (int pi : Lenders(j.home)) {
+        if (pools[pi].reserved_for < 0) ps.push_back(pi);
+      }
     }
+    std::vector<int> avail(pools.size(), 0);
     int have = 0;
-    for (int pi : ps) have += FreeOfKind(pools[pi], j.req.kind);
-    std::vector<std::pair<double, int>> ends;
+    for (int pi : ps) {
+      avail[pi] = FreeOfKind(pools[pi], j.req.kind);
+      have += avail[pi];
+    }
+    struct End {
+      double time_s;
+      int job;
+    };
+    std::vector<End> ends;
     for (int ri : running) {
       const Job& r = jobs[ri];
-      int n = 0;
-      for (int d : r.devices) {
-        n += !down[d] && KindMatches(d, j.req.kind) &&
-             std::find(ps.begin(), ps.end(), pool_of[d]) != ps.end();
+      if (std::any_of(r.devices.begin(), r.devices.end(), [&](int d) {
+            return std::find(ps.begin(), ps.end(), pool_of[d]) != ps.end();
+          })) {
+        ends.push_back({ExpectedEnd(r), ri});
       }
-      if (n > 0) ends.emplace_back(ExpectedEnd(r), n);
     }
-    std::sort(ends.begin(), ends.end());
-    p.reserved_for = ji;
-    p.shadow_s = kInf;
-    p.extra = 0;
-    for (auto [end, n] : ends) {
-      have += n;
-      if (have >= j.req.min_devices) {
-        p.shadow_s = end;
-        p.extra = have - j.req.min_devices;
-        break;
+    std::sort(ends.begin(), ends.end(), [](const End& a, const End& b) {
+      return a.time_s != b.time_s ? a.time_s < b.time_s : a.job < b.job;
+    });
+    double shadow = kInf;
+    for (const End& e : ends) {
+      if (have >= j.req.min_devices) break;
+      for (int d : jobs[e.job].devices) {
+        if (!down[d] && KindMatches(d, j.req.kind) &&
+            std::find(ps.begin(), ps.end(), pool_of[d]) != ps.end()) {
+          ++avail[pool_of[d]];
+          ++have;
+        }
       }
+      shadow = e.time_s;
+    }
+    if (have < j.req.min_devices) shadow = kInf;
+    int need = j.req.min_devices;
+    for (int pi : ps) {
+      PoolRt& p = pools[pi];
+      const int take = std::min(need, avail[pi]);
+      need -= take;
+      p.reserved_for = ji;
+      p.shadow_s = shadow;
+      p.extra = std::isfinite(shadow) ? avail[pi] - take : 0;
     }
   }
 
@@ -475,52 +547,71 @@ struct Scheduler::Impl {
             .reason = std::move(reason)};
   }
 
-  // Tries to place job ji on the pools `ps` now, respecting their reservations (backfill:
-  // end before the shadow time, or, on one pool, use only its spare devices). Appends the
-  // start decision and returns true on success.
+  // Drops job ji's reservations of this pass (it starts after all).
+  void Unreserve(int ji) {
+    for (PoolRt& p : pools) {
+      if (p.reserved_for != ji) continue;
+      p.reserved_for = -1;
+      p.shadow_s = kInf;
+      p.extra = 0;
+    }
+  }
+
+  // The devices job j needs to end within `s` seconds of running; INT_MAX when no count
+  // does (unknown duration, or no time).
+  int DevicesToEndWithin(const Job& j, double s) const {
+    if (!std::isfinite(j.work_total) || s <= 0) return std::numeric_limits<int>::max();
+    const double per_device = Rate(j, 1) * s;
+    const double n = std::ceil((j.work_total - j.work_base) / per_device - 1e-9);
+    return n > j.req.max_devices ? std::numeric_limits<int>::max()
+                                 : std::max(1, static_cast<int>(n));
+  }
+
+  // Tries to place job ji on the pools `ps` now, respecting their reservations: a reserved
+  // pool is used only by a job that ends before its shadow time (given enough devices), or,
+  // when the job runs on that one pool, on its spare devices; when borrowing, a reserved pool
+  // it would delay is left out. Appends the start decision and returns true on success.
   bool TryStart(int ji, const std::vector<int>& ps) {
     Job& j = jobs[ji];
-    int free = 0;
-    for (int pi : ps) free += FreeOfKind(pools[pi], j.req.kind);
-    if (free < j.req.min_devices) return false;
+    const int tp = j.req.tp;
     const double delay = j.started ? RestartS(j) : 0;
-    int n = std::min(j.req.max_devices, free);
-    n -= n % j.req.tp;
-    if (n < j.req.min_devices) return false;
-    int max = n;
+    int need = j.req.min_devices;
+    int max = j.req.max_devices;
     PoolRt* spare_of = nullptr;
     std::string note;
+    std::vector<int> use;
     for (int pi : ps) {
       PoolRt& p = pools[pi];
-      if (p.reserved_for < 0) continue;
-      const bool ends_before =
-          std::isfinite(j.work_total) &&
-          now + delay + (j.work_total - j.work_base) / Rate(j, n) <= p.shadow_s;
-      if (ends_before) {
+      if (p.reserved_for < 0) {
+        use.push_back(pi);
+        continue;
+      }
+      const int k = DevicesToEndWithin(j, p.shadow_s - now - delay);
+      if (k <= max) {
+        need = std::max(need, (k + tp - 1) / tp * tp);
+        use.push_back(pi);
         note += fmt::format("; backfilled: ends before {}'s reservation at {}",
                             jobs[p.reserved_for].req.id, Seconds(p.shadow_s - now));
         continue;
       }
-      if (ps.size() > 1) return false;
-      max = std::min(max, p.extra - p.extra % j.req.tp);
-      if (max < j.req.min_devices) return false;
+      if (ps.size() > 1) continue;
+      max = std::min(max, p.extra - p.extra % tp);
       spare_of = &p;
+      use.push_back(pi);
       note += fmt::format("; backfilled on the spare devices of {}'s reservation",
                           jobs[p.reserved_for].req.id);
     }
-    std::vector<int> devs = Place(ps, j.req.min_devices, max, j.req.tp, j.req.kind,
-                                  [this](int d) { return IsFree(d); });
+    if (use.empty() || need > max) return false;
+    int free = 0;
+    for (int pi : use) free += FreeOfKind(pools[pi], j.req.kind);
+    if (free < need) return false;
+    std::vector<int> devs =
+        Place(use, need, max, tp, j.req.kind, [this](int d) { return IsFree(d); });
     if (devs.empty()) return false;
     if (spare_of != nullptr) spare_of->extra -= static_cast<int>(devs.size());
-    // It runs on the pool holding most of its devices (its home on a tie); borrowed if any
-    // device is another pool's.
     std::map<int, int> per_pool;
     for (int d : devs) ++per_pool[pool_of[d]];
-    int primary = ps.front();
-    for (auto [pi, c] : per_pool) {
-      if (c > per_pool[primary]) primary = pi;
-    }
-    const bool borrowed = per_pool.size() > 1 || primary != j.home;
+    const auto [primary, borrowed] = RunPool(devs, j.home);
     const bool resume = j.started;
     const double queued = now - j.submit_s;
     StartRunning(ji, std::move(devs), primary, borrowed, delay);
@@ -541,17 +632,31 @@ struct Scheduler::Impl {
   }
 
   // May job `victim` be preempted for job `j`, which would run on pool pi?
+  // A lending pool's job takes its devices back from borrowers of its level or below, except
+  // from a starving job of its level: that one borrowed what its reservation held for it.
   bool Preemptible(const Job& victim, const Job& j, int pi) const {
     if (victim.placed_s == now || CountIn(victim, pi) == 0) return false;  // not in its own pass
-    if (victim.home != pi && j.home == pi && victim.level <= j.level) return true;  // reclaim
+    if (victim.home != pi && j.home == pi &&
+        (victim.level < j.level || (victim.level == j.level && !victim.starving))) {
+      return true;  // reclaim
+    }
+    if (overdue_plan && victim.level < j.level) return true;
     return victim.level == 0 && j.level > 0;
   }
-  // May it be shrunk toward its minimum instead? Also for jobs of the same level: an elastic
-  // job's devices above its minimum are lent by the pool, as idle devices are.
-  bool Shrinkable(const Job& victim, const Job& j, int pi) const {
-    if (victim.placed_s == now || CountIn(victim, pi) == 0) return false;
-    if (static_cast<int>(victim.devices.size()) <= victim.req.min_devices) return false;
-    return Preemptible(victim, j, pi) || victim.level <= j.level;
+  // How far job j may shrink `victim` on pool pi instead: to its minimum for a job of a
+  // higher level, or of the pool that lent it devices there (an elastic job gives back what it
+  // borrowed whatever the taker's level); for a job of its own level, only the devices it grew
+  // onto while no one waited, above those it started with. Its size when not at all.
+  int ShrinkFloor(const Job& victim, const Job& j, int pi) const {
+    const int n = static_cast<int>(victim.devices.size());
+    if (victim.placed_s == now || n <= victim.req.min_devices || CountIn(victim, pi) == 0) {
+      return n;
+    }
+    if ((victim.home != pi && j.home == pi) || victim.level < j.level) {
+      return victim.req.min_devices;
+    }
+    if (victim.level == j.level) return std::min(n, std::max(victim.req.min_devices, victim.base));
+    return n;
   }
 
   struct Option {
@@ -560,39 +665,49 @@ struct Scheduler::Impl {
     std::vector<int> freed;
     double cost;  // device-seconds lost
   };
-  // How job ji could start on pool pi by preempting or shrinking jobs there.
+  // How job ji could start by preempting or shrinking jobs on some pools.
   struct Plan {
-    int pool = -1;
+    int pool = -1;  // the one it would run on (RunPool)
     std::vector<int> devices;
     std::vector<Option> victims;  // only those whose devices the placement uses
     int options = 0;              // candidates considered
     double cost = 0;              // device-seconds lost, estimated
   };
 
-  // The cheapest plan on pool pi, greedy by lost work per freed device; nullopt when even
-  // every candidate would not make room.
-  std::optional<Plan> PlanPreempt(int ji, int pi) {
+  // The cheapest plan on the pools `ps` together, greedy by lost work per freed device;
+  // nullopt when even every candidate would not make room. `failed` memoises, per level, the
+  // smallest need that failed on these pools this pass.
+  std::optional<Plan> PlanPreempt(int ji, const std::vector<int>& ps, int (&failed)[3]) {
     Job& j = jobs[ji];
-    PoolRt& p = pools[pi];
     const int need = j.req.min_devices;
-    if (p.preempt_failed[j.level] > 0 && need >= p.preempt_failed[j.level]) return std::nullopt;
+    if (failed[j.level] > 0 && need >= failed[j.level]) return std::nullopt;
+    std::vector<char> in(pools.size(), 0);
+    for (int pi : ps) in[pi] = 1;
     std::vector<Option> cands;
+    std::vector<char> shrink_in(pools.size(), 0);
     for (int ri : running) {
       const Job& r = jobs[ri];
       if (ri == ji) continue;
       const int n = static_cast<int>(r.devices.size());
-      if (Shrinkable(r, j, pi)) {
-        // Free whole tp groups from the pool's hosts it uses least.
+      std::fill(shrink_in.begin(), shrink_in.end(), 0);
+      int floor = n;
+      for (int pi : ps) {
+        const int f = ShrinkFloor(r, j, pi);
+        shrink_in[pi] = f < n;
+        floor = std::min(floor, f);
+      }
+      if (floor < n) {
+        // Free whole tp groups from the hosts it uses least, in the pools where it may shrink.
         std::map<int, std::vector<int>> by_host;
         for (int d : r.devices) {
-          if (pool_of[d] == pi) by_host[topo->host_of(d)].push_back(d);
+          if (shrink_in[pool_of[d]]) by_host[topo->host_of(d)].push_back(d);
         }
         std::vector<std::vector<int>> hosts;
         for (auto& [h, devs] : by_host) hosts.push_back(devs);
         std::stable_sort(hosts.begin(), hosts.end(),
                          [](auto& a, auto& b) { return a.size() < b.size(); });
         std::vector<int> freed;
-        const int can = n - r.req.min_devices;
+        const int can = n - floor;
         for (auto& devs : hosts) {
           int k = std::min(static_cast<int>(devs.size()), can - static_cast<int>(freed.size()));
           k -= k % r.req.tp;
@@ -603,22 +718,37 @@ struct Scheduler::Impl {
           cands.push_back({ri, true, freed, config.settings.reconfigure_s * n});
         }
       }
-      if (Preemptible(r, j, pi)) cands.push_back({ri, false, r.devices, PreemptCost(r)});
+      // Not a job that would at once take back, from its own pool, what j borrows there: the
+      // two would preempt each other in turn.
+      const bool takes_back = r.home != j.home && in[r.home] && r.level >= j.level;
+      if (!takes_back &&
+          std::any_of(ps.begin(), ps.end(), [&](int pi) { return Preemptible(r, j, pi); })) {
+        cands.push_back({ri, false, r.devices, PreemptCost(r)});
+      }
     }
     if (cands.empty()) {
-      p.preempt_failed[j.level] = need;
+      failed[j.level] = need;
       return std::nullopt;
     }
-    std::stable_sort(cands.begin(), cands.end(), [](const Option& a, const Option& b) {
+    // Shrinks first (they lose no work), then preemptions of the lowest levels: a preempted
+    // job of j's level would go back to the queue and displace someone else in turn. Within
+    // each, jobs that once starved last (they waited long already), then by lost work per
+    // freed device.
+    std::stable_sort(cands.begin(), cands.end(), [this](const Option& a, const Option& b) {
+      if (a.shrink != b.shrink) return a.shrink;
+      if (!a.shrink && jobs[a.job].level != jobs[b.job].level) {
+        return jobs[a.job].level < jobs[b.job].level;
+      }
+      if (!a.shrink && jobs[a.job].starving != jobs[b.job].starving) return !jobs[a.job].starving;
       return a.cost / static_cast<double>(a.freed.size()) <
              b.cost / static_cast<double>(b.freed.size());
     });
-    // Greedy by cost per freed device; a job is shrunk or preempted, not both (a preemption
+    // Greedy in that order; a job is shrunk or preempted, not both (a preemption
     // replaces a shrink chosen earlier). Stop once the job can be placed.
     std::vector<char> freed_mark(owner.size(), 0);
     std::map<int, size_t> chosen;  // victim job -> index into cands
-    int have = FreeOfKind(p, j.req.kind);
-    const std::vector<int> here = {pi};
+    int have = 0;
+    for (int pi : ps) have += FreeOfKind(pools[pi], j.req.kind);
     std::vector<int> devs;
     for (size_t i = 0; i < cands.size(); ++i) {
       const Option& o = cands[i];
@@ -626,29 +756,29 @@ struct Scheduler::Impl {
       if (it != chosen.end()) {
         if (!cands[it->second].shrink || o.shrink) continue;
         for (int d : cands[it->second].freed) {
-          have -= pool_of[d] == pi && KindMatches(d, j.req.kind) && !down[d];
+          have -= in[pool_of[d]] && KindMatches(d, j.req.kind) && !down[d];
           freed_mark[d] = 0;
         }
       }
       chosen[o.job] = i;
       for (int d : o.freed) {
-        have += pool_of[d] == pi && KindMatches(d, j.req.kind) && !down[d];
+        have += in[pool_of[d]] && KindMatches(d, j.req.kind) && !down[d];
         freed_mark[d] = 1;
       }
       if (have < need) continue;
       // At its minimum: it grows later if devices are idle, instead of costing more work.
-      devs = Place(here, j.req.min_devices, j.req.min_devices, j.req.tp, j.req.kind,
+      devs = Place(ps, j.req.min_devices, j.req.min_devices, j.req.tp, j.req.kind,
                    [&](int d) { return !down[d] && (owner[d] < 0 || freed_mark[d]); });
       if (!devs.empty()) break;
     }
     if (devs.empty()) {
-      p.preempt_failed[j.level] = need;
+      failed[j.level] = need;
       return std::nullopt;
     }
     // Only the victims whose devices the placement uses.
     std::vector<char> used(owner.size(), 0);
     for (int d : devs) used[d] = 1;
-    Plan plan{.pool = pi,
+    Plan plan{.pool = RunPool(devs, j.home).first,
               .devices = devs,
               .victims = {},
               .options = static_cast<int>(cands.size()),
@@ -722,7 +852,8 @@ struct Scheduler::Impl {
       }
     }
     const bool resume = j.started;
-    StartRunning(ji, plan.devices, pi, pi != j.home, j.started ? RestartS(j) : 0);
+    StartRunning(ji, plan.devices, pi, RunPool(plan.devices, j.home).second,
+                 j.started ? RestartS(j) : 0);
     Decision d = MakeDecision(
         DecisionKind::kStart, j,
         fmt::format("pool {}: {} after preempting or shrinking {} (estimated {:.0f} device-s "
@@ -762,7 +893,9 @@ struct Scheduler::Impl {
                                     1.0 / std::max(1, users_in_team[j.team]));
         // Age adds a point a day without bound: a job outwaits any fair-share difference.
         const double age = (now - j.submit_s) / 86400;
-        score = j.level * 1e6 + 0.5 * ft + 0.5 * fu + age;
+        // Starving jobs come first within their level, oldest first whatever their share
+        // (PBS's starving jobs).
+        score = j.level * 1e6 + (j.starving ? 1e3 + age : 0.5 * ft + 0.5 * fu + age);
       }
       keyed.emplace_back(score, ji);
     }
@@ -817,7 +950,10 @@ struct Scheduler::Impl {
       p.shadow_s = kInf;
       p.extra = 0;
       std::fill(std::begin(p.preempt_failed), std::end(p.preempt_failed), 0);
+      std::fill(std::begin(p.spread_failed), std::end(p.spread_failed), 0);
+      std::fill(std::begin(p.overdue_failed), std::end(p.overdue_failed), 0);
     }
+    Starve();
     std::vector<int> order = Order();
     int blocked = 0;
     for (int ji : order) {
@@ -837,35 +973,59 @@ struct Scheduler::Impl {
       if (ps.size() > 1 && TryStart(ji, ps)) continue;
       // Preempt or shrink: in the home pool (reclaiming lent devices, elastic jobs' devices
       // above their minimum, preemptible jobs for a higher level), then, for levels above
-      // preemptible, in the lending pools.
-      // In the home pool only when that does not delay its reservation: no reservation yet,
-      // a lower level holds it, or the job ends before it.
-      const bool before_shadow =
-          home.reserved_for >= 0 && std::isfinite(j.work_total) &&
-          now + (j.started ? RestartS(j) : 0) +
-                  (j.work_total - j.work_base) / Rate(j, j.req.min_devices) <=
-              home.shadow_s;
+      // preemptible, in the lending pools; a pool is used only when that does not delay its
+      // reservation: none yet, a lower level holds it, or the job ends before it.
+      auto may_use = [&](int pi) {
+        const PoolRt& p = pools[pi];
+        if (p.reserved_for < 0 || j.level > jobs[p.reserved_for].level) return true;
+        const double delay = j.started ? RestartS(j) : 0;
+        return DevicesToEndWithin(j, p.shadow_s - now - delay) <= j.req.min_devices;
+      };
       // The plan that loses the least work wins.
       std::optional<Plan> best;
-      auto consider = [&](int pi) {
-        std::optional<Plan> plan = PlanPreempt(ji, pi);
+      auto consider = [&](const std::vector<int>& on, int(&failed)[3]) {
+        std::optional<Plan> plan = PlanPreempt(ji, on, failed);
         if (plan && (!best || plan->cost < best->cost)) best = std::move(plan);
       };
-      if (home.reserved_for < 0 || j.level > jobs[home.reserved_for].level || before_shadow) {
-        consider(j.home);
+      std::vector<int> spread;  // every pool it may use, for a job no single one can hold
+      if (may_use(j.home)) {
+        consider({j.home}, home.preempt_failed);
+        spread.push_back(j.home);
       }
       if (j.level > 0) {
         for (int pi : Lenders(j.home)) {
-          if (pools[pi].reserved_for < 0) consider(pi);
+          if (!may_use(pi)) continue;
+          consider({pi}, pools[pi].preempt_failed);
+          spread.push_back(pi);
         }
       }
+      if (!best && spread.size() > 1) consider(spread, home.spread_failed);
       if (best) {
         ApplyPlan(ji, *best);
         continue;
       }
+      // A high-priority job that waited, or would wait, longer than high_max_wait_s also
+      // preempts normal jobs; otherwise its reservation holds the devices for it.
+      const bool reserved_before = home.reserved_for >= 0;
+      if (!reserved_before) Reserve(ji);
+      if (j.level == static_cast<int>(JobClass::kHigh) && !spread.empty() &&
+          config.settings.high_max_wait_s > 0) {
+        const double waited = j.queued_s + (now - j.pending_since_s);
+        const double start_s = home.reserved_for == ji ? home.shadow_s : kInf;
+        if (waited >= config.settings.high_max_wait_s ||
+            start_s - now > config.settings.high_max_wait_s) {
+          overdue_plan = true;
+          std::optional<Plan> plan = PlanPreempt(ji, spread, home.overdue_failed);
+          overdue_plan = false;
+          if (plan) {
+            if (!reserved_before) Unreserve(ji);
+            ApplyPlan(ji, *plan);
+            continue;
+          }
+        }
+      }
       ++blocked;
-      if (home.reserved_for < 0) {
-        Reserve(j.home, ji);
+      if (!reserved_before) {
         j.reason = fmt::format(
             "pending: reason=Resources (pool {}: {} of {} devices free, needs {}; expected to "
             "start {})",
@@ -881,45 +1041,124 @@ struct Scheduler::Impl {
       }
     }
     Grow();
+    Readvise();
   }
 
-  // Elastic jobs grow toward their maximum on idle devices of their home pool. The devices
-  // above their minimum stay shrinkable: a job that needs them takes them back.
+  // A running job's checkpoint interval follows the history of its kind (pool, class,
+  // borrowing) as it grows: looked at again once per interval, changed when the advice moved
+  // by more than a fifth. Without it a job started on a key with little history keeps the
+  // prior's short interval for its whole run.
+  void Readvise() {
+    if (options.checkpoint == CheckpointPolicy::kSeedRule) return;
+    for (int ji : running) {
+      Job& j = jobs[ji];
+      if (now - j.advised_s < j.interval_s) continue;
+      j.advised_s = now;
+      const double interval = IntervalFor(j);
+      if (std::abs(interval - j.interval_s) <= 0.2 * j.interval_s) continue;
+      j.interval_s = interval;
+      const CheckpointAdvice a = advisor.Advise(KeyOf(j), j.req.checkpoint_cost_s);
+      decisions.push_back(
+          MakeDecision(DecisionKind::kInterval, j,
+                       fmt::format("checkpoint every {}: jobs like it ran {} with {} interruptions",
+                                   Seconds(interval), Seconds(a.exposure_s), a.interruptions)));
+    }
+  }
+
+  // Jobs pending starve_after_s in all are starving (PBS's max_starve): they go first within
+  // their level, oldest first, so the reservation of their pool is theirs and no job of their
+  // level that arrives later overtakes them; a preemptible one goes up to the normal level,
+  // which normal work neither overtakes nor preempts. Without it a large job waits until the
+  // jobs that outrank it stop arriving, and then bounds when the work is done. Demoted jobs
+  // stay where their faults put them.
+  void Starve() {
+    const double after = config.settings.starve_after_s;
+    if (after <= 0) return;
+    for (int ji : pending) {
+      Job& j = jobs[ji];
+      const double waited = j.queued_s + (now - j.pending_since_s);
+      if (j.starving || j.level != static_cast<int>(j.job_class) || waited < after) continue;
+      j.starving = true;
+      if (j.level >= static_cast<int>(JobClass::kNormal)) continue;
+      j.level = static_cast<int>(JobClass::kNormal);
+      decisions.push_back(MakeDecision(
+          DecisionKind::kPromote, j,
+          fmt::format("starving: pending {} in all, longer than starve_after_h ({}): scheduled "
+                      "at level {} from now on",
+                      Seconds(waited), Seconds(after), j.level)));
+    }
+  }
+
+  // Elastic jobs grow toward their maximum on idle devices: their home pool's, then those
+  // the other pools lend (preemptibly, as any borrowing), never the devices a reservation is
+  // draining (only its spare ones). The job expected to end last grows first: it bounds when
+  // the work is done. Devices above a job's minimum stay shrinkable: a job that needs them
+  // takes them back.
   void Grow() {
-    for (size_t pi = 0; pi < pools.size(); ++pi) {
-      PoolRt& p = pools[pi];
-      const std::vector<int> here = {static_cast<int>(pi)};
-      for (int ji : running) {
-        if (p.free == 0) break;
-        Job& j = jobs[ji];
-        const int n = static_cast<int>(j.devices.size());
-        if (j.run_pool != static_cast<int>(pi) || j.borrowed || n >= j.req.max_devices) continue;
-        if (j.placed_s == now || ExpectedEnd(j) - now < config.settings.grow_min_remaining_s) {
-          continue;
-        }
-        std::vector<char> mine(owner.size(), 0);
-        for (int d : j.devices) mine[d] = 1;
-        std::vector<int> devs = Place(here, n + j.req.tp, j.req.max_devices, j.req.tp, j.req.kind,
-                                      [&](int d) { return !down[d] && (owner[d] < 0 || mine[d]); });
-        // Keep all of its devices and add whole tp groups per host from what placement found.
-        std::map<int, std::vector<int>> added;
-        for (int d : devs) {
-          if (!mine[d]) added[topo->host_of(d)].push_back(d);
-        }
-        std::vector<int> next = j.devices;
-        for (auto& [h, more] : added) {
-          int k = std::min(static_cast<int>(more.size()),
-                           j.req.max_devices - static_cast<int>(next.size()));
-          k -= k % j.req.tp;
-          next.insert(next.end(), more.begin(), more.begin() + k);
-        }
-        if (static_cast<int>(next.size()) <= n) continue;
-        Reshape(ji, next, config.settings.reconfigure_s);
-        decisions.push_back(MakeDecision(DecisionKind::kGrow, j,
-                                         fmt::format("grown from {} to {} devices: pool {} has "
-                                                     "idle devices no waiting job can use now",
-                                                     n, j.devices.size(), p.pool.spec.name)));
+    std::vector<std::pair<double, int>> order;
+    for (int ji : running) {
+      const Job& j = jobs[ji];
+      const double end = ExpectedEnd(j);
+      if (static_cast<int>(j.devices.size()) >= j.req.max_devices || j.placed_s == now ||
+          end - now < config.settings.grow_min_remaining_s) {
+        continue;
       }
+      order.emplace_back(end, ji);
+    }
+    std::stable_sort(order.begin(), order.end(),
+                     [](const auto& a, const auto& b) { return a.first > b.first; });
+    for (auto [end, ji] : order) {
+      Job& j = jobs[ji];
+      const int n = static_cast<int>(j.devices.size());
+      std::vector<int> ps = {j.home};
+      for (int pi : Lenders(j.home)) ps.push_back(pi);
+      std::vector<int> spare(pools.size(), 0);
+      int idle = 0;
+      for (int pi : ps) {
+        const PoolRt& p = pools[pi];
+        spare[pi] = p.reserved_for >= 0 ? std::min(p.extra, p.free) : p.free;
+        idle += spare[pi];
+      }
+      if (idle < j.req.tp) continue;
+      // Its own devices may lie in pools that neither are its home nor lend (named pools).
+      for (int d : j.devices) {
+        if (std::find(ps.begin(), ps.end(), pool_of[d]) == ps.end()) ps.push_back(pool_of[d]);
+      }
+      std::vector<char> mine(owner.size(), 0);
+      for (int d : j.devices) mine[d] = 1;
+      std::vector<int> devs = Place(
+          ps, n + j.req.tp, j.req.max_devices, j.req.tp, j.req.kind,
+          [&](int d) { return !down[d] && (mine[d] || (owner[d] < 0 && spare[pool_of[d]] > 0)); });
+      // Keep all of its devices and add whole tp groups per host from what placement found,
+      // within each pool's spare devices.
+      std::map<int, std::vector<int>> added;
+      for (int d : devs) {
+        if (!mine[d]) added[topo->host_of(d)].push_back(d);
+      }
+      std::vector<int> next = j.devices;
+      for (auto& [h, more] : added) {
+        std::vector<int> ok;
+        for (int d : more) {
+          if (spare[pool_of[d]] > 0) {
+            --spare[pool_of[d]];
+            ok.push_back(d);
+          }
+        }
+        int k = std::min(static_cast<int>(ok.size()),
+                         j.req.max_devices - static_cast<int>(next.size()));
+        k -= k % j.req.tp;
+        for (int x = k; x < static_cast<int>(ok.size()); ++x) ++spare[pool_of[ok[x]]];
+        next.insert(next.end(), ok.begin(), ok.begin() + k);
+      }
+      if (static_cast<int>(next.size()) <= n) continue;
+      for (auto d = next.begin() + n; d != next.end(); ++d) {
+        if (PoolRt& p = pools[pool_of[*d]]; p.reserved_for >= 0) --p.extra;
+      }
+      Reshape(ji, next, config.settings.reconfigure_s);
+      decisions.push_back(MakeDecision(
+          DecisionKind::kGrow, j,
+          fmt::format("grown from {} to {} devices: idle devices no waiting job can use now{}", n,
+                      j.devices.size(), j.borrowed ? " (borrowed ones preemptibly)" : "")));
     }
   }
 };
@@ -1068,6 +1307,7 @@ Status Scheduler::Submit(const JobRequest& r, double now_s) {
   j.team = t->second;
   j.user = u->second;
   j.reason = "pending: reason=None (not yet scheduled)";
+  j.pending_since_s = now_s;
   const int ji = static_cast<int>(m.jobs.size());
   m.jobs.push_back(std::move(j));
   m.job_index.emplace(r.id, ji);

@@ -64,6 +64,7 @@ enum class DecisionKind : uint8_t {
   kShrink,
   kGrow,
   kDemote,
+  kPromote,   // a starving job: scheduled at the normal level (SchedulerSettings::starve_after_s)
   kInterval,  // a new checkpoint interval for a running job (after its own faults)
 };
 std::string_view DecisionKindName(DecisionKind kind);  // "start", "preempt", ...

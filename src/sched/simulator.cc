@@ -80,6 +80,19 @@ double Percentile(std::vector<double> v, double q) {
   return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
 }
 
+TimeStats Stats(const std::vector<double>& v) {
+  TimeStats s;
+  s.jobs = static_cast<int>(v.size());
+  if (v.empty()) return s;
+  double total = 0;
+  for (double x : v) total += x;
+  s.mean_s = total / static_cast<double>(v.size());
+  s.p50_s = Percentile(v, 0.5);
+  s.p95_s = Percentile(v, 0.95);
+  s.max_s = *std::max_element(v.begin(), v.end());
+  return s;
+}
+
 }  // namespace
 
 Result<SimReport> Simulate(const hal::Topology& topology, const PoolConfig& pools,
@@ -205,6 +218,7 @@ Result<SimReport> Simulate(const hal::Topology& topology, const PoolConfig& pool
         j.saved0 = saved;
         j.seg_start = s + pause;
         j.interval = d.checkpoint_interval_s;
+        j.exposed = d.borrowed || j.row->job_class == "preemptible";
         ++j.gen;
         for (int dv : devices_of[ji]) {
           if (owner[dv] == ji) owner[dv] = -1;
@@ -216,6 +230,9 @@ Result<SimReport> Simulate(const hal::Topology& topology, const PoolConfig& pool
       }
       case DecisionKind::kDemote:
         ++rep.demotions;
+        break;
+      case DecisionKind::kPromote:
+        ++rep.promotions;
         break;
       case DecisionKind::kInterval: {
         if (!j.running) break;
@@ -392,7 +409,7 @@ Result<SimReport> Simulate(const hal::Topology& topology, const PoolConfig& pool
   rep.checkpoint_exposed_h = ckpt_exposed / 3600;
   rep.restart_h = restart / 3600;
 
-  std::map<std::string, std::vector<double>> delays;
+  std::map<std::string, std::vector<double>> delays, completions;
   std::map<std::string, std::pair<double, int>> team_x;
   for (const SimJob& j : jobs) {
     if (j.first_start >= 0) delays[j.row->job_class].push_back(j.first_start - j.row->submit_s);
@@ -400,18 +417,12 @@ Result<SimReport> Simulate(const hal::Topology& topology, const PoolConfig& pool
       auto& [sum, count] = team_x[j.row->team];
       sum += j.row->duration_s / std::max(j.end - j.row->submit_s, 1e-9);
       ++count;
+      completions[j.row->job_class].push_back(j.end - j.row->submit_s);
+      completions["all"].push_back(j.end - j.row->submit_s);
     }
   }
-  for (auto& [cls, v] : delays) {
-    DelayStats& s = rep.delay[cls];
-    s.jobs = static_cast<int>(v.size());
-    double total = 0;
-    for (double x : v) total += x;
-    s.mean_s = total / static_cast<double>(v.size());
-    s.p50_s = Percentile(v, 0.5);
-    s.p95_s = Percentile(v, 0.95);
-    s.max_s = *std::max_element(v.begin(), v.end());
-  }
+  for (auto& [cls, v] : delays) rep.delay[cls] = Stats(v);
+  for (auto& [cls, v] : completions) rep.completion[cls] = Stats(v);
   double sum = 0, sum_sq = 0;
   for (auto& [team, x] : team_x) {
     const double mean = x.first / x.second;

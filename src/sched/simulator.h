@@ -27,7 +27,8 @@ struct SimOptions {
   int curve_points = 200;         // points of the utilisation curve
 };
 
-struct DelayStats {
+// Per-job times in seconds: how many jobs, their mean and percentiles.
+struct TimeStats {
   int jobs = 0;
   double mean_s = 0;
   double p50_s = 0;
@@ -59,11 +60,15 @@ struct SimReport {
   double utilisation = 0;
   // The work of the jobs that finished over all device time to the last end.
   double useful_utilisation = 0;
-  std::map<std::string, DelayStats> delay;  // queueing delay (submit to first start) by class
+  std::map<std::string, TimeStats> delay;  // queueing delay (submit to first start) by class
+  // Job completion time (submit to end) of the jobs that finished, by class and over all
+  // of them ("all").
+  std::map<std::string, TimeStats> completion;
   int preemptions = 0;
   int shrinks = 0;
   int grows = 0;
   int demotions = 0;
+  int promotions = 0;  // starving jobs scheduled at the normal level
   int faults = 0;
   // Device-hours: work redone and grace time spent because of preemptions (shrinks lose
   // nothing but their reconfiguration pause, counted here too), work redone after faults,

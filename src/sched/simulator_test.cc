@@ -41,6 +41,15 @@ class SimulatorTest : public ::testing::Test {
     KC_CHECK(r.ok()) << r.status().message();
     return *r;
   }
+  // Runs `trace`; decisions_ collects what the scheduler decided.
+  SimReport RunJobs(const std::vector<TraceJob>& trace, const PoolConfig& pools,
+                    Policy policy = Policy::kKuangchao) {
+    decisions_.clear();
+    Result<SimReport> r = Simulate(*topo_, pools, trace, {.scheduler = {.policy = policy}},
+                                   [this](const Decision& d) { decisions_.push_back(d); });
+    KC_CHECK(r.ok()) << r.status().message();
+    return *r;
+  }
   // The first decision of `kind` for `job`, or null.
   const Decision* First(DecisionKind kind, const std::string& job) const {
     for (const Decision& d : decisions_) {
@@ -68,6 +77,32 @@ TEST_F(SimulatorTest, BackfillRunsShortJobsWithoutDelayingTheHead) {
   EXPECT_GT(kc.utilisation_arrivals, fifo.utilisation_arrivals);
   EXPECT_EQ(kc.finished, 4);
   EXPECT_EQ(fifo.finished, 4);
+}
+
+TEST_F(SimulatorTest, CompletionTimeRunsFromSubmitToEndPerClassAndOverAll) {
+  Result<std::vector<TraceJob>> trace =
+      LoadTrace(testing::RepoRoot() + "examples/traces/preemption.csv");
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  for (Policy policy : {Policy::kKuangchao, Policy::kFifo}) {
+    SimReport r = Run("preemption", DefaultPoolConfig(), policy);
+    int jobs = 0;
+    for (const auto& [cls, c] : r.completion) {
+      if (cls == "all") continue;
+      jobs += c.jobs;
+      // At least its wait and its run time; p95 between the median and the longest.
+      double run = 0;
+      int n = 0;
+      for (const TraceJob& j : *trace) {
+        if (j.job_class == cls) run += j.duration_s, ++n;
+      }
+      EXPECT_EQ(c.jobs, n) << cls;
+      EXPECT_GE(c.mean_s + 1e-6, r.delay.at(cls).mean_s + run / n) << cls;
+      EXPECT_LE(c.p50_s, c.p95_s) << cls;
+      EXPECT_LE(c.p95_s, c.max_s) << cls;
+    }
+    EXPECT_EQ(jobs, r.finished);
+    EXPECT_EQ(r.completion.at("all").jobs, r.finished);
+  }
 }
 
 TEST_F(SimulatorTest, HighPriorityJobsPreemptAndVictimsResume) {
@@ -157,6 +192,116 @@ TEST_F(SimulatorTest, WorkIsConservedAndRunsAreDeterministic) {
     EXPECT_EQ(a->faults, b->faults);
     EXPECT_EQ(a->lost_preemption_h, b->lost_preemption_h);
   }
+}
+
+// A stream of normal jobs keeps the cluster full for 12 hours; a preemptible job of the
+// whole cluster, outranked by every one of them, would wait until the stream ends. Pending
+// starve_after_h, it is promoted to the normal level, first within it: its reservation
+// holds the devices as the running jobs end.
+TEST_F(SimulatorTest, StarvingJobsArePromotedAndReserved) {
+  std::vector<TraceJob> trace;
+  for (int k = 0; k < 24; ++k) {
+    trace.push_back({.submit_s = 1800.0 * k,
+                     .job = "n" + std::to_string(k),
+                     .team = "t",
+                     .user = "u" + std::to_string(k % 3),
+                     .job_class = "normal",
+                     .min_devices = 8,
+                     .max_devices = 8,
+                     .duration_s = 7200});
+  }
+  trace.push_back({.submit_s = 60,
+                   .job = "big",
+                   .team = "t2",
+                   .user = "v",
+                   .job_class = "preemptible",
+                   .min_devices = 32,
+                   .max_devices = 32,
+                   .duration_s = 3600});
+  PoolConfig pools = one_pool_;
+  pools.settings.starve_after_s = 0;  // never
+  RunJobs(trace, pools);
+  EXPECT_EQ(First(DecisionKind::kPromote, "big"), nullptr);
+  EXPECT_GE(First(DecisionKind::kStart, "big")->time_s, 23 * 1800);
+  pools.settings.starve_after_s = 3600;
+  SimReport r = RunJobs(trace, pools);
+  const Decision* promoted = First(DecisionKind::kPromote, "big");
+  ASSERT_NE(promoted, nullptr);
+  EXPECT_GE(promoted->time_s, 3660);
+  // Once the jobs running then end (their checkpoints add a little to their 2 hours).
+  EXPECT_LE(First(DecisionKind::kStart, "big")->time_s, promoted->time_s + 1.1 * 7200);
+  EXPECT_EQ(r.promotions, 1);
+  EXPECT_EQ(r.finished, 25);
+}
+
+// Default pools on 32 devices: high 4, preemptible 8, normal 20. A high-priority gang of 16
+// devices is larger than what it may take at once (its pool and the preemptible jobs): it
+// needs devices that normal jobs hold for hours. Past high_max_wait_s it preempts them
+// too; without that, its reservation holds the devices until they end.
+TEST_F(SimulatorTest, OverdueHighPriorityGangsPreemptNormalJobs) {
+  auto job = [](double at, std::string id, std::string cls, int n, double s) {
+    return TraceJob{.submit_s = at,
+                    .job = std::move(id),
+                    .team = "t",
+                    .user = "u",
+                    .job_class = std::move(cls),
+                    .min_devices = n,
+                    .max_devices = n,
+                    .duration_s = s};
+  };
+  const std::vector<TraceJob> trace = {
+      job(0, "n1", "normal", 16, 36000), job(0, "n2", "normal", 4, 7200),
+      job(0, "p1", "preemptible", 8, 36000), job(600, "gang", "high", 16, 3600),
+      job(1200, "n3", "normal", 4, 72000)};
+  PoolConfig pools = DefaultPoolConfig();
+  pools.settings.high_max_wait_s = 0;
+  RunJobs(trace, pools);
+  const double reserved = First(DecisionKind::kStart, "gang")->time_s;
+  EXPECT_GE(reserved, 7200);                                       // when n2 ends
+  EXPECT_GT(First(DecisionKind::kStart, "n3")->time_s, reserved);  // not on its devices
+  EXPECT_EQ(First(DecisionKind::kPreempt, "n1"), nullptr);
+  EXPECT_EQ(First(DecisionKind::kPreempt, "n2"), nullptr);
+  pools.settings.high_max_wait_s = 1800;
+  SimReport r = RunJobs(trace, pools);
+  EXPECT_LE(First(DecisionKind::kStart, "gang")->time_s, 600 + 60);  // the grace period
+  EXPECT_TRUE(First(DecisionKind::kPreempt, "n1") != nullptr ||
+              First(DecisionKind::kPreempt, "n2") != nullptr);
+  EXPECT_EQ(r.finished, 5);
+}
+
+// A job started on a kind of placement with no history gets the prior's short interval
+// (borrowed devices: about 7 minutes for a 60 s checkpoint); as that kind runs without
+// interruption, the advice lengthens and the running job follows it (looked at in the
+// passes that short jobs arriving every hour cause).
+TEST_F(SimulatorTest, RunningJobsFollowTheAdviceAsHistoryGrows) {
+  std::vector<TraceJob> trace = {{.submit_s = 0,
+                                  .job = "long",
+                                  .team = "t",
+                                  .user = "u",
+                                  .job_class = "preemptible",
+                                  .min_devices = 8,
+                                  .max_devices = 8,
+                                  .duration_s = 48 * 3600.0}};
+  for (int h = 1; h < 48; ++h) {
+    trace.push_back({.submit_s = 3600.0 * h,
+                     .job = "tick" + std::to_string(h),
+                     .team = "t",
+                     .user = "u",
+                     .job_class = "normal",
+                     .min_devices = 1,
+                     .max_devices = 1,
+                     .duration_s = 60});
+  }
+  SimReport r = RunJobs(trace, one_pool_);
+  double first = 0, last = 0;
+  for (const Decision& d : decisions_) {
+    if (d.job != "long") continue;
+    if (d.kind == DecisionKind::kStart) first = d.checkpoint_interval_s;
+    if (d.kind == DecisionKind::kInterval) last = d.checkpoint_interval_s;
+  }
+  EXPECT_LT(first, 600);
+  EXPECT_GT(last, 3 * first);
+  EXPECT_EQ(r.finished, 48);
 }
 
 TEST_F(SimulatorTest, RefusedJobsAreReportedNotFatal) {

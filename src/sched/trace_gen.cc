@@ -17,10 +17,9 @@
 namespace kc::sched {
 namespace {
 
-// Run time: log-normal per size bucket (median, and sigma of ln seconds), clipped. Fitted so
-// the mix has a median near 26 min and a 90th percentile near 25 h.
+// Run time: log-normal per size bucket (median; sigma is an option, 3.0 by default), clipped.
+// With the default sigma the mix has a median near 26 min and a 90th percentile near 25 h.
 constexpr double kMedianDurationS[4] = {20 * 60, 45 * 60, 2 * 3600, 6 * 3600};
-constexpr double kDurationSigma = 3.0;
 constexpr double kMinDurationS = 60;
 constexpr double kMaxDurationS = 14 * 86400;
 // Jobs that fail over and over, and their fault rate while running.
@@ -42,6 +41,19 @@ class Draw {
   double Normal() {                                         // Box-Muller; one value per call
     double r = std::sqrt(-2 * std::log(1 - Uniform()));
     return r * std::cos(2 * std::numbers::pi * Uniform());
+  }
+  // Gamma(shape, 1), mean `shape`: Marsaglia and Tsang's method, with Gamma(k + 1) * U^(1/k)
+  // for a shape k below 1. REQUIRES: shape > 0.
+  double Gamma(double shape) {
+    if (shape < 1) return Gamma(shape + 1) * std::pow(1 - Uniform(), 1 / shape);
+    const double d = shape - 1.0 / 3, c = 1 / std::sqrt(9 * d);
+    for (;;) {
+      double x = Normal(), v = 1 + c * x;
+      if (v <= 0) continue;
+      v = v * v * v;
+      const double u = 1 - Uniform();  // (0, 1]
+      if (std::log(u) < 0.5 * x * x + d - d * v + d * std::log(v)) return d * v;
+    }
   }
   // Index i with probability weights[i] / sum(weights). REQUIRES: a positive weight.
   size_t Pick(std::span<const double> weights) {
@@ -84,9 +96,15 @@ std::array<Bucket, 4> SizeBuckets(int devices_per_host, int max_size) {
   return b;
 }
 
-// max/2 or max/4, whichever divide max and are themselves valid sizes (at most one host, or
-// whole hosts); max itself when neither is.
-int ElasticMin(int max_devices, int devices_per_host, Draw& draw) {
+// With ratio 0: max/2 or max/4, whichever divide max and are themselves valid sizes (at most
+// one host, or whole hosts); max itself when neither is. Otherwise max * ratio rounded down to
+// a valid size, at least 1.
+int ElasticMin(int max_devices, int devices_per_host, double ratio, Draw& draw) {
+  if (ratio > 0) {
+    int c = std::max(1, static_cast<int>(std::floor(max_devices * ratio + 1e-9)));
+    if (c > devices_per_host) c -= c % devices_per_host;
+    return std::min(c, max_devices);
+  }
   std::vector<int> candidates;
   for (int d : {2, 4}) {
     int c = max_devices / d;
@@ -151,9 +169,25 @@ Status Validate(const SyntheticTraceOptions& o) {
   if (!(o.high_max_hours > 0)) {
     return Bad("--high-max-hours", "must be positive, got " + std::to_string(o.high_max_hours));
   }
-  if (!(o.diurnal_amplitude >= 0 && o.diurnal_amplitude < 1)) {
-    return Bad("--diurnal-amplitude",
-               "must be in [0, 1), got " + std::to_string(o.diurnal_amplitude));
+  for (auto [flag, value] : {std::pair{"--diurnal-amplitude", o.diurnal_amplitude},
+                             {"--elastic-min-ratio", o.elastic_min_ratio}}) {
+    if (!(value >= 0 && value < 1)) {
+      return Bad(flag, "must be in [0, 1), got " + std::to_string(value));
+    }
+  }
+  double mix = 0;
+  for (double w : o.size_mix) {
+    if (!(w >= 0) || !std::isfinite(w)) {
+      return Bad("--size-mix", "weights must be non-negative numbers, got " + std::to_string(w));
+    }
+    mix += w;
+  }
+  if (!(mix > 0)) return Bad("--size-mix", "needs a positive weight");
+  if (!(o.duration_sigma > 0) || !std::isfinite(o.duration_sigma)) {
+    return Bad("--duration-sigma", "must be positive, got " + std::to_string(o.duration_sigma));
+  }
+  if (!(o.burstiness > 0 && o.burstiness <= 100)) {
+    return Bad("--burstiness", "must be in (0, 100], got " + std::to_string(o.burstiness));
   }
   return OkStatus();
 }
@@ -167,7 +201,10 @@ Result<std::vector<TraceJob>> GenerateSyntheticTrace(const SyntheticTraceOptions
   const std::array<Bucket, 4> buckets = SizeBuckets(o.devices_per_host, max_size);
   std::array<double, 4> bucket_shares{};
   for (size_t i = 0; i < 4; ++i) {
-    if (!buckets[i].sizes.empty()) bucket_shares[i] = kSizeBucketShares[i];
+    if (!buckets[i].sizes.empty()) bucket_shares[i] = o.size_mix[i];
+  }
+  if (bucket_shares[0] + bucket_shares[1] + bucket_shares[2] + bucket_shares[3] <= 0) {
+    return Bad("--size-mix", "gives no weight to a size these options allow");
   }
   std::vector<double> team_weights;  // a few big teams, many small ones
   for (int t = 0; t < o.teams; ++t) team_weights.push_back(1.0 / (t + 1));
@@ -186,7 +223,7 @@ Result<std::vector<TraceJob>> GenerateSyntheticTrace(const SyntheticTraceOptions
     job.max_devices = buckets[b].sizes[draw.Pick(buckets[b].weights)];
     job.min_devices = job.max_devices;
     // Run time at max_devices.
-    double d = kMedianDurationS[b] * std::exp(kDurationSigma * draw.Normal());
+    double d = kMedianDurationS[b] * std::exp(o.duration_sigma * draw.Normal());
     job.duration_s = std::round(std::clamp(d, kMinDurationS, kMaxDurationS));
     work += job.duration_s * job.max_devices;
     // Class, elasticity, faults, owner.
@@ -201,7 +238,7 @@ Result<std::vector<TraceJob>> GenerateSyntheticTrace(const SyntheticTraceOptions
       job.job_class = "normal";
     }
     if (job.max_devices > 1 && draw.Uniform() < o.elastic_fraction) {
-      job.min_devices = ElasticMin(job.max_devices, o.devices_per_host, draw);
+      job.min_devices = ElasticMin(job.max_devices, o.devices_per_host, o.elastic_min_ratio, draw);
     }
     if (draw.Uniform() < kBuggyFraction) {
       job.faults_per_hour = draw.Uniform(kBuggyMinFaultsPerHour, kBuggyMaxFaultsPerHour);
@@ -210,10 +247,14 @@ Result<std::vector<TraceJob>> GenerateSyntheticTrace(const SyntheticTraceOptions
     job.user = job.team + "-u" + std::to_string(static_cast<int>(draw.Uniform() * kUsersPerTeam));
   }
 
-  // Arrivals: a Poisson process on the diurnal clock, conditioned on its last arrival being
-  // at the span that makes the offered load exact; job 0 arrives at 0.
+  // Arrivals: a renewal process on the diurnal clock (Poisson for burstiness 1), conditioned
+  // on its last arrival being at the span that makes the offered load exact; job 0 arrives
+  // at 0. Gaps are Gamma(1/burstiness): their squared coefficient of variation is burstiness.
   std::vector<double> clock(jobs.size(), 0);
-  for (size_t i = 1; i < jobs.size(); ++i) clock[i] = clock[i - 1] + draw.Exponential();
+  for (size_t i = 1; i < jobs.size(); ++i) {
+    clock[i] =
+        clock[i - 1] + (o.burstiness == 1 ? draw.Exponential() : draw.Gamma(1 / o.burstiness));
+  }
   const double span_s = work / (o.devices * o.load);
   const double scale =
       clock.back() > 0 ? DiurnalClock(span_s, o.diurnal_amplitude) / clock.back() : 0;

@@ -214,6 +214,54 @@ TEST(TraceGenTest, OneJobArrivesAtZero) {
   EXPECT_EQ(jobs[0].job, "job0");
 }
 
+TEST(TraceGenTest, KnobsShapeSizesElasticityRunTimesAndBursts) {
+  const SyntheticTraceOptions base = {.jobs = 4000, .devices = 128, .seed = 3};
+  SyntheticTraceOptions o = base;
+  o.size_mix = {0, 0, 1, 0};  // one whole host each
+  o.elastic_fraction = 1;
+  o.elastic_min_ratio = 0.5;
+  Result<std::vector<TraceJob>> hosts = GenerateSyntheticTrace(o);
+  ASSERT_TRUE(hosts.ok()) << hosts.status();
+  for (const TraceJob& j : *hosts) {
+    EXPECT_EQ(j.max_devices, 8) << j.job;
+    EXPECT_EQ(j.min_devices, 4) << j.job;
+  }
+  // The spread of ln(run time) follows duration_sigma (clipping narrows the wide one a little).
+  auto spread = [](const std::vector<TraceJob>& jobs) {
+    std::vector<double> v;
+    for (const TraceJob& j : jobs) v.push_back(std::log(j.duration_s));
+    std::sort(v.begin(), v.end());
+    return v[v.size() * 84 / 100] - v[v.size() * 16 / 100];  // about 2 sigma
+  };
+  o = base;
+  o.size_mix = {1, 0, 0, 0};
+  o.duration_sigma = 0.5;
+  Result<std::vector<TraceJob>> narrow = GenerateSyntheticTrace(o);
+  o.duration_sigma = 2.0;
+  Result<std::vector<TraceJob>> wide = GenerateSyntheticTrace(o);
+  ASSERT_TRUE(narrow.ok() && wide.ok());
+  EXPECT_NEAR(spread(*narrow), 1.0, 0.15);
+  EXPECT_NEAR(spread(*wide), 4.0, 0.6);
+  // Bursty arrivals: the squared coefficient of variation of the gaps grows with burstiness.
+  auto cv2 = [](const std::vector<TraceJob>& jobs) {
+    std::vector<double> gaps;
+    for (size_t i = 1; i < jobs.size(); ++i)
+      gaps.push_back(jobs[i].submit_s - jobs[i - 1].submit_s);
+    double mean = 0, var = 0;
+    for (double g : gaps) mean += g / static_cast<double>(gaps.size());
+    for (double g : gaps) var += (g - mean) * (g - mean) / static_cast<double>(gaps.size());
+    return var / (mean * mean);
+  };
+  o = base;
+  o.diurnal_amplitude = 0;
+  Result<std::vector<TraceJob>> poisson = GenerateSyntheticTrace(o);
+  o.burstiness = 8;
+  Result<std::vector<TraceJob>> bursty = GenerateSyntheticTrace(o);
+  ASSERT_TRUE(poisson.ok() && bursty.ok());
+  EXPECT_NEAR(cv2(*poisson), 1.0, 0.2);
+  EXPECT_GT(cv2(*bursty), 5.0);
+}
+
 TEST(TraceGenTest, RejectsBadOptionsNamingTheFlag) {
   struct Case {
     std::function<void(SyntheticTraceOptions&)> set;
@@ -234,6 +282,21 @@ TEST(TraceGenTest, RejectsBadOptionsNamingTheFlag) {
       {[](auto& o) { o.high_fraction = 0.5, o.preemptible_fraction = 0.6; }, "--high-fraction"},
       {[](auto& o) { o.devices = 4, o.max_job_fraction = 0.2; }, "--max-job-fraction"},
       {[](auto& o) { o.diurnal_amplitude = 1; }, "--diurnal-amplitude"},
+      {[](auto& o) { o.elastic_min_ratio = 1; }, "--elastic-min-ratio"},
+      {[](auto& o) {
+         o.size_mix = {0, 0, 0, 0};
+       },
+       "--size-mix"},
+      {[](auto& o) {
+         o.size_mix = {1, -1, 0, 0};
+       },
+       "--size-mix"},
+      {[](auto& o) {
+         o.size_mix = {0, 0, 0, 1}, o.devices = 8;
+       },
+       "--size-mix"},
+      {[](auto& o) { o.duration_sigma = 0; }, "--duration-sigma"},
+      {[](auto& o) { o.burstiness = 0; }, "--burstiness"},
   };
   for (const Case& c : cases) {
     SyntheticTraceOptions options;

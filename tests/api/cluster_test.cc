@@ -329,6 +329,30 @@ TEST_F(ClusterTest, PauseResumeAndCancelAJob) {
   EXPECT_EQ(up->Stop(SIGTERM), 0);
 }
 
+TEST_F(ClusterTest, AWaitingJobSaysWhyItWaitsAsSlurmDoes) {
+  std::unique_ptr<Daemon> up = Up();
+  KcRun first = Kc("submit " + JobFile("first", 1000000) + " --json");
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  const int64_t running = Int(nlohmann::json::parse(first.out), "id");
+  Await(running, [](const nlohmann::json& j) { return j["phase"] == "running"; });
+  // Both devices are taken: the next job waits for resources, and says so.
+  KcRun second = Kc("submit " + JobFile("second", 3) + " --json");
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  const int64_t waiting = Int(nlohmann::json::parse(second.out), "id");
+  nlohmann::json j = Await(waiting, [](const nlohmann::json& x) {
+    return x["reason"].get<std::string>().starts_with("pending: reason=Resources");
+  });
+  EXPECT_EQ(j["phase"], "queued");
+  EXPECT_THAT(j["reason"].get<std::string>(), HasSubstr("0 of 2 devices free, needs 2"));
+  KcRun jobs = Kc("jobs");
+  EXPECT_THAT(jobs.out, HasSubstr("pending: reason=Resources")) << jobs.out;
+  // The devices free: it runs, and its reason is no longer a pending one.
+  ASSERT_EQ(Kc(fmt::format("job cancel {}", running)).exit_code, 0);
+  j = Await(waiting, [](const nlohmann::json& x) { return Ended(x["phase"]); });
+  EXPECT_EQ(j["phase"], "succeeded") << j.dump();
+  EXPECT_EQ(up->Stop(SIGTERM), 0);
+}
+
 TEST_F(ClusterTest, APlanPastTheApprovalLimitsWaitsForAResourceAdmin) {
   // The cluster's limit: a plan of more than one device needs approval.
   dir_.Write("cluster/plan-approval.yaml", "max_devices: 1\n");

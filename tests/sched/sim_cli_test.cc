@@ -111,6 +111,20 @@ TEST(SimCliTest, GeneratedTracesLoadAndRepeat) {
   Json j = Json::parse(r.out);
   EXPECT_EQ(j["runs"][0]["refused"].size(), 0u);
   EXPECT_EQ(Kc("sim generate --jobs 5").out.substr(0, 1), "#");  // standard output
+  // The family knobs reach the trace and its header.
+  r =
+      Kc("sim generate --jobs 300 --devices 64 --size-mix 0,0,1,0 --elastic-fraction 1 "
+         "--elastic-min-ratio 0.5 --duration-sigma 1.2 --burstiness 4 -o " +
+         a);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(Read(a), HasSubstr("elastic 1 (min ratio 0.5); size mix 0,0,1,0; duration sigma "
+                                 "1.2; burstiness 4"));
+  jobs = LoadTrace(a);
+  ASSERT_TRUE(jobs.ok()) << jobs.status().message();
+  for (const TraceJob& job : *jobs) {
+    EXPECT_EQ(job.max_devices, 8) << job.job;
+    EXPECT_EQ(job.min_devices, 4) << job.job;
+  }
 }
 
 TEST(SimCliTest, BadInputIsRefusedWithItsPlaceNamed) {
@@ -154,6 +168,16 @@ TEST(SimCliTest, BadInputIsRefusedWithItsPlaceNamed) {
   r = Kc("sim generate --jobs 0");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("--jobs: must be at least 1"));
+  r = Kc("sim generate --size-mix 1,1,1");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--size-mix"));
+  for (const char* bad :
+       {"--burstiness 0", "--duration-sigma -1", "--elastic-min-ratio 1", "--size-mix 0,0,0,0"}) {
+    r = Kc(std::string("sim generate --jobs 5 ") + bad);
+    EXPECT_EQ(r.exit_code, 2) << bad;
+    EXPECT_THAT(r.err, HasSubstr(std::string(bad).substr(0, std::string(bad).find(' ')) + ":"))
+        << bad;
+  }
 }
 
 }  // namespace
