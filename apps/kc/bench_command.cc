@@ -4,7 +4,9 @@
 #include "apps/kc/bench_command.h"
 
 #include <fmt/format.h>
+#include <poll.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,10 +19,12 @@
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "base/clock.h"
 #include "base/subprocess.h"
 #include "comm/communicator.h"
 #include "comm/tcp_store.h"
@@ -33,6 +37,10 @@ using comm::Communicator;
 using comm::ReduceOp;
 using comm::TransportKind;
 using hal::DataType;
+
+// After a rank fails, how much longer than the operations' timeout the launcher waits for the
+// others before it kills them.
+constexpr double kFailureGraceS = 5;
 
 struct BenchArgs {
   int ranks = 2;
@@ -56,6 +64,10 @@ struct BenchArgs {
   std::string group;
   int worker_rank = -1;  // internal: this process is that rank
   std::string flood;     // size of a telemetry-lane all-reduce kept running meanwhile
+  // "RANK:stop" or "RANK:kill": that rank stops (SIGSTOP: silent, its sockets open) or dies
+  // (SIGKILL) before its first measured operation: the drills that show no rank and no
+  // launcher waits for ever.
+  std::string inject_fault;
   // core: pin each rank to one CPU when they fit (as mpirun); auto: only on the direct
   // shared-memory path, where no progress thread needs a CPU of its own; none.
   std::string cpu_bind = "auto";
@@ -132,6 +144,8 @@ struct Plan {
   int world;
   std::vector<std::string> hosts;  // empty: the machine's name for every rank
   int64_t flood_bytes = 0;
+  int fault_rank = -1;  // --inject-fault
+  int fault_signal = 0;
 };
 
 Result<Plan> Check(const BenchArgs& a) {
@@ -198,6 +212,22 @@ Result<Plan> Check(const BenchArgs& a) {
       return InvalidArgumentError("--flood: \"" + a.flood + "\" is not one size");
     }
     p.flood_bytes = f->front();
+  }
+  if (!a.inject_fault.empty()) {
+    const size_t colon = a.inject_fault.find(':');
+    const std::string how = colon == std::string::npos ? "" : a.inject_fault.substr(colon + 1);
+    int rank = -1;
+    const char* end = a.inject_fault.data() + (colon == std::string::npos ? 0 : colon);
+    const auto [ptr, ec] = std::from_chars(a.inject_fault.data(), end, rank);
+    if (ec != std::errc() || ptr != end || rank < 0 || rank >= p.world ||
+        (how != "stop" && how != "kill")) {
+      return InvalidArgumentError(fmt::format(
+          "--inject-fault: expected RANK:stop or RANK:kill with RANK below the world size {}, "
+          "got \"{}\"",
+          p.world, a.inject_fault));
+    }
+    p.fault_rank = rank;
+    p.fault_signal = how == "stop" ? SIGSTOP : SIGKILL;
   }
   return p;
 }
@@ -311,6 +341,7 @@ class Worker {
       buffer_ = {user_.get(), 2 * bytes};
     }
     if (rank_ == 0) PrintHeader();
+    if (rank_ == p_.fault_rank) raise(p_.fault_signal);  // --inject-fault
     if (p_.flood_bytes > 0) KC_RETURN_IF_ERROR(StartFlood());
     Status s;
     for (const std::string& op : p_.ops) {
@@ -645,6 +676,10 @@ std::vector<std::string> WorkerArgv(const BenchArgs& a, int rank, const std::str
     v.push_back("--flood");
     v.push_back(a.flood);
   }
+  if (!a.inject_fault.empty()) {
+    v.push_back("--inject-fault");
+    v.push_back(a.inject_fault);
+  }
   return v;
 }
 
@@ -694,18 +729,63 @@ int RunBench(BenchArgs a) {
     }
     ranks.push_back(*std::move(child));
   }
-  // Wait for every rank; once one fails the others fail within their deadline (peers
-  // notice a dead process), so plain waiting ends.
+  // Wait for every rank. Once one fails the others fail within their operations' timeout
+  // (peers notice a dead or silent rank); one that has not ended by then (stopped, or hung)
+  // is killed, so the launcher never waits for ever.
   int rc = kExitOk;
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    Result<int> waited = ranks[i].Wait();
-    const int status = waited.value_or(0);
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
+  const Duration grace = std::chrono::duration_cast<Duration>(
+      std::chrono::duration<double>(a.timeout_s + kFailureGraceS));
+  std::optional<TimePoint> deadline;  // set at the first failure
+  int first_failed = -1;
+  auto report = [&](size_t i, int status) {
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return;
+    const int rank = a.first_rank + static_cast<int>(i);
     if (WIFSIGNALED(status)) {
-      std::cerr << "kc bench comm: rank " << a.first_rank + static_cast<int>(i) << " "
-                << DescribeWaitStatus(status) << "\n";
+      std::cerr << "kc bench comm: rank " << rank << " " << DescribeWaitStatus(status) << "\n";
     }
     rc = WIFEXITED(status) && WEXITSTATUS(status) == kExitBadInput ? kExitBadInput : kExitFailure;
+    if (!deadline) {
+      deadline = Clock::Real()->Now() + grace;
+      first_failed = rank;
+    }
+  };
+  for (size_t left = ranks.size(); left > 0;) {
+    std::vector<pollfd> fds;
+    std::vector<size_t> which;
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      if (ranks[i].reaped()) continue;
+      fds.push_back({.fd = ranks[i].pidfd(), .events = POLLIN, .revents = 0});
+      which.push_back(i);
+    }
+    int wait_ms = -1;
+    if (deadline) {
+      wait_ms = static_cast<int>(std::max<int64_t>(
+          0,
+          std::chrono::ceil<std::chrono::milliseconds>(*deadline - Clock::Real()->Now()).count()));
+    }
+    const int n = poll(fds.data(), fds.size(), wait_ms);
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0 || n < 0) {
+      // The deadline passed: what is still running is stopped or hung.
+      for (size_t i : which) {
+        std::cerr << fmt::format(
+            "kc bench comm: rank {} did not end within {:g} s of rank {}'s failure (stopped or "
+            "hung): killed\n",
+            a.first_rank + static_cast<int>(i), a.timeout_s + kFailureGraceS, first_failed);
+        ranks[i].SignalGroup(SIGKILL);
+        ranks[i].Signal(SIGKILL);
+        (void)ranks[i].Wait();
+      }
+      rc = kExitFailure;
+      break;
+    }
+    for (size_t k = 0; k < fds.size(); ++k) {
+      if (fds[k].revents == 0) continue;
+      std::optional<int> status = ranks[which[k]].TryWait();
+      if (!status) continue;
+      report(which[k], *status);
+      --left;
+    }
   }
   if (server != nullptr) server->Stop();
   return rc;
@@ -752,6 +832,9 @@ void AddBenchCommand(CLI::App& app, Action* action) {
   c->add_option("--first-rank", a->first_rank, "The first rank this run starts");
   c->add_option("--bind", a->bind, "Address the TCP transport listens on")->capture_default_str();
   c->add_option("--group", a->group, "Group name (default from the process id)");
+  c->add_option("--inject-fault", a->inject_fault,
+                "RANK:stop or RANK:kill: that rank stops (SIGSTOP) or dies (SIGKILL) before its "
+                "first measured operation (failure drills)");
   c->add_option("--flood", a->flood,
                 "Keep a telemetry-lane ring all-reduce of this size running on the same links "
                 "while measuring (the priority-lane check)");

@@ -379,8 +379,8 @@ Result<double> ResolveAutoPlan(TrainArgs* args) {
   const int64_t batch = a.global_batch != 0 ? a.global_batch : spec.batch_per_rank * a.ranks;
   KC_ASSIGN_OR_RETURN(LocalCluster local,
                       ProbeLocalCluster(a.ranks, spec.name, UserConfigPath("calibration.json")));
-  Result<parallel::planner::SearchResult> found = parallel::planner::SearchPlans(
-      spec, local.cluster.spec, batch, {}, local.cluster.options, 1);
+  Result<parallel::planner::SearchResult> found =
+      parallel::planner::SearchPlans(spec, local.cluster.spec, batch, {}, local.cluster.options, 1);
   KC_RETURN_IF_ERROR(found.status().WithContext("--plan auto"));
   const parallel::planner::RankedPlan& best = found->ranked.front();
   std::string flag = parallel::PlanToString(best.plan);

@@ -101,13 +101,40 @@ TEST(KcBenchCommTest, TablePrintsTheNcclTestsColumns) {
   EXPECT_NE(out.find(" ok"), std::string::npos) << out;
 }
 
+// A rank stopped (SIGSTOP: silent, its sockets open) or killed before its first operation:
+// the other ranks fail within --timeout and the launcher kills what is left, so the run ends
+// with an error naming the rank, never a hang.
+TEST(KcBenchCommTest, AStoppedOrKilledRankEndsTheRunWithAnError) {
+  for (const std::string how : {"stop", "kill"}) {
+    int rc = -1;
+    const std::string out =
+        Kc("--ranks 3 --transport tcp --sizes 64K --iters 2 --warmup 1 --timeout 2 "
+           "--inject-fault 1:" +
+               how,
+           &rc);
+    EXPECT_EQ(rc, 1) << how << "\n" << out;
+    if (how == "stop") {
+      EXPECT_NE(out.find("rank 1 did not end within 7 s of rank"), std::string::npos) << out;
+    } else {
+      EXPECT_NE(out.find("rank 1 killed by signal 9"), std::string::npos) << out;
+    }
+  }
+}
+
 TEST(KcBenchCommTest, BadArgumentsExitTwoNamingTheArgument) {
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"--sizes 4Q", "--sizes"},           {"--op allreduse", "--op"},
-      {"--dtype f16", "--dtype"},          {"--algo fastest", "--algo"},
-      {"--transport ib", "--transport"},   {"--buffers pinned", "--buffers"},
-      {"--ranks 2 --hosts a", "--hosts"},  {"--dtype i32 --redop avg", "--redop"},
-      {"--cpu-bind socket", "--cpu-bind"}, {"--flood 1Q", "--flood"},
+      {"--sizes 4Q", "--sizes"},
+      {"--op allreduse", "--op"},
+      {"--dtype f16", "--dtype"},
+      {"--algo fastest", "--algo"},
+      {"--transport ib", "--transport"},
+      {"--buffers pinned", "--buffers"},
+      {"--ranks 2 --hosts a", "--hosts"},
+      {"--dtype i32 --redop avg", "--redop"},
+      {"--cpu-bind socket", "--cpu-bind"},
+      {"--flood 1Q", "--flood"},
+      {"--inject-fault 2:stop", "--inject-fault"},
+      {"--inject-fault 1:pause", "--inject-fault"},
   };
   for (const auto& [args, named] : cases) {
     int rc = -1;

@@ -931,10 +931,11 @@ TEST(KcElasticCheckpointTest, ShardedStateComesBackFromTheCheckpoint) {
   ASSERT_EQ(events.size(), 2u);
   EXPECT_EQ(events[1]["event"], "recovered");
   EXPECT_EQ(events[1]["source"], "checkpoint");
-  // Every rank waited for its step-4 persist before it saved step 6, so step 4 is committed
-  // before the failure; step 6 is too unless its persist was still in flight.
+  // The newest committed checkpoint: every rank persisted step 4 before it saved step 6, but
+  // the commit (the manifest, once every rank's persist is known) may lag behind under load,
+  // so it is one of the three the run saved before the failure.
   const int64_t step = events[1]["step"].get<int64_t>();
-  EXPECT_TRUE(step == 4 || step == 6) << step;
+  EXPECT_TRUE(step == 2 || step == 4 || step == 6) << step;
   // Steps reported when the launcher saw the death, then run again: at most 6 - step (the
   // last step's report may still be in the pipe).
   EXPECT_LE(events[1]["steps_lost"].get<int64_t>(), 6 - step);
