@@ -37,13 +37,20 @@ function(kc_layer)
   endif()
 endfunction()
 
-# kc_test(NAME foo LABELS integration SOURCES a.cc b.cc LIBS kc_comm)
-#   A multi-process or cross-layer GoogleTest binary under tests/.
+# kc_test(NAME foo LABELS integration SOURCES a.cc b.cc LIBS kc_comm [LOCK name])
+#   A multi-process or cross-layer GoogleTest binary under tests/. Tests that share a LOCK never
+#   run at the same time (ctest's RESOURCE_LOCK): each of them starts a whole cluster (kcd, an
+#   agent, training ranks), and two at once on a small machine starve each other's heartbeats.
 function(kc_test)
-  cmake_parse_arguments(KC "" "NAME" "LABELS;SOURCES;LIBS" ${ARGN})
+  cmake_parse_arguments(KC "" "NAME;LOCK" "LABELS;SOURCES;LIBS" ${ARGN})
   add_executable(${KC_NAME} ${KC_SOURCES})
   target_link_libraries(${KC_NAME} PRIVATE ${KC_LIBS} GTest::gmock GTest::gtest_main)
   target_include_directories(${KC_NAME} PRIVATE ${PROJECT_SOURCE_DIR})  # tests/support/
   kc_set_warnings(${KC_NAME})
-  gtest_discover_tests(${KC_NAME} PROPERTIES LABELS "${KC_LABELS}" DISCOVERY_TIMEOUT 60)
+  if(KC_LOCK)
+    gtest_discover_tests(${KC_NAME} PROPERTIES LABELS "${KC_LABELS}" RESOURCE_LOCK "${KC_LOCK}"
+                         DISCOVERY_TIMEOUT 60)
+  else()
+    gtest_discover_tests(${KC_NAME} PROPERTIES LABELS "${KC_LABELS}" DISCOVERY_TIMEOUT 60)
+  endif()
 endfunction()
