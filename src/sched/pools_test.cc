@@ -1,5 +1,6 @@
 #include "sched/pools.h"
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -19,6 +20,8 @@ pools:
 scheduler:
   preempt_grace_s: 10
   fair_share_half_life_h: 24
+  starve_after_h: 6
+  high_max_wait_s: 600
 )",
                                               "pools.yaml");
   ASSERT_TRUE(c.ok()) << c.status().message();
@@ -30,6 +33,10 @@ scheduler:
   EXPECT_EQ(c->pools[2].classes.size(), 2u);
   EXPECT_EQ(c->settings.preempt_grace_s, 10);
   EXPECT_EQ(c->settings.fair_share_half_life_s, 86400);
+  EXPECT_EQ(c->settings.starve_after_s, 6 * 3600);
+  EXPECT_EQ(c->settings.high_max_wait_s, 600);
+  EXPECT_EQ(PoolConfig{}.settings.starve_after_s, 4 * 3600);
+  EXPECT_EQ(PoolConfig{}.settings.high_max_wait_s, 1800);
 }
 
 TEST(PoolsTest, ErrorsNameTheFileLineAndKey) {
@@ -48,6 +55,12 @@ TEST(PoolsTest, ErrorsNameTheFileLineAndKey) {
   EXPECT_THAT(error("pools:\n  - {name: a, classes: [high], rest: true}\n"
                     "scheduler: {preempt_grace_s: -1}\n"),
               HasSubstr("scheduler.preempt_grace_s"));
+  for (const char* key : {"starve_after_h", "high_max_wait_s"}) {
+    EXPECT_THAT(error(fmt::format("pools:\n  - {{name: a, classes: [high], rest: true}}\n"
+                                  "scheduler: {{{}: -1}}\n",
+                                  key)),
+                HasSubstr(std::string("scheduler.") + key));
+  }
   EXPECT_THAT(error("pools: []\n"), HasSubstr("expected at least one pool"));
   EXPECT_EQ(LoadPoolConfig("/nonexistent/pools.yaml").status().code(), ErrorCode::kNotFound);
 }
