@@ -12,6 +12,19 @@ namespace {
 
 using ::testing::HasSubstr;
 
+// One trace row of team "t", user "u".
+TraceJob Row(double submit_s, std::string job, std::string job_class, int min_devices,
+             int max_devices, double duration_s) {
+  return {.submit_s = submit_s,
+          .job = std::move(job),
+          .team = "t",
+          .user = "u",
+          .job_class = std::move(job_class),
+          .min_devices = min_devices,
+          .max_devices = max_devices,
+          .duration_s = duration_s};
+}
+
 // The hand-written traces in examples/traces/, one per feature, on a 32-device cluster.
 class SimulatorTest : public ::testing::Test {
  protected:
@@ -239,20 +252,10 @@ TEST_F(SimulatorTest, StarvingJobsArePromotedAndReserved) {
 // needs devices that normal jobs hold for hours. Past high_max_wait_s it preempts them
 // too; without that, its reservation holds the devices until they end.
 TEST_F(SimulatorTest, OverdueHighPriorityGangsPreemptNormalJobs) {
-  auto job = [](double at, std::string id, std::string cls, int n, double s) {
-    return TraceJob{.submit_s = at,
-                    .job = std::move(id),
-                    .team = "t",
-                    .user = "u",
-                    .job_class = std::move(cls),
-                    .min_devices = n,
-                    .max_devices = n,
-                    .duration_s = s};
-  };
   const std::vector<TraceJob> trace = {
-      job(0, "n1", "normal", 16, 36000), job(0, "n2", "normal", 4, 7200),
-      job(0, "p1", "preemptible", 8, 36000), job(600, "gang", "high", 16, 3600),
-      job(1200, "n3", "normal", 4, 72000)};
+      Row(0, "n1", "normal", 16, 16, 36000), Row(0, "n2", "normal", 4, 4, 7200),
+      Row(0, "p1", "preemptible", 8, 8, 36000), Row(600, "gang", "high", 16, 16, 3600),
+      Row(1200, "n3", "normal", 4, 4, 72000)};
   PoolConfig pools = DefaultPoolConfig();
   pools.settings.high_max_wait_s = 0;
   RunJobs(trace, pools);
@@ -267,6 +270,27 @@ TEST_F(SimulatorTest, OverdueHighPriorityGangsPreemptNormalJobs) {
   EXPECT_TRUE(First(DecisionKind::kPreempt, "n1") != nullptr ||
               First(DecisionKind::kPreempt, "n2") != nullptr);
   EXPECT_EQ(r.finished, 5);
+}
+
+// Default pools on 32 devices: high 4, preemptible 8, normal 20. An elastic normal job of up
+// to 32 devices starts on its pool's 20 and grows onto the idle devices the other pools lend
+// (preemptibly); a high-priority job takes its pool's devices back by shrinking it, not
+// pausing it.
+TEST_F(SimulatorTest, ElasticJobsGrowOntoLentDevicesAndGiveThemBack) {
+  const std::vector<TraceJob> trace = {Row(0, "elastic", "normal", 8, 32, 36000),
+                                       Row(60, "tick", "normal", 1, 1, 60),
+                                       Row(3600, "urgent", "high", 4, 4, 600)};
+  SimReport r = RunJobs(trace, DefaultPoolConfig());
+  ASSERT_NE(First(DecisionKind::kStart, "elastic"), nullptr);
+  EXPECT_EQ(First(DecisionKind::kStart, "elastic")->devices.size(), 20u);
+  const Decision* grown = First(DecisionKind::kGrow, "elastic");
+  ASSERT_NE(grown, nullptr);
+  EXPECT_GT(grown->devices.size(), 20u);
+  EXPECT_TRUE(grown->borrowed);
+  EXPECT_NE(First(DecisionKind::kShrink, "elastic"), nullptr);
+  EXPECT_EQ(First(DecisionKind::kPreempt, "elastic"), nullptr);
+  EXPECT_LE(First(DecisionKind::kStart, "urgent")->time_s, 3600 + 60);
+  EXPECT_EQ(r.finished, 3);
 }
 
 // A job started on a kind of placement with no history gets the prior's short interval
