@@ -37,18 +37,19 @@ function(kc_layer)
   endif()
 endfunction()
 
-# kc_test(NAME foo LABELS integration SOURCES a.cc b.cc LIBS kc_comm [LOCK name])
-#   A multi-process or cross-layer GoogleTest binary under tests/. Tests that share a LOCK never
-#   run at the same time (ctest's RESOURCE_LOCK): each of them starts a whole cluster (kcd, an
-#   agent, training ranks), and two at once on a small machine starve each other's heartbeats.
+# kc_test(NAME foo LABELS integration SOURCES a.cc b.cc LIBS kc_comm [SERIAL])
+#   A multi-process or cross-layer GoogleTest binary under tests/. SERIAL tests run alone
+#   (ctest's RUN_SERIAL): each starts a whole cluster (kcd, an agent, training ranks), and beside
+#   another test's ranks on a small machine the agent's heartbeats starve until kcd declares the
+#   host lost (the agent's single loop: see docs/operations/agents.md, known limits).
 function(kc_test)
-  cmake_parse_arguments(KC "" "NAME;LOCK" "LABELS;SOURCES;LIBS" ${ARGN})
+  cmake_parse_arguments(KC "SERIAL" "NAME" "LABELS;SOURCES;LIBS" ${ARGN})
   add_executable(${KC_NAME} ${KC_SOURCES})
   target_link_libraries(${KC_NAME} PRIVATE ${KC_LIBS} GTest::gmock GTest::gtest_main)
   target_include_directories(${KC_NAME} PRIVATE ${PROJECT_SOURCE_DIR})  # tests/support/
   kc_set_warnings(${KC_NAME})
-  if(KC_LOCK)
-    gtest_discover_tests(${KC_NAME} PROPERTIES LABELS "${KC_LABELS}" RESOURCE_LOCK "${KC_LOCK}"
+  if(KC_SERIAL)
+    gtest_discover_tests(${KC_NAME} PROPERTIES LABELS "${KC_LABELS}" RUN_SERIAL TRUE
                          DISCOVERY_TIMEOUT 60)
   else()
     gtest_discover_tests(${KC_NAME} PROPERTIES LABELS "${KC_LABELS}" DISCOVERY_TIMEOUT 60)
