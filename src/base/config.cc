@@ -349,9 +349,43 @@ Spec<bool> BoolSpec() {
           }};
 }
 
+// Whether `s` is well-formed UTF-8 (no stray continuation bytes, truncated or overlong
+// sequences, surrogates, or code points past U+10FFFF): what every reader downstream (JSON,
+// the IDL's string fields, terminals) assumes of text.
+bool IsUtf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    int extra = 0;
+    uint32_t cp = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      extra = 1, cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      extra = 2, cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      extra = 3, cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + static_cast<size_t>(extra) >= s.size()) return false;  // cut short
+    for (int k = 1; k <= extra; ++k) {
+      const auto b = static_cast<unsigned char>(s[i + static_cast<size_t>(k)]);
+      if ((b & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (b & 0x3F);
+    }
+    constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[extra] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += static_cast<size_t>(extra) + 1;
+  }
+  return true;
+}
+
 Spec<std::string> StringSpec() {
   return {"a string", [](const Node& n) -> std::optional<std::string> {
-            if (n.kind != Node::Kind::kScalar) return std::nullopt;
+            if (n.kind != Node::Kind::kScalar || !IsUtf8(n.text)) return std::nullopt;
             return n.text;
           }};
 }

@@ -93,6 +93,19 @@ TEST(ConfigTest, SampleMessageMatchesFormatExactly) {
   EXPECT_EQ(s.message(), "model.yaml:7: model.heads: expected a positive integer, got \"eight\"");
 }
 
+// Text that is not UTF-8 (here a stray 0xEF before "n") is refused where it is read, naming
+// the file, line and key: JSON, the IDL and terminals downstream all assume UTF-8.
+TEST(ConfigTest, StringsMustBeUtf8) {
+  Document doc = Load("name: caf\xc3\xa9\ndata: manifest.js\xefn\n");
+  Map root = doc.root();
+  EXPECT_EQ(root.String("name"), "caf\xc3\xa9");
+  root.OptionalString("data", "");
+  Status s = doc.Finish();
+  EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("model.yaml:2: data: expected a string"), std::string::npos)
+      << s.message();
+}
+
 TEST(ConfigTest, MisspelledKeyNamesFileLineAndSuggestsClosestKey) {
   Document doc = Load(
       "model:\n"
