@@ -772,8 +772,7 @@ int RunBench(BenchArgs a) {
             "kc bench comm: rank {} did not end within {:g} s of rank {}'s failure (stopped or "
             "hung): killed\n",
             a.first_rank + static_cast<int>(i), a.timeout_s + kFailureGraceS, first_failed);
-        ranks[i].SignalGroup(SIGKILL);
-        ranks[i].Signal(SIGKILL);
+        ranks[i].SignalGroup(SIGKILL);  // its group, or it alone when it leads none
         (void)ranks[i].Wait();
       }
       rc = kExitFailure;
