@@ -525,12 +525,12 @@ std::string DefaultUpDir() {
 // kept as LOGIN.previous, and the user told so, instead of being overwritten without a word.
 Status KeepEarlierLogin(const std::string& login, const api::ClientConfig& cfg) {
   if (!fs::exists(login)) return OkStatus();
-  Result<api::ClientConfig> earlier = api::LoadClientConfig(login);
+  KC_ASSIGN_OR_RETURN(const std::string text, ReadWholeFile(login));
+  Result<api::ClientConfig> earlier = api::ParseClientConfig(text, login);
   if (earlier.ok() && earlier->server == cfg.server && earlier->token == cfg.token &&
       earlier->ca_pem == cfg.ca_pem) {
     return OkStatus();
   }
-  KC_ASSIGN_OR_RETURN(const std::string text, ReadWholeFile(login));
   const std::string kept = login + ".previous";
   KC_RETURN_IF_ERROR(api::SaveSecret(kept, text));
   std::cerr << fmt::format("kc up: {} held a login to {}; it is kept in {} (--login {} uses it)\n",
