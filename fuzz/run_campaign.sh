@@ -54,7 +54,7 @@ for t in "${targets[@]}"; do
   log="$out/$t.log"
   # The last status line: "#N ... cov: C ft: F corp: U/SIZE" (in process) or
   # "#N: cov: C ft: F corp: U ..." (-fork).
-  last=$(grep -E '^#[0-9]+:? *[A-Z]* *cov: ' "$log" | tail -1 || true)
+  last=$(grep -E '^#[0-9]+:?[[:space:]]*[A-Z]*[[:space:]]*cov: ' "$log" | tail -1 || true)
   execs=$(sed -nE 's/^stat::number_of_executed_units: *([0-9]+)/\1/p' "$log" | tail -1)
   [ -n "$execs" ] || execs=$(sed -E 's/^#([0-9]+).*/\1/' <<<"$last")
   cov=$(sed -E 's/.* cov: ([0-9]+).*/\1/' <<<"$last")

@@ -115,7 +115,8 @@ int RunLauncher(TrainArgs a) {
         "the shared GPUs\n",
         a.ranks, p.gpus, p.gpus == 1 ? "" : "s");
   }
-  if (Status s = ResolveResume(&a); !s.ok()) {
+  int64_t done_at = -1;
+  if (Status s = ResolveResume(&a, &done_at); !s.ok()) {
     std::cerr << "kc train: " << s.message() << "\n";
     return kExitBadInput;
   }
@@ -154,6 +155,11 @@ int RunLauncher(TrainArgs a) {
                  .dump()
           << "\n"
           << std::flush;
+  if (done_at >= 0) {  // said by ResolveResume
+    metrics << Json{{"type", "done"}, {"step", done_at}, {"checkpoint_step", done_at}}.dump()
+            << "\n";
+    return metrics ? kExitOk : kExitFailure;
+  }
 
   // A worker that dies must not take the launcher with it when its pipe closes.
   signal(SIGPIPE, SIG_IGN);
@@ -375,6 +381,10 @@ void AddTrainCommand(CLI::App& app, Action* action) {
   c->add_option("--mtbf", a->mtbf_hours,
                 "Mean time between failures or preemptions, in hours, for --checkpoint-every "
                 "auto");
+  c->add_option("--advice-file", a->advice_file,
+                "With --checkpoint-every auto, instead of --mtbf: a JSON file {\"mtbf_s\": S, "
+                "\"source\": WHO} read again at each re-estimate (kc agent keeps it current with "
+                "the scheduler's advice)");
   c->add_option("--checkpoint-keep", a->checkpoint_keep, "Checkpoints kept (the newest)")
       ->capture_default_str();
   c->add_flag("--checkpoint-compress", a->checkpoint_compress, "Compress chunks with zstd");

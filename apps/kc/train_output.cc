@@ -166,8 +166,10 @@ std::string DescribeFailure(const TrainArgs& a, const TrainSetup& p, const fault
   return fmt::format(
       "worker {} failed: {}; {} worker{} left{}, below --min-ranks {}: the job stopped{}", e.worker,
       Why(a, e), e.alive, e.alive == 1 ? "" : "s", usable, e.min_ranks,
-      a.checkpoint_dir.empty() || e.ranks == 0
-          ? " (no --checkpoint-dir: the steps since the start are lost)"
+      a.checkpoint_dir.empty() ? " (no --checkpoint-dir: the steps since the start are lost)"
+      : e.ranks == 0
+          ? " (no whole replica survived to save: the same command resumes from the newest "
+            "checkpoint in --checkpoint-dir)"
           : " with a checkpoint of the state that survived (run the command again to resume "
             "from it)");
 }

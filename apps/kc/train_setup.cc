@@ -78,13 +78,18 @@ Result<TrainSetup> CheckTrainArgs(TrainArgs* args) {
                                 ": must be at least 1");
   }
   if (!(a.bucket_mb > 0)) return InvalidArgumentError("--bucket-mb: must be positive");
+  if (!a.advice_file.empty() && a.mtbf_hours > 0) {
+    return InvalidArgumentError("--mtbf and --advice-file: give one (a fixed MTBF, or advice)");
+  }
   if (a.checkpoint_every == "auto") {
-    if (!(a.mtbf_hours > 0) || a.checkpoint_dir.empty()) {
+    if ((!(a.mtbf_hours > 0) && a.advice_file.empty()) || a.checkpoint_dir.empty()) {
       return InvalidArgumentError(
           "--checkpoint-every auto: needs --mtbf HOURS (the mean time between failures or "
-          "preemptions, above 0) and --checkpoint-dir");
+          "preemptions, above 0) or --advice-file, and --checkpoint-dir");
     }
     p.mtbf_s = a.mtbf_hours * 3600;
+  } else if (!a.advice_file.empty()) {
+    return InvalidArgumentError("--advice-file: only with --checkpoint-every auto");
   } else {
     char* end = nullptr;
     const long long every = std::strtoll(a.checkpoint_every.c_str(), &end, 10);
@@ -364,6 +369,10 @@ std::vector<std::string> WorkerArgv(const TrainArgs& a, const TrainSetup& p, int
       v.push_back(std::move(x));
     }
     if (a.checkpoint_compress) v.push_back("--checkpoint-compress");
+    if (!a.advice_file.empty()) {
+      v.push_back("--advice-file");
+      v.push_back(a.advice_file);
+    }
   }
   v.push_back("--resume");  // the launcher's choice: never, or a checkpoint
   v.push_back(a.resume);
@@ -391,7 +400,8 @@ Result<double> ResolveAutoPlan(TrainArgs* args) {
   return best.estimate.step_time_s;
 }
 
-Status ResolveResume(TrainArgs* a) {
+Status ResolveResume(TrainArgs* a, int64_t* done_at) {
+  *done_at = -1;
   if (a->resume == "never") return OkStatus();
   if (a->resume != "auto") {
     Result<fault::VerifyReport> r = fault::VerifyCheckpoint(a->resume);
@@ -412,6 +422,12 @@ Status ResolveResume(TrainArgs* a) {
     return FailedPreconditionError("--checkpoint-dir " + a->checkpoint_dir +
                                    ": no checkpoint there verifies; --resume never starts "
                                    "afresh (and overwrites them)");
+  }
+  if (good->step >= a->steps) {
+    std::cerr << "kc train: the newest checkpoint, " << good->path << ", is at step " << good->step
+              << ": the " << a->steps << " steps asked for are done\n";
+    *done_at = good->step;
+    return OkStatus();
   }
   std::cerr << "kc train: resuming from " << good->path << " (step " << good->step << ")"
             << (skipped.empty() ? "" : ", the newest good one") << "\n";

@@ -48,6 +48,9 @@ struct TrainArgs {
   std::string checkpoint_dir;
   std::string checkpoint_every = "0";  // steps (0: after the last step only), or auto
   double mtbf_hours = 0;               // for auto: mean time between failures or preemptions
+  // For auto, instead: a file ({"mtbf_s": S, "source": WHO}) read again at each re-estimate,
+  // which a cluster agent keeps current with the scheduler's advice.
+  std::string advice_file;
   int checkpoint_keep = 3;
   bool checkpoint_compress = false;
   std::string resume = "auto";  // auto, never, or a checkpoint's directory
@@ -120,8 +123,10 @@ Result<double> ResolveAutoPlan(TrainArgs* args);
 
 // Picks the checkpoint to start from: with --resume auto the newest in --checkpoint-dir that
 // verifies (saying which newer ones are corrupt), with a path that one (verified). Leaves
-// a->resume "never" or a checkpoint directory, for the workers.
-Status ResolveResume(TrainArgs* a);
+// a->resume "never" or a checkpoint directory, for the workers. `*done_at`: with --resume auto,
+// the step of a checkpoint found that already reaches --steps (a run killed after its last
+// checkpoint, started again: nothing is left to train), else -1.
+Status ResolveResume(TrainArgs* a, int64_t* done_at);
 
 // The cores this process may use, NUMA node by node (L1's probe), so that consecutive ranks,
 // a tensor-parallel group among them, share a node's memory and caches where they fit in one.

@@ -224,6 +224,19 @@ int RunTrainWorker(const TrainArgs& a, const TrainSetup& p) {
               .mtbf_s = p.mtbf_s,
               .resume_from = a.resume != "auto" && a.resume != "never" ? a.resume : "",
               .model = fault::ModelFingerprint(p.spec)};
+  if (!a.advice_file.empty()) {
+    // The advice as the agent last wrote it; one that cannot be read keeps the last good.
+    o.runner.advised_mtbf = [path = a.advice_file,
+                             last = fault::RunnerOptions::AdvisedMtbf{}]() mutable {
+      std::ifstream in(path);
+      const Json j = Json::parse(in, nullptr, /*allow_exceptions=*/false);
+      if (j.is_object() && j.contains("mtbf_s") && j["mtbf_s"].is_number() &&
+          j.contains("source") && j["source"].is_string()) {
+        last = {.mtbf_s = j["mtbf_s"].get<double>(), .source = j["source"].get<std::string>()};
+      }
+      return last;
+    };
+  }
   o.eval_every = p.eval_every;
   o.eval_batches = p.validation ? a.eval_batches : 0;
   o.stop_requested = &g_stop_requested;

@@ -15,6 +15,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -48,6 +49,7 @@ struct Job {
   std::string last_line;
   std::string metrics_path;
   int64_t metrics_offset = 0;
+  std::string advice_path;  // checkpoint_every: auto: the scheduler's advice, for kc train
   std::string faults_path;  // kc train's fault log
   int64_t faults_offset = 0;
   std::vector<std::string> faults;  // its events not yet delivered to kcd
@@ -354,7 +356,14 @@ struct Agent::Impl {
                                      CheckpointDir(j),
                                      "--progress",
                                      "lines"};
-    if (j.spec.checkpoint_every > 0) {
+    if (j.spec.checkpoint_auto) {
+      // The interval from the scheduler's advice, which kc train reads again at each of its
+      // re-estimates from a file this agent keeps current.
+      j.advice_path = (fs::path(out) / "advice.json").string();
+      if (Status s = WriteAdvice(j, j.order.advice()); !s.ok())
+        return fail(std::string(s.message()));
+      args.insert(args.end(), {"--checkpoint-every", "auto", "--advice-file", j.advice_path});
+    } else if (j.spec.checkpoint_every > 0) {
       args.insert(args.end(), {"--checkpoint-every", std::to_string(j.spec.checkpoint_every)});
     }
     // The plan kcd decided or the job file gave, as it is: what every rank runs.
@@ -407,6 +416,14 @@ struct Agent::Impl {
                  << pid << ")";
   }
 
+  // The advice as kc train's --advice-file reads it, replaced whole (a reader never sees half).
+  Status WriteAdvice(const Job& j, const kc::v1::CheckpointAdvice& advice) {
+    const nlohmann::json a = {{"mtbf_s", advice.mtbf_s()}, {"source", advice.source()}};
+    const std::string text = a.dump() + "\n";
+    return WriteFileAtomically(j.advice_path,
+                               std::as_bytes(std::span<const char>(text.data(), text.size())));
+  }
+
   void Signal(Job& j, int sig) {
     if (j.process && !j.ended) j.process->SignalGroup(sig);
   }
@@ -428,6 +445,10 @@ struct Agent::Impl {
       const std::string type = m.value("type", "");
       if (type == "step") j.step = m.value("step", j.step);
       if (type == "checkpoint") j.checkpoint_step = m.value("step", j.checkpoint_step);
+      if (type == "done") {  // its checkpoint already held every step asked for
+        j.step = m.value("step", j.step);
+        j.checkpoint_step = m.value("checkpoint_step", j.checkpoint_step);
+      }
     });
     ReadNewLines(j.faults_path, &j.faults_offset, [&](const std::string& line) {
       if (j.faults.size() < 1000) j.faults.push_back(line);  // a storm is cut, not kept whole
@@ -549,6 +570,16 @@ struct Agent::Impl {
       it->second.stopping = true;
       it->second.kill_at_s = now + o.stop_grace_s;
       Signal(it->second, SIGTERM);
+    }
+    for (const kc::v1::CheckpointAdvice& advice : resp.advice()) {
+      auto it = jobs.find(advice.job());
+      if (it == jobs.end() || it->second.order.run() != advice.run() ||
+          it->second.advice_path.empty()) {
+        continue;
+      }
+      if (Status w = WriteAdvice(it->second, advice); !w.ok()) {
+        KC_LOG(WARNING) << "agent: job " << advice.job() << ": " << w.message();
+      }
     }
     bool started = false;
     for (auto d = deferred.begin(); d != deferred.end();) {

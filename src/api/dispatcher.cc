@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <thread>
 #include <vector>
@@ -19,6 +21,7 @@
 #include "api/rpc_guard.h"
 #include "base/log.h"
 #include "base/mutex.h"
+#include "fault/restart_policy.h"
 #include "hal/inventory.h"
 #include "hal/topology.h"
 #include "parallel/engine_support.h"
@@ -46,7 +49,16 @@ CREATE TABLE IF NOT EXISTS runs (
   started_s REAL NOT NULL,
   ended INTEGER NOT NULL DEFAULT 0
 );
+CREATE TABLE IF NOT EXISTS requeues (
+  job INTEGER NOT NULL,
+  time_s REAL NOT NULL,
+  reason TEXT NOT NULL
+);
 )";
+
+// kc train's exit status for input it refused before training (kExitBadInput): a new run would
+// refuse it again.
+constexpr int kTrainBadInput = 2;
 
 // The longest a run token may live however long the job may run: when it expires, the job's
 // next execution-time check stops it (with a checkpoint), and a resume mints another.
@@ -64,6 +76,12 @@ struct Run {
   double running_since_s = -1;  // when the agent reported it up
   double prior_running_s = 0;   // the job's running time in earlier runs
   bool stopping = false;
+  int ranks = 0;  // its generation's size, as its fault events last said
+  // checkpoint_every: auto: its job's class, and the advice last sent (mtbf, interruptions).
+  bool auto_interval = false;
+  std::string job_class;
+  double advised_mtbf_s = -1;
+  int64_t advised_interruptions = -1;
   int64_t checkpoint_step = 0;
   std::string token_hash;  // its run token's (TokenStore::Revoke), revoked when it ends
 };
@@ -126,6 +144,8 @@ struct Dispatcher::Impl {
   std::map<int64_t, std::string> queued KC_GUARDED_BY(mu);      // job id -> scheduler id, pending
   std::map<std::string, int64_t> sched_jobs KC_GUARDED_BY(mu);  // scheduler id -> job id
   std::vector<sched::Decision> deferred KC_GUARDED_BY(mu);      // starts waiting for victims
+  // Jobs requeued after a failed run: not placed again before this wall time (the backoff).
+  std::map<int64_t, double> not_before KC_GUARDED_BY(mu);
   // Per queued job: the pending reason last written to the store, and when.
   std::map<int64_t, std::pair<std::string, double>> shown_reasons KC_GUARDED_BY(mu);
   std::vector<char> up KC_GUARDED_BY(mu);  // per device: up in the scheduler
@@ -245,6 +265,107 @@ struct Dispatcher::Impl {
     Release(job, now);
     EndRun(job);
     Move(job, JobPhase::kQueued, reason);
+  }
+
+  // How often job `job` was requeued after a failed run.
+  int RestartsDone(int64_t job) KC_REQUIRES(mu) {
+    Result<internal::Statement> st = db.Prepare("SELECT COUNT(*) FROM requeues WHERE job = ?");
+    if (!st.ok()) return 0;
+    st->Bind(1, job);
+    return st->Step() == SQLITE_ROW ? static_cast<int>(st->Int(0)) : 0;
+  }
+
+  // Job `job`'s run ended badly (`what`; `permanent`: its input was refused, a new run would
+  // meet it again): requeued to resume from its newest good checkpoint after the backoff of
+  // its restart policy (fault::DecideRestart), or failed past max_restarts. Its run is over.
+  void RequeueOrFail(int64_t job, bool permanent, const std::string& what, double now)
+      KC_REQUIRES(mu) {
+    fault::RestartPolicy policy;
+    if (Result<JobRecord> j = o.jobs->Get(job); j.ok()) {
+      if (Result<JobSpec> spec = ParseJobSpec(j->spec, "spec"); spec.ok()) {
+        policy.max_restarts = spec->max_restarts;
+        policy.backoff = std::chrono::duration_cast<Duration>(
+            std::chrono::duration<double>(spec->restart_backoff_s));
+        policy.max_backoff = std::max(policy.max_backoff, policy.backoff);
+      }
+    }
+    fault::RunOutcome outcome{.end = fault::RunOutcome::End::kFailed};
+    if (permanent) {
+      outcome.error = InvalidArgumentError(what);
+    } else {
+      outcome.cause = fault::FaultEvent{.reason = what};
+    }
+    const fault::RestartDecision d = fault::DecideRestart(policy, outcome, RestartsDone(job));
+    if (!d.requeue) {
+      Move(job, JobPhase::kFailed, d.reason);
+      return;
+    }
+    Result<internal::Statement> st =
+        db.Prepare("INSERT INTO requeues (job, time_s, reason) VALUES (?,?,?)");
+    if (st.ok()) {
+      st->Bind(1, job);
+      st->Bind(2, now);
+      st->Bind(3, d.reason);
+      if (st->Step() != SQLITE_DONE)
+        KC_LOG(WARNING) << db.Error("cannot record a requeue").message();
+    }
+    not_before[job] = now + std::chrono::duration<double>(d.delay).count();
+    Move(job, JobPhase::kQueued, d.reason);
+  }
+
+  // The fault layer's event `e` of job `job`'s run: a loss, and the size the run went on at
+  // (it shrank after a loss, or grew as a replacement joined), into the job's history.
+  void NoteFault(Run& run, const nlohmann::json& e, double now) KC_REQUIRES(mu) {
+    const std::string event = e.value("event", "");
+    std::string note;
+    if (event == "detected") {
+      note = fmt::format("worker {} failed: {}", e.value("worker", -1), e.value("reason", ""));
+    } else if (event == "recovered") {
+      const int ranks = e.value("ranks", 0);
+      const char* how = ranks < run.ranks   ? "shrank to"
+                        : ranks > run.ranks ? "grew to"
+                                            : "went on at";
+      note = fmt::format("{} {} rank{} (generation {}), restored from {} at step {}", how, ranks,
+                         ranks == 1 ? "" : "s", e.value("generation", int64_t{-1}),
+                         e.value("source", std::string("?")), e.value("step", int64_t{0}));
+      run.ranks = ranks;
+    } else if (event == "joined") {
+      note = fmt::format("worker {} joined: {} ranks from generation {}", e.value("worker", -1),
+                         e.value("ranks", 0), e.value("generation", int64_t{-1}));
+    } else {
+      return;
+    }
+    o.jobs->Note(run.job, note, now).IgnoreError();  // ended meanwhile: nothing to note
+  }
+
+  // The scheduler's checkpoint advice for `run`'s job (checkpoint_every: auto): the mean time
+  // between interruptions of jobs of its pool and class, when it changed since it was last
+  // sent (by 5%, or by an interruption), recorded as sent; nullopt when unchanged, or when the
+  // scheduler has none.
+  std::optional<kc::v1::CheckpointAdvice> NewAdvice(Run& run) KC_REQUIRES(mu) {
+    if (!run.auto_interval || run.stopping || run.sched_id.empty()) return std::nullopt;
+    Result<sched::JobStatus> st = scheduler->Query(run.sched_id);
+    if (!st.ok()) return std::nullopt;
+    const std::string& pool = st->run_pool.empty() ? st->pool : st->run_pool;
+    Result<sched::CheckpointAdvice> a = scheduler->Advice(
+        pool, sched::JobClassFromName(run.job_class).value_or(sched::JobClass::kNormal),
+        st->borrowed, /*cost_s=*/0);  // the run measures its own cost
+    if (!a.ok()) return std::nullopt;
+    if (a->interruptions == run.advised_interruptions &&
+        std::abs(a->mtbi_s - run.advised_mtbf_s) <= 0.05 * run.advised_mtbf_s) {
+      return std::nullopt;
+    }
+    run.advised_mtbf_s = a->mtbi_s;
+    run.advised_interruptions = a->interruptions;
+    kc::v1::CheckpointAdvice out;
+    out.set_job(run.job);
+    out.set_run(run.run);
+    out.set_mtbf_s(a->mtbi_s);
+    out.set_source(fmt::format(
+        "kcd's scheduler: pool {}, class {}{}: {} interruption{} in {:.2f} h of running", pool,
+        run.job_class, st->borrowed ? " on borrowed devices" : "", a->interruptions,
+        a->interruptions == 1 ? "" : "s", a->exposure_s / 3600));
+    return out;
   }
 
   // The second of the three permission checks: may the owner still use devices? Work its
@@ -450,10 +571,18 @@ struct Dispatcher::Impl {
             .devices = d.devices,
             .started_s = now,
             .prior_running_s = history.ok() ? RunningSeconds(*history) : 0,
+            .ranks = static_cast<int>(d.devices.size()),
             .token_hash = token->hash};
+    if (spec.ok() && spec->checkpoint_auto) {
+      run.auto_interval = true;
+      run.job_class = spec->job_class;
+    }
     queued.erase(job);
     if (runs.count(job) != 0) EndRun(job);  // a preempted run not yet reported stopped
     kc::v1::StartOrder order;
+    if (std::optional<kc::v1::CheckpointAdvice> advice = NewAdvice(run)) {
+      *order.mutable_advice() = *std::move(advice);
+    }
     order.set_job(job);
     order.set_run(run.run);
     order.set_spec(SpecWithPlan(*j));
@@ -512,6 +641,10 @@ struct Dispatcher::Impl {
       for (const JobRecord& j : *waiting) {
         const bool known = queued.count(j.id) != 0 || runs.count(j.id) != 0;
         if (j.phase == JobPhase::kPending || (j.phase == JobPhase::kQueued && !known)) {
+          if (auto b = not_before.find(j.id); b != not_before.end()) {
+            if (now < b->second) continue;  // requeued after a failure: its backoff
+            not_before.erase(b);
+          }
           Admit(j, now);
         } else if (j.phase == JobPhase::kRunning && !known) {
           Move(j.id, JobPhase::kQueued,
@@ -796,16 +929,21 @@ Result<kc::v1::AgentHeartbeatResponse> Dispatcher::Heartbeat(
   bool changed = false;
   for (const kc::v1::AgentJobReport& r : req.jobs()) {
     if (!r.log().empty()) m.o.jobs->AppendLog(r.job(), r.log()).IgnoreError();  // unknown: no log
-    int detected = 0;
+    std::vector<nlohmann::json> events;
     for (const std::string& f : r.faults()) {  // the fault layer's events, into the audit log
-      const nlohmann::json e = nlohmann::json::parse(f, nullptr, false);
+      nlohmann::json e = nlohmann::json::parse(f, nullptr, false);
       const std::string event = e.is_object() ? e.value("event", "") : "";
       m.Audit("kcd", "fault." + (event.empty() ? std::string("unknown") : event),
               fmt::format("job/{}", r.job()), "ok", fmt::format("on {}: {}", req.host(), f));
-      if (event == "detected") ++detected;
+      if (!event.empty()) events.push_back(std::move(e));
     }
     if (m.StopIfUnknown(a, r)) continue;
     Run& run = m.runs[r.job()];
+    int detected = 0;
+    for (const nlohmann::json& e : events) {
+      if (e["event"] == "detected") ++detected;
+      if (!run.stopping) m.NoteFault(run, e, now);
+    }
     // A rank's failure counts toward the job's fault rate (demotion of flaky jobs) and its
     // pool's interruptions (checkpoint advice), as in kc sim.
     for (int i = 0; i < detected && !run.adopted; ++i) {
@@ -843,14 +981,18 @@ Result<kc::v1::AgentHeartbeatResponse> Dispatcher::Heartbeat(
         }
         m.Release(run.job, now);
         m.EndRun(run.job);
-        if (r.state() == kc::v1::AgentJobReport::STATE_EXITED && r.exit_code() == 0) {
+        if (r.state() == kc::v1::AgentJobReport::STATE_FAILED_TO_START) {
+          m.Move(r.job(), JobPhase::kFailed,
+                 fmt::format("could not start on {}: {}", req.host(), r.reason()));
+        } else if (r.exit_code() == 0) {
           m.Move(r.job(), JobPhase::kSucceeded, fmt::format("finished on {}", req.host()));
         } else {
-          m.Move(r.job(), JobPhase::kFailed,
-                 r.state() == kc::v1::AgentJobReport::STATE_FAILED_TO_START
-                     ? fmt::format("could not start on {}: {}", req.host(), r.reason())
-                     : fmt::format("exited with code {} on {}: {}", r.exit_code(), req.host(),
-                                   r.reason()));
+          // A rank lost below the minimum, kc train crashed or killed: requeued by the job's
+          // restart policy; input kc train refused: failed.
+          m.RequeueOrFail(
+              r.job(), r.exit_code() == kTrainBadInput,
+              fmt::format("exited with code {} on {}: {}", r.exit_code(), req.host(), r.reason()),
+              now);
         }
         break;
       }
@@ -877,6 +1019,12 @@ Result<kc::v1::AgentHeartbeatResponse> Dispatcher::Heartbeat(
     m.wake.SignalAll();
   }
   kc::v1::AgentHeartbeatResponse out;
+  for (auto& [job, run] : m.runs) {
+    if (run.host != req.host()) continue;
+    if (std::optional<kc::v1::CheckpointAdvice> advice = m.NewAdvice(run)) {
+      *out.add_advice() = *std::move(advice);
+    }
+  }
   for (kc::v1::StartOrder& s : a.starts) *out.add_start() = std::move(s);
   for (kc::v1::StopOrder& s : a.stops) *out.add_stop() = std::move(s);
   a.starts.clear();

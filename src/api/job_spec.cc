@@ -57,7 +57,18 @@ JobSpec ReadCommon(config::Map root) {
   s.plan = root.OptionalString("plan", "");
   s.steps = root.OptionalInt("steps", 100, config::Positive());
   s.global_batch = root.OptionalInt("global_batch", 0, config::NonNegative());
-  s.checkpoint_every = root.OptionalInt("checkpoint_every", 0, config::NonNegative());
+  // A number of steps, or auto (the interval kcd's scheduler advises).
+  const std::string every = root.OptionalString("checkpoint_every", "0");
+  if (every == "auto") {
+    s.checkpoint_auto = true;
+  } else if (every.empty() || every.find_first_not_of("0123456789") != std::string::npos) {
+    root.Reject("checkpoint_every",
+                fmt::format("expected a number of steps or auto, got \"{}\"", every));
+  } else {
+    s.checkpoint_every = root.OptionalInt("checkpoint_every", 0, config::NonNegative());
+  }
+  s.max_restarts = static_cast<int>(root.OptionalInt("max_restarts", 3, config::InRange(0, 100)));
+  s.restart_backoff_s = root.OptionalDouble("restart_backoff", 10, config::InRange(0, 3600));
   s.expected_hours = root.OptionalDouble(
       "expected_hours", 1, {.min = 0, .max = kMaxExpectedHours, .min_exclusive = true});
   s.storage_gb = root.OptionalDouble("storage_gb", 0, config::InRange(0, kMaxStorageGb));
@@ -96,7 +107,7 @@ std::optional<std::string> PlanProblem(const JobSpec& s) {
   if (Status e = parallel::EngineSupports(*plan, hal::DeviceKind::kCpu); !e.ok()) {
     return std::string(e.message());
   }
-  if (plan->zero_stage > 0 && s.min_devices > 0 && s.checkpoint_every == 0) {
+  if (plan->zero_stage > 0 && s.min_devices > 0 && s.checkpoint_every == 0 && !s.checkpoint_auto) {
     return std::string(
         "zero_stage 1 with min_devices needs checkpoint_every: a lost rank's part of the "
         "optimizer state comes back from the newest checkpoint");
@@ -168,11 +179,14 @@ std::string JobSpecText(const JobSpec& s) {
                               {"steps", s.steps},
                               {"global_batch", s.global_batch},
                               {"checkpoint_every", s.checkpoint_every},
+                              {"max_restarts", s.max_restarts},
+                              {"restart_backoff", s.restart_backoff_s},
                               {"expected_hours", s.expected_hours},
                               {"storage_gb", s.storage_gb},
                               {"data", s.data},
                               {"checkpoint_dir", s.checkpoint_dir},
                               {"model_yaml", s.model_yaml}};
+  if (s.checkpoint_auto) j["checkpoint_every"] = "auto";
   return j.dump();
 }
 

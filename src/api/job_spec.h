@@ -42,10 +42,18 @@ struct JobSpec {
   int64_t steps = 100;
   int64_t global_batch = 0;      // 0: kc train's default
   int64_t checkpoint_every = 0;  // steps; 0: kc train's (after the last step only)
-  double expected_hours = 1;     // runtime allowed, for the device-hours quota; (0, 100000]
-  double storage_gb = 0;         // [0, 1e9]
-  std::string data;              // a manifest under the agent's data root; "" = its default
-  std::string checkpoint_dir;    // under the agent's work root; "" = the job's own directory
+  // `checkpoint_every: auto`: the Young/Daly interval for the mean time between interruptions
+  // kcd's scheduler advises for the job's pool and class, followed as the advice changes.
+  bool checkpoint_auto = false;
+  // After a run that failed (a rank lost below min_devices, kc train crashed or was killed),
+  // the job is requeued and resumes from its newest good checkpoint, at most max_restarts
+  // times, the first after restart_backoff_s seconds, each next after twice as long.
+  int max_restarts = 3;
+  double restart_backoff_s = 10;
+  double expected_hours = 1;   // runtime allowed, for the device-hours quota; (0, 100000]
+  double storage_gb = 0;       // [0, 1e9]
+  std::string data;            // a manifest under the agent's data root; "" = its default
+  std::string checkpoint_dir;  // under the agent's work root; "" = the job's own directory
 };
 
 // Reads a job file. Errors are `FILE:LINE: key: ...`; a model file that is missing or

@@ -59,6 +59,11 @@ TEST(JobSpecTest, BadJobFilesAreRefusedNamingFileLineAndKey) {
            {"name: x\nmodel: " + model + "\nplan: \"q=1\"\n", "job.yaml:3: plan: --plan"},
            {"name: x\nmodel: " + model + "\nranks: 2\nmin_devices: 1\nplan: \"d=2 zero_stage=1\"\n",
             "job.yaml:5: plan: zero_stage 1 with min_devices needs checkpoint_every"},
+           // Checkpoints every N steps or as the scheduler advises; bounded restarts.
+           {"name: x\nmodel: " + model + "\ncheckpoint_every: often\n",
+            "job.yaml:3: checkpoint_every: expected a number of steps or auto"},
+           {"name: x\nmodel: " + model + "\nmax_restarts: 1000\n", "job.yaml:3: max_restarts"},
+           {"name: x\nmodel: " + model + "\nrestart_backoff: -1\n", "job.yaml:3: restart_backoff"},
            // Other jobs' directories and the agent's own are no job's to name.
            {"name: x\nmodel: " + model + "\ncheckpoint_dir: jobs/7/checkpoints\n",
             "job.yaml:3: checkpoint_dir: expected a directory outside jobs/ and agent/"},
@@ -91,6 +96,20 @@ TEST(JobSpecTest, DevicesAndAPlanLoadAndTravelAsText) {
   ASSERT_TRUE(back.ok()) << back.status().message();
   EXPECT_EQ(back->min_devices, 1);
   EXPECT_EQ(back->plan, s->plan);
+  EXPECT_EQ(back->max_restarts, 3);  // the defaults
+  EXPECT_EQ(back->restart_backoff_s, 10);
+  EXPECT_FALSE(back->checkpoint_auto);
+  // The scheduler's interval, and a restart policy of the job's own.
+  s = LoadJobFile(dir.Write("job.yaml", "name: x\nmodel: " + model +
+                                            "\ncheckpoint_every: auto\nmax_restarts: 0\n"
+                                            "restart_backoff: 0.5\n"));
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  back = ParseJobSpec(JobSpecText(*s), "spec");
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_TRUE(back->checkpoint_auto);
+  EXPECT_EQ(back->checkpoint_every, 0);
+  EXPECT_EQ(back->max_restarts, 0);
+  EXPECT_EQ(back->restart_backoff_s, 0.5);
   // min_devices = max_devices is no range: not elastic.
   s = LoadJobFile(
       dir.Write("job.yaml", "name: x\nmodel: " + model + "\nranks: 2\nmin_devices: 2\n"));

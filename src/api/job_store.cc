@@ -132,6 +132,28 @@ struct JobStore::Impl {
     return db.Error("cannot read");
   }
 
+  // A job's reason, and with `event` an event of its phase in its history: not for a job that
+  // ended (kFailedPrecondition).
+  Status SetReasonLocked(int64_t id, std::string_view reason, double now_s, bool event)
+      KC_EXCLUDES(mu) {
+    MutexLock lock(&mu);
+    KC_ASSIGN_OR_RETURN(JobRecord job, GetLocked(id));
+    if (IsTerminal(job.phase)) {
+      return FailedPreconditionError(fmt::format("job {}: it ended ({}); its {} stays", id,
+                                                 JobPhaseName(job.phase),
+                                                 event ? "history" : "reason"));
+    }
+    KC_ASSIGN_OR_RETURN(internal::Statement st,
+                        db.Prepare("UPDATE jobs SET updated_s = ?, reason = ? WHERE id = ?"));
+    st.Bind(1, now_s);
+    st.Bind(2, reason);
+    st.Bind(3, id);
+    return Atomically([&]() KC_REQUIRES(mu) -> Status {
+      if (st.Step() != SQLITE_DONE) return db.Error("cannot record the reason");
+      return event ? RecordEvent(id, job.phase, reason, now_s) : OkStatus();
+    });
+  }
+
   Status RecordEvent(int64_t id, JobPhase phase, std::string_view reason, double now_s)
       KC_REQUIRES(mu) {
     KC_ASSIGN_OR_RETURN(
@@ -235,20 +257,11 @@ Result<JobRecord> JobStore::Transition(int64_t id, JobPhase to, std::string reas
 }
 
 Status JobStore::SetReason(int64_t id, std::string_view reason, double now_s) {
-  Impl& m = *impl_;
-  MutexLock lock(&m.mu);
-  KC_ASSIGN_OR_RETURN(JobRecord job, m.GetLocked(id));
-  if (IsTerminal(job.phase)) {
-    return FailedPreconditionError(
-        fmt::format("job {}: it ended ({}); its reason stays", id, JobPhaseName(job.phase)));
-  }
-  KC_ASSIGN_OR_RETURN(internal::Statement st,
-                      m.db.Prepare("UPDATE jobs SET updated_s = ?, reason = ? WHERE id = ?"));
-  st.Bind(1, now_s);
-  st.Bind(2, reason);
-  st.Bind(3, id);
-  if (st.Step() != SQLITE_DONE) return m.db.Error("cannot record the reason");
-  return OkStatus();
+  return impl_->SetReasonLocked(id, reason, now_s, /*event=*/false);
+}
+
+Status JobStore::Note(int64_t id, std::string reason, double now_s) {
+  return impl_->SetReasonLocked(id, reason, now_s, /*event=*/true);
 }
 
 Result<JobRecord> JobStore::Get(int64_t id) const {

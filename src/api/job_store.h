@@ -109,6 +109,10 @@ class JobStore {
   // job's pending reason, as the scheduler's passes refine it). kNotFound for an unknown id;
   // kFailedPrecondition for a job that ended; kUnavailable when the write fails.
   Status SetReason(int64_t id, std::string_view reason, double now_s);
+  // Records in job `id`'s history an event of its run that keeps its phase (a running job that
+  // shrank after a rank's loss, or grew back), which also becomes its reason. kNotFound;
+  // kFailedPrecondition for a job that ended; kUnavailable when the write fails.
+  Status Note(int64_t id, std::string reason, double now_s);
   Result<JobRecord> Get(int64_t id) const;
   Result<std::vector<JobRecord>> List(const JobFilter& filter) const;
   // How many of `owner`'s jobs have not ended.

@@ -82,6 +82,32 @@ TEST(JobStoreTest, APendingReasonChangesNeitherPhaseNorHistory) {
   EXPECT_EQ((*store)->Get(j->id)->reason, "by its owner");
 }
 
+// A run's own events (it shrank, it grew back) join the history in the phase they happened in,
+// and a running job's notes split none of its running time.
+TEST(JobStoreTest, NotesJoinTheHistoryKeepingThePhaseAndTheRunningTime) {
+  testing::TempDir dir("kc_jobs");
+  Result<std::unique_ptr<JobStore>> store = JobStore::Open(dir.Path("kcd.db"));
+  ASSERT_TRUE(store.ok()) << store.status().message();
+  JobStore& s = **store;
+  Result<JobRecord> j = s.Submit(Job("train"), 0);
+  ASSERT_TRUE(j.ok());
+  ASSERT_TRUE(s.Transition(j->id, JobPhase::kQueued, "queued", 1).ok());
+  ASSERT_TRUE(s.Transition(j->id, JobPhase::kRunning, "running", 10).ok());
+  ASSERT_TRUE(s.Note(j->id, "shrank to 1 rank", 20).ok());
+  ASSERT_TRUE(s.Note(j->id, "grew to 2 ranks", 30).ok());
+  ASSERT_TRUE(s.Transition(j->id, JobPhase::kSucceeded, "done", 50).ok());
+  Result<std::vector<JobEvent>> h = s.History(j->id);
+  ASSERT_TRUE(h.ok());
+  ASSERT_EQ(h->size(), 6u);
+  EXPECT_EQ((*h)[3].phase, JobPhase::kRunning);
+  EXPECT_EQ((*h)[3].reason, "shrank to 1 rank");
+  EXPECT_EQ((*h)[4].reason, "grew to 2 ranks");
+  EXPECT_DOUBLE_EQ(s.Get(j->id)->ran_s, 40);
+  EXPECT_EQ(s.Note(j->id, "late", 60).code(), ErrorCode::kFailedPrecondition);
+  EXPECT_EQ(s.Note(999, "x", 60).code(), ErrorCode::kNotFound);
+  EXPECT_EQ(s.Get(j->id)->reason, "done");
+}
+
 TEST(JobStoreTest, TheLifecycleAllowsOnlyItsTransitions) {
   using P = JobPhase;
   EXPECT_TRUE(AllowedTransition(P::kPending, P::kQueued));

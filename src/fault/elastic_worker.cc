@@ -320,6 +320,12 @@ Status ElasticWorker::RunGeneration(Generation& g) {
     };
     callbacks.after_step = [&](int64_t done) -> Status {
       const bool last = done == ro.steps;
+      // A next generation was announced: one whose members share no communicator (a lone
+      // survivor, before a replacement joins) has nothing the watch could abort, so it
+      // leaves here, between steps, its state that of step `done`.
+      if (!last && g.watch != nullptr && g.watch->fired()) {
+        return AbortedError(fmt::format("generation {} ended after step {}", gen.number, done));
+      }
       if (o_.eval_batches > 0 && ((o_.eval_every > 0 && done % o_.eval_every == 0) || last)) {
         KC_ASSIGN_OR_RETURN(double val, g.trainer->Evaluate(o_.eval_batches));
         Report(EvaluationReport{.step = done, .loss = val}, leader);

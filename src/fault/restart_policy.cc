@@ -63,9 +63,13 @@ RestartDecision DecideRestart(const RestartPolicy& policy, const RunOutcome& out
         d.reason = "failed: " + outcome.error.ToString();
         return d;
       }
-      why = outcome.cause
-                ? fmt::format("worker {} failed: {}", outcome.cause->worker, outcome.cause->reason)
-                : "failed: " + outcome.error.ToString();
+      if (!outcome.cause) {
+        why = "failed: " + outcome.error.ToString();
+      } else if (outcome.cause->worker < 0) {  // the run as a whole (its launcher ended)
+        why = outcome.cause->reason;
+      } else {
+        why = fmt::format("worker {} failed: {}", outcome.cause->worker, outcome.cause->reason);
+      }
       break;
   }
   if (restarts_done >= policy.max_restarts) {

@@ -34,6 +34,7 @@ struct RestartDecision {
 // max_backoff). Not requeued: a completed or stopped run; a failure with an error the next run
 // would meet again (kInvalidArgument, kNotFound, kFailedPrecondition, kPermissionDenied,
 // kUnimplemented: bad input or state, decided by code); and any failure past max_restarts.
+// A cause with no worker (-1) is the run's as a whole: its reason is the decision's.
 RestartDecision DecideRestart(const RestartPolicy& policy, const RunOutcome& outcome,
                               int restarts_done);
 

@@ -36,6 +36,12 @@ TEST(RestartPolicyTest, ARanksFailureIsRequeuedAndBadInputIsNot) {
   RunOutcome crashed{.end = RunOutcome::End::kFailed,
                      .cause = FaultEvent{.worker = 0, .reason = "killed by signal 9"}};
   EXPECT_TRUE(DecideRestart({}, crashed, 0).requeue);
+  EXPECT_THAT(DecideRestart({}, crashed, 0).reason, HasSubstr("worker 0 failed: killed by signal"));
+  // A run whose launcher ended (no worker to blame) is named by its own reason.
+  RunOutcome launcher{.end = RunOutcome::End::kFailed,
+                      .cause = FaultEvent{.reason = "exited with code 1 on h1"}};
+  EXPECT_THAT(DecideRestart({}, launcher, 0).reason,
+              ::testing::StartsWith("exited with code 1 on h1; requeued (restart 1 of 3)"));
   RunOutcome unavailable{.end = RunOutcome::End::kFailed, .error = UnavailableError("store")};
   EXPECT_TRUE(DecideRestart({}, unavailable, 0).requeue);
   for (const Status& s : {InvalidArgumentError("bad"), NotFoundError("gone"),

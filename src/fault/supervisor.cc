@@ -154,6 +154,12 @@ class Supervisor::Impl final : public RankEvents {
   int running_ = 0;
   int next_worker_ = 0;
   Generation current_;
+  // The newest generation that formed (its leader reported its recovery): current_ unless a
+  // newer one was announced and is forming (recovering_).
+  Generation formed_;
+  // A member of formed_ finished the training while a newer generation was forming: that one
+  // never forms; its newcomers were stopped, and their ends are no faults.
+  bool finished_early_ = false;
   bool elastic_open_ = false;  // generations still follow failures (off once the run ends)
   std::optional<HeartbeatMonitor> beats_;
   TimePoint next_check_{};
@@ -192,6 +198,7 @@ Result<RunOutcome> Supervisor::Impl::Run() {
     beats_.emplace(o_.store, o_.ranks, h, start);
     next_check_ = start + std::chrono::duration_cast<Duration>(h.period / 2);
     current_ = FirstGeneration(o_.shape, o_.ranks);
+    formed_ = current_;
     elastic_open_ = o_.shape.min_ranks < o_.ranks;
     if (elastic_open_ && !Announce(current_)) elastic_open_ = false;
   }
@@ -260,6 +267,7 @@ void Supervisor::Impl::OnRecovery(const RecoveryReport& r) {
                .source = r.source,
                .step = r.step,
                .rebuild_s = r.rebuild_s};
+  if (!r.stop && r.generation == current_.number) formed_ = current_;
   if (recovering_) {
     e.steps_lost = std::max<int64_t>(0, recovering_->last_step - r.step);
     e.duration_s = std::chrono::duration<double>(o_.clock->Now() - recovering_->detected).count();
@@ -276,10 +284,20 @@ void Supervisor::Impl::OnRankExit(int id, const RankExit& exit) {
   w.exited = true;
   --running_;
   if (beats_) beats_->Forget(id);
-  if (exit.ok && elastic_open_ && current_.rank_of(id) >= 0) {
-    // A member finished: the run is ending; once every member has, the spares are told.
+  // A member finished: the run is ending; once every member has, the spares are told. A member
+  // of the generation that formed last may finish the training while a newer one forms (a
+  // replacement joined at the last steps): that one never forms, and the newcomers waiting
+  // for it are stopped; their ends are no faults.
+  const Generation& finishing = recovering_ ? formed_ : current_;
+  if (exit.ok && elastic_open_ && finishing.rank_of(id) >= 0) {
+    if (recovering_ && !finished_early_) {
+      finished_early_ = true;
+      for (int other : Alive()) {
+        if (formed_.rank_of(other) < 0) o_.launcher->Signal(other, RankSignal::kKill);
+      }
+    }
     bool all = true;
-    for (const Member& m : current_.members) all = all && workers_[m.worker].exited;
+    for (const Member& m : finishing.members) all = all && workers_[m.worker].exited;
     if (all) {
       Generation done;
       done.number = current_.number + 1;
@@ -290,7 +308,7 @@ void Supervisor::Impl::OnRankExit(int id, const RankExit& exit) {
       AnnounceGeneration(*o_.store, done).IgnoreError();
     }
   }
-  if (exit.ok || ended_) return;
+  if (exit.ok || ended_ || (finished_early_ && formed_.rank_of(id) < 0)) return;
   ++faults_;
   FaultEvent e{.kind = FaultEvent::Kind::kDetected,
                .worker = id,

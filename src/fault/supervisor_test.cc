@@ -297,6 +297,48 @@ TEST(SupervisorTest, AReplacementJoinsAndTheRunGrowsBack) {
   EXPECT_LE(MaxRelativeDifference(r.losses, base), 1e-5);
 }
 
+// A lone survivor has no communicator the next generation's announcement could abort: it
+// leaves its generation between steps, and the replacement joins it (the run grows back to 2).
+TEST(SupervisorTest, ALoneSurvivorTakesInAReplacementAndTheRunGrowsBack) {
+  RunResult r = Train({.ranks = 2,
+                       .min_ranks = 1,
+                       .max_restarts = 1,
+                       .global_batch = 4,
+                       .steps = 40,
+                       .drills = {{.worker = 1, .step = 3},
+                                  {.worker = 0, .step = 6, .how = Drill::How::kAwaitJoin}}});
+  EXPECT_EQ(r.outcome.end, RunOutcome::End::kCompleted);
+  std::vector<int> recovered_ranks;
+  for (const FaultEvent& e : r.faults) {
+    if (e.kind == FaultEvent::Kind::kRecovered) recovered_ranks.push_back(e.ranks);
+  }
+  EXPECT_THAT(recovered_ranks, ::testing::ElementsAre(1, 2));
+  ASSERT_EQ(r.losses.size(), 40u);
+  EXPECT_LE(
+      MaxRelativeDifference(r.losses, Train({.ranks = 1, .global_batch = 4, .steps = 40}).losses),
+      1e-5);
+}
+
+// A replacement announced as the survivors take their last step: they finish the training
+// before the generation with it forms, so it never forms; the replacement is stopped and the
+// run is complete, not a failure below the minimum.
+TEST(SupervisorTest, AReplacementJoiningAsTheLastStepEndsIsStoppedAndTheRunCompletes) {
+  RunResult r = Train({.ranks = 2,
+                       .min_ranks = 1,
+                       .max_restarts = 1,
+                       .global_batch = 4,
+                       .steps = 6,
+                       .drills = {{.worker = 1, .step = 3},
+                                  {.worker = 0, .step = 6, .how = Drill::How::kAwaitJoin}}});
+  EXPECT_EQ(r.outcome.end, RunOutcome::End::kCompleted);
+  EXPECT_EQ(r.outcome.faults, 1);  // the kill; not the replacement's stop
+  EXPECT_THAT(r.replacements, ::testing::ElementsAre(2));
+  ASSERT_EQ(r.losses.size(), 6u);
+  EXPECT_LE(
+      MaxRelativeDifference(r.losses, Train({.ranks = 1, .global_batch = 4, .steps = 6}).losses),
+      1e-5);
+}
+
 TEST(SupervisorTest, ASilentRankIsFoundByItsHeartbeatsKilledAndTheOthersGoOn) {
   RunResult r = Train({.ranks = 3,
                        .min_ranks = 2,

@@ -554,7 +554,7 @@ TEST_F(ClusterTest, AnAgentSilentPastLostAfterStopsItsRunBeforeTheNextStarts) {
 
 TEST_F(ClusterTest, TheFaultLayersEventsAreInTheAuditLog) {
   std::unique_ptr<Daemon> up = Up();
-  KcRun submit = Kc("submit " + JobFile("doomed", 1000000) + " --json");
+  KcRun submit = Kc("submit " + JobFile("doomed", 1000000, "max_restarts: 0\n") + " --json");
   ASSERT_EQ(submit.exit_code, 0) << submit.err;
   const int64_t id = Int(nlohmann::json::parse(submit.out), "id");
   Await(id, [](const nlohmann::json& j) { return j["phase"] == "running" && Int(j, "step") >= 2; });
@@ -563,7 +563,10 @@ TEST_F(ClusterTest, TheFaultLayersEventsAreInTheAuditLog) {
   ASSERT_GT(rank, 0);
   ASSERT_EQ(kill(rank, SIGKILL), 0);
   nlohmann::json j = Await(id, [](const nlohmann::json& x) { return Ended(x["phase"]); });
+  // Not elastic, and no restarts allowed: the first loss fails it.
   EXPECT_EQ(j["phase"], "failed");
+  EXPECT_THAT(j["reason"].get<std::string>(),
+              HasSubstr("not requeued: 0 restarts done, max_restarts 0"));
   EXPECT_EQ(up->Stop(SIGTERM), 0);
 
   Result<std::unique_ptr<AuditLog>> audit = AuditLog::Open(dir_.Path("cluster/audit.db"));
@@ -583,12 +586,31 @@ TEST_F(ClusterTest, TheFaultLayersEventsAreInTheAuditLog) {
 TEST_F(ClusterTest, AnElasticJobRunsItsPlanAndSurvivesKillNineOfARank) {
   std::unique_ptr<Daemon> up = Up();
   KcRun submit = Kc("submit " +
-                    JobFile("elastic", 100000,
+                    JobFile("elastic", 4000,
                             "min_devices: 1\nplan: \"d=2 micro_batch_size=2 micro_batches=2\"\n") +
                     " --json");
   ASSERT_EQ(submit.exit_code, 0) << submit.err;
   const int64_t id = Int(nlohmann::json::parse(submit.out), "id");
-  KillARankAndTrainOn(id);
+  Await(id, [](const nlohmann::json& j) { return j["phase"] == "running" && Int(j, "step") >= 2; });
+  const pid_t rank = ARankOf(id);
+  ASSERT_GT(rank, 0);
+  ASSERT_EQ(kill(rank, SIGKILL), 0);
+  // It goes on without the lost rank, a replacement joins, and it succeeds in the same run;
+  // its history says so.
+  nlohmann::json j = Await(id, [](const nlohmann::json& x) { return Ended(x["phase"]); });
+  EXPECT_EQ(j["phase"], "succeeded") << Kc(fmt::format("job logs {}", id)).out;
+  std::vector<std::string> history;
+  for (const nlohmann::json& e : j["history"]) {
+    history.push_back(
+        fmt::format("{}: {}", e["phase"].get<std::string>(), e.value("reason", std::string())));
+  }
+  using ::testing::ContainsRegex;
+  EXPECT_THAT(history,
+              ::testing::Contains(ContainsRegex("^running: worker [01] failed: .*signal 9")));
+  EXPECT_THAT(history, ::testing::Contains(ContainsRegex("^running: shrank to 1 rank")));
+  EXPECT_THAT(history, ::testing::Contains(ContainsRegex("^running: grew to 2 ranks")));
+  EXPECT_EQ(std::count(history.begin(), history.end(), "queued: queued for 2 devices"), 1)
+      << "one run, never requeued";
   EXPECT_EQ(up->Stop(SIGTERM), 0);
 
   // The run recorded the plan it ran: the job file's.
@@ -613,6 +635,111 @@ TEST_F(ClusterTest, AnElasticJobRunsItsPlanAndSurvivesKillNineOfARank) {
   std::vector<std::string> actions;
   for (const AuditRecord& r : *faults) actions.push_back(r.action);
   EXPECT_THAT(actions, ::testing::IsSupersetOf({"fault.detected", "fault.recovered"}));
+}
+
+// kill -9 of every process of a running job (kc train, its supervisor, and every rank, as a
+// crash of the job would): the job is requeued (not failed) by its restart policy after its
+// backoff, resumes from its newest checkpoint and succeeds; history and audit log say so.
+TEST_F(ClusterTest, KillNineOfEveryRankRequeuesTheJobWhichResumesFromItsCheckpoint) {
+  std::unique_ptr<Daemon> up = Up();
+  KcRun submit = Kc(
+      "submit " +
+      JobFile("requeued", 3000, "min_devices: 1\ncheckpoint_every: 300\nrestart_backoff: 0.5\n") +
+      " --json");
+  ASSERT_EQ(submit.exit_code, 0) << submit.err;
+  const int64_t id = Int(nlohmann::json::parse(submit.out), "id");
+  Await(id, [](const nlohmann::json& j) {
+    return j["phase"] == "running" && Int(j, "checkpoint_step") >= 300;
+  });
+  std::istringstream record(Read(dir_.Path(fmt::format("cluster/work/agent/{}.pid", id))));
+  pid_t leader = -1;
+  ASSERT_TRUE(record >> leader);
+  ASSERT_EQ(kill(-leader, SIGKILL), 0);
+
+  nlohmann::json j = Await(id, [](const nlohmann::json& x) { return Ended(x["phase"]); });
+  EXPECT_EQ(j["phase"], "succeeded") << Kc(fmt::format("job logs {}", id)).out;
+  EXPECT_EQ(Int(j, "step"), 3000);
+  std::vector<std::string> phases;
+  std::string requeue;
+  for (const nlohmann::json& e : j["history"]) {
+    if (!phases.empty() && phases.back() == e["phase"]) continue;  // notes of one phase
+    phases.push_back(e["phase"]);
+    if (e["phase"] == "queued" && phases.size() > 2) requeue = e.value("reason", "");
+  }
+  EXPECT_THAT(phases, ::testing::ElementsAre("pending", "queued", "running", "queued", "running",
+                                             "succeeded"));
+  EXPECT_THAT(requeue, HasSubstr("requeued (restart 1 of 3) after"));
+  EXPECT_THAT(Kc(fmt::format("job logs {}", id)).out, HasSubstr("kc train: resuming from"));
+  EXPECT_EQ(up->Stop(SIGTERM), 0);
+  Result<std::unique_ptr<AuditLog>> audit = AuditLog::Open(dir_.Path("cluster/audit.db"));
+  ASSERT_TRUE(audit.ok());
+  Result<std::vector<AuditRecord>> queued = (*audit)->Query({.action = "job.queued", .limit = 10});
+  ASSERT_TRUE(queued.ok());
+  EXPECT_THAT(*queued, ::testing::Contains(::testing::Field(&AuditRecord::reason,
+                                                            HasSubstr("requeued (restart 1"))));
+}
+
+// checkpoint_every: auto takes the interval from the scheduler's advice for the job's pool and
+// class: kcd sends the advice with the start, the agent keeps it in the run's advice file, and
+// the run records each interval with whose advice it was.
+TEST_F(ClusterTest, CheckpointEveryAutoTakesTheSchedulersAdvice) {
+  std::unique_ptr<Daemon> up = Up();
+  KcRun submit =
+      Kc("submit " + JobFile("auto", 600, "checkpoint_every: auto\n") + " --wait --json");
+  ASSERT_EQ(submit.exit_code, 0) << submit.err << submit.out;
+  const nlohmann::json done = nlohmann::json::parse(submit.out);
+  const int64_t id = Int(done, "id");
+  EXPECT_EQ(done["phase"], "succeeded") << Kc(fmt::format("job logs {}", id)).out;
+  EXPECT_EQ(up->Stop(SIGTERM), 0);
+
+  const std::string run = dir_.Path(fmt::format("cluster/work/jobs/{}/run-1", id));
+  const nlohmann::json advice = nlohmann::json::parse(Read(run + "/advice.json"), nullptr, false);
+  ASSERT_TRUE(advice.is_object()) << Read(run + "/advice.json");
+  EXPECT_GT(advice["mtbf_s"].get<double>(), 0);
+  EXPECT_THAT(advice["source"].get<std::string>(),
+              ::testing::StartsWith("kcd's scheduler: pool all, class normal: 0 interruptions"));
+  std::istringstream metrics(Read(run + "/metrics.jsonl"));
+  int intervals = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const nlohmann::json r = nlohmann::json::parse(line, nullptr, false);
+    if (!r.is_object() || r["type"] != "checkpoint_interval") continue;
+    ++intervals;
+    EXPECT_EQ(r["source"], advice["source"]);
+    EXPECT_DOUBLE_EQ(r["mtbf_s"].get<double>(), advice["mtbf_s"].get<double>());
+    EXPECT_GT(r["every_steps"].get<int64_t>(), 0);
+  }
+  EXPECT_GE(intervals, 1) << Read(run + "/metrics.jsonl").substr(0, 2000);
+}
+
+// The advice follows what happens in the job's pool: a rank's fault is an interruption, and the
+// changed advice reaches the running job's advice file.
+TEST_F(ClusterTest, AChangedAdviceReachesTheRunningJob) {
+  std::unique_ptr<Daemon> up = Up();
+  KcRun submit =
+      Kc("submit " + JobFile("follows", 1000000, "checkpoint_every: auto\nmin_devices: 1\n") +
+         " --json");
+  ASSERT_EQ(submit.exit_code, 0) << submit.err;
+  const int64_t id = Int(nlohmann::json::parse(submit.out), "id");
+  const std::string file = dir_.Path(fmt::format("cluster/work/jobs/{}/run-1/advice.json", id));
+  const auto source = [&] {
+    const nlohmann::json a = nlohmann::json::parse(Read(file), nullptr, false);
+    return a.is_object() ? a.value("source", std::string()) : std::string();
+  };
+  Await(id, [](const nlohmann::json& j) { return j["phase"] == "running" && Int(j, "step") >= 2; });
+  EXPECT_THAT(source(), HasSubstr(": 0 interruptions in"));
+  const pid_t rank = ARankOf(id);
+  ASSERT_GT(rank, 0);
+  ASSERT_EQ(kill(rank, SIGKILL), 0);
+  // Nothing to wait on but the file the agent rewrites: polled, for at most two minutes.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(2);
+  while (source().find(": 1 interruption in") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_THAT(source(), HasSubstr(": 1 interruption in"));
+  EXPECT_EQ(Kc(fmt::format("job cancel {}", id)).exit_code, 0);
+  Await(id, [](const nlohmann::json& x) { return Ended(x["phase"]); });
+  EXPECT_EQ(up->Stop(SIGTERM), 0);
 }
 
 // A run's faults reach kcd's scheduler: with a pools file that demotes a job at its first fault,
