@@ -6,9 +6,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -155,14 +157,18 @@ int64_t ProcessStartTime(pid_t pid) {
 
 }  // namespace
 
+// Two threads: the heartbeat thread registers, reports and takes kcd's orders; the worker
+// thread watches the jobs' processes, makes their execution-time checks and starts them. Calls
+// to kcd and launches are made without the lock, so a heartbeat never waits behind a launch or
+// a check (nor a check behind a heartbeat).
 struct Agent::Impl {
   AgentOptions o;
-  std::shared_ptr<grpc::Channel> channel;
-  std::unique_ptr<kc::v1::AgentService::Stub> agents;
-  std::unique_ptr<kc::v1::PermissionService::Stub> permissions;
 
   mutable Mutex mu;
   CondVar wake;
+  // kcd's stubs, replaced together by Connect; a call copies the one it uses.
+  std::shared_ptr<kc::v1::AgentService::Stub> agents KC_GUARDED_BY(mu);
+  std::shared_ptr<kc::v1::PermissionService::Stub> permissions KC_GUARDED_BY(mu);
   bool stopped KC_GUARDED_BY(mu) = false;
   std::map<int64_t, Job> jobs KC_GUARDED_BY(mu);  // by job id
   // Start orders for jobs whose previous run here is still stopping (kcd queued the job again
@@ -170,16 +176,24 @@ struct Agent::Impl {
   std::map<int64_t, kc::v1::StartOrder> deferred KC_GUARDED_BY(mu);
   // Deferred runs stopped before they started: their ends, for kcd.
   std::vector<Report> never_started KC_GUARDED_BY(mu);
-  std::thread thread;
+  // Orders for the worker thread to start, in kcd's order, and the runs it is launching (job
+  // -> run): registration reports both as running, so that kcd keeps their runs; a stop for a
+  // run being launched waits here for it to be up (job -> reason).
+  std::deque<kc::v1::StartOrder> to_start KC_GUARDED_BY(mu);
+  std::map<int64_t, int64_t> launching KC_GUARDED_BY(mu);
+  std::map<int64_t, std::string> stop_after_launch KC_GUARDED_BY(mu);
+  bool beat_now KC_GUARDED_BY(mu) = false;  // a job started: report it without waiting
+  std::thread worker_thread;
+  std::thread beat_thread;
 
   // Told by kcd at registration.
-  double heartbeat_period_s = 0.2;
-  double check_period_s = 1;
-  bool registered = false;  // only the agent's thread (and Start, before it) touches these
-  int failures = 0;         // heartbeats failed in a row
+  double heartbeat_period_s KC_GUARDED_BY(mu) = 0.2;
+  double check_period_s KC_GUARDED_BY(mu) = 1;
+  bool registered KC_GUARDED_BY(mu) = false;
+  int failures KC_GUARDED_BY(mu) = 0;  // heartbeats failed in a row
 
-  Status Connect() {
-    KC_ASSIGN_OR_RETURN(channel, ConnectToKcd(o.kcd));
+  Status Connect() KC_REQUIRES(mu) {
+    KC_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel, ConnectToKcd(o.kcd));
     agents = kc::v1::AgentService::NewStub(channel);
     permissions = kc::v1::PermissionService::NewStub(channel);
     return OkStatus();
@@ -197,16 +211,25 @@ struct Agent::Impl {
       r->set_run(j.order.run());
       r->set_state(Report::STATE_RUNNING);
     }
-    for (auto& [id, start] : deferred) {  // kcd's orders, to be carried out
+    // kcd's orders, to be carried out or being carried out.
+    std::vector<std::pair<int64_t, int64_t>> orders;
+    for (const auto& [id, start] : deferred) orders.emplace_back(id, start.run());
+    for (const kc::v1::StartOrder& start : to_start) orders.emplace_back(start.job(), start.run());
+    for (const auto& [id, run] : launching) orders.emplace_back(id, run);
+    for (const auto& [id, run] : orders) {
       Report* r = req.add_jobs();
       r->set_job(id);
-      r->set_run(start.run());
+      r->set_run(run);
       r->set_state(Report::STATE_RUNNING);
     }
     kc::v1::RegisterAgentResponse resp;
     grpc::ClientContext ctx;
     PrepareCall(o.kcd, &ctx, std::chrono::seconds(10));
-    KC_RETURN_IF_ERROR(FromGrpc(agents->Register(&ctx, req, &resp)));
+    const std::shared_ptr<kc::v1::AgentService::Stub> stub = agents;
+    mu.Unlock();
+    const grpc::Status called = stub->Register(&ctx, req, &resp);
+    mu.Lock();
+    KC_RETURN_IF_ERROR(FromGrpc(called));
     heartbeat_period_s = resp.heartbeat_period_s() > 0 ? resp.heartbeat_period_s() : 1;
     check_period_s = resp.check_period_s() > 0 ? resp.check_period_s() : 1;
     registered = true;
@@ -218,11 +241,13 @@ struct Agent::Impl {
   // kUnavailable when kcd could not be asked (the job goes on meanwhile). Its checkpoint
   // directory is asked about as its recorded owner's; one nobody has written yet is recorded as
   // the job owner's once the checks pass.
-  Status ExecutionCheck(const Job& j) {
+  // Called without the lock, with the stub to call.
+  Status ExecutionCheck(const kc::v1::StartOrder& order, const JobSpec& spec,
+                        kc::v1::PermissionService::Stub& stub) {
     ClientConfig as_owner = o.kcd;
-    as_owner.token = j.order.token();
-    const PathOwner job_owner{.owner = j.order.owner(), .team = j.order.team()};
-    const std::string checkpoints = CheckpointDir(j);
+    as_owner.token = order.token();
+    const PathOwner job_owner{.owner = order.owner(), .team = order.team()};
+    const std::string checkpoints = CheckpointDir(order, spec);
     const std::optional<PathOwner> recorded = ReadPathOwner(checkpoints);
     const PathOwner checkpoints_owner = recorded.value_or(job_owner);
     struct Ask {
@@ -231,10 +256,10 @@ struct Agent::Impl {
       PathOwner of;
     };
     std::vector<Ask> asks = {
-        {"device.use", "device", fmt::format("{}:{}", o.host, fmt::join(j.order.devices(), ",")),
+        {"device.use", "device", fmt::format("{}:{}", o.host, fmt::join(order.devices(), ",")),
          job_owner},
         {"checkpoint.write", "path", checkpoints, checkpoints_owner}};
-    if (!j.spec.data.empty()) asks.push_back({"data.read", "path", j.spec.data, job_owner});
+    if (!spec.data.empty()) asks.push_back({"data.read", "path", spec.data, job_owner});
     for (const Ask& a : asks) {
       kc::v1::PermissionCheckRequest req;
       req.set_action(a.action);
@@ -245,7 +270,7 @@ struct Agent::Impl {
       kc::v1::PermissionCheckResponse resp;
       grpc::ClientContext ctx;
       PrepareCall(as_owner, &ctx, std::chrono::seconds(5));
-      const grpc::Status s = permissions->Check(&ctx, req, &resp);
+      const grpc::Status s = stub.Check(&ctx, req, &resp);
       // Only an answer stops a job: a denial, or a token kcd no longer takes. Anything else
       // (kcd restarting, a call cut short, over the rate limit) means it could not be asked.
       if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
@@ -260,7 +285,7 @@ struct Agent::Impl {
     if (!recorded) {
       KC_ASSIGN_OR_RETURN(const PathOwner claimed, ClaimPath(checkpoints, job_owner));
       // Another job's owner recorded it first (another agent on shared storage): ask again.
-      if (!(claimed == job_owner)) return ExecutionCheck(j);
+      if (!(claimed == job_owner)) return ExecutionCheck(order, spec, stub);
     }
     return OkStatus();
   }
@@ -268,10 +293,9 @@ struct Agent::Impl {
   std::string JobDir(int64_t job) const {
     return (fs::path(o.work_dir) / "jobs" / std::to_string(job)).string();
   }
-  std::string CheckpointDir(const Job& j) const {
-    return j.spec.checkpoint_dir.empty()
-               ? (fs::path(JobDir(j.order.job())) / "checkpoints").string()
-               : (fs::path(o.work_dir) / j.spec.checkpoint_dir).string();
+  std::string CheckpointDir(const kc::v1::StartOrder& order, const JobSpec& spec) const {
+    return spec.checkpoint_dir.empty() ? (fs::path(JobDir(order.job())) / "checkpoints").string()
+                                       : (fs::path(o.work_dir) / spec.checkpoint_dir).string();
   }
 
   // Each running job's process group, recorded as "PID START_TIME" in WORK/agent/JOB.pid
@@ -313,8 +337,9 @@ struct Agent::Impl {
     }
   }
 
-  // Starts `j`'s processes, or records why it could not.
-  void Launch(Job& j) {
+  // Starts `j`'s processes, or records why it could not. Called without the lock (its checks
+  // call kcd, and it forks): `j` is not in `jobs` yet.
+  void Launch(Job& j, kc::v1::PermissionService::Stub& stub) {
     auto fail = [&](std::string why) {
       j.ended = true;
       j.end_state = Report::STATE_FAILED_TO_START;
@@ -326,14 +351,13 @@ struct Agent::Impl {
     if (static_cast<int>(j.order.devices_size()) != j.spec.ranks) {
       return fail(fmt::format("{} devices for {} ranks", j.order.devices_size(), j.spec.ranks));
     }
-    if (Status s = ExecutionCheck(j); !s.ok()) {
+    if (Status s = ExecutionCheck(j.order, j.spec, stub); !s.ok()) {
       j.ended = true;
       j.end_state = s.code() == ErrorCode::kUnavailable ? Report::STATE_FAILED_TO_START
                                                         : Report::STATE_REVOKED;
       j.end_reason = std::string(s.message());
       return;
     }
-    j.next_check_s = WallSeconds() + check_period_s;
     const std::string dir = JobDir(j.order.job());
     const std::string out = (fs::path(dir) / fmt::format("run-{}", j.order.run())).string();
     std::error_code ec;
@@ -353,7 +377,7 @@ struct Agent::Impl {
                                      "--out",
                                      out,
                                      "--checkpoint-dir",
-                                     CheckpointDir(j),
+                                     CheckpointDir(j.order, j.spec),
                                      "--progress",
                                      "lines"};
     if (j.spec.checkpoint_auto) {
@@ -473,31 +497,86 @@ struct Agent::Impl {
     j.out_fd = -1;
   }
 
-  // One round: look at the jobs, check their rights, report, obey. Returns whether it started
-  // a job (whose start is then reported at once, not a heartbeat period later).
-  bool Round() KC_REQUIRES(mu) {
+  // The worker thread's round: each job's output and end, kills past the grace period, the
+  // execution-time checks that are due, and the starts kcd ordered. Checks and launches are
+  // made without the lock. Returns whether it started a job.
+  bool Work() KC_REQUIRES(mu) {
     const double now = WallSeconds();
+    struct Due {
+      int64_t job;
+      kc::v1::StartOrder order;
+      JobSpec spec;
+    };
+    std::vector<Due> due;
     for (auto& [id, j] : jobs) {
       Poll(j);
       if (j.stopping && !j.ended && now >= j.kill_at_s) Signal(j, SIGKILL);
       if (!j.ended && !j.stopping && now >= j.next_check_s) {
         j.next_check_s = now + check_period_s;
-        if (Status s = ExecutionCheck(j); !s.ok() && s.code() != ErrorCode::kUnavailable) {
-          KC_LOG(WARNING) << "agent: job " << id << ": execution check denied: " << s.message();
-          j.end_state = Report::STATE_REVOKED;
-          j.end_reason = std::string(s.message());
-          j.stopping = true;
-          j.kill_at_s = now + o.stop_grace_s;
-          Signal(j, SIGTERM);
-        }
+        due.push_back({id, j.order, j.spec});
       }
     }
+    if (!due.empty()) {
+      const std::shared_ptr<kc::v1::PermissionService::Stub> stub = permissions;
+      std::vector<Status> verdicts;
+      mu.Unlock();
+      for (const Due& d : due) verdicts.push_back(ExecutionCheck(d.order, d.spec, *stub));
+      mu.Lock();
+      for (size_t i = 0; i < due.size(); ++i) {
+        const Status& s = verdicts[i];
+        auto it = jobs.find(due[i].job);
+        if (s.ok() || s.code() == ErrorCode::kUnavailable || it == jobs.end()) continue;
+        Job& j = it->second;
+        if (j.order.run() != due[i].order.run() || j.ended || j.stopping) continue;
+        KC_LOG(WARNING) << "agent: job " << due[i].job
+                        << ": execution check denied: " << s.message();
+        j.end_state = Report::STATE_REVOKED;
+        j.end_reason = std::string(s.message());
+        j.stopping = true;
+        j.kill_at_s = WallSeconds() + o.stop_grace_s;
+        Signal(j, SIGTERM);
+      }
+    }
+    bool started = false;
+    while (!to_start.empty() && !stopped) {
+      Job j;
+      j.order = std::move(to_start.front());
+      to_start.pop_front();
+      const int64_t id = j.order.job();
+      launching[id] = j.order.run();
+      const std::shared_ptr<kc::v1::PermissionService::Stub> stub = permissions;
+      mu.Unlock();
+      Launch(j, *stub);
+      mu.Lock();
+      launching.erase(id);
+      j.next_check_s = WallSeconds() + check_period_s;
+      Job& placed = jobs[id] = std::move(j);
+      started = true;
+      if (auto stop = stop_after_launch.find(id); stop != stop_after_launch.end()) {
+        StopJob(placed, stop->second);
+        stop_after_launch.erase(stop);
+      }
+    }
+    return started;
+  }
+
+  void StopJob(Job& j, const std::string& reason) KC_REQUIRES(mu) {
+    KC_LOG(INFO) << "agent: job " << j.order.job() << ": stopping: " << reason;
+    j.stopping = true;
+    j.kill_at_s = WallSeconds() + o.stop_grace_s;
+    Signal(j, SIGTERM);
+  }
+
+  // The heartbeat thread's round: registration when needed, then one report of every job to
+  // kcd and its orders back: stops carried out at once, starts handed to the worker thread.
+  // The calls to kcd are made without the lock.
+  void Beat() KC_REQUIRES(mu) {
     if (!registered) {
       Status s = Register();
       if (!s.ok()) {
         KC_LOG(WARNING) << "agent: cannot register: " << s.message();
         if (++failures % 5 == 0) Connect().IgnoreError();  // as for heartbeats, below
-        return false;
+        return;
       }
     }
     kc::v1::AgentHeartbeatRequest req;
@@ -527,17 +606,21 @@ struct Agent::Impl {
     kc::v1::AgentHeartbeatResponse resp;
     grpc::ClientContext ctx;
     PrepareCall(o.kcd, &ctx, std::chrono::seconds(10));
-    const grpc::Status s = agents->Heartbeat(&ctx, req, &resp);
+    const std::shared_ptr<kc::v1::AgentService::Stub> stub = agents;
+    mu.Unlock();
+    const grpc::Status s = stub->Heartbeat(&ctx, req, &resp);
+    mu.Lock();
     if (!s.ok()) {
       if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) registered = false;
       KC_LOG(WARNING) << "agent: heartbeat: " << s.error_message();
       // A channel that keeps failing may be stuck on a dead connection (kcd restarted in the
       // middle of a handshake): a fresh one connects at once.
       if (++failures % 5 == 0) Connect().IgnoreError();  // the same config connected before
-      return false;
+      return;
     }
     failures = 0;
-    // Delivered: forget the log sent and the jobs whose end kcd now knows.
+    // Delivered: forget the log and faults sent (the worker thread only appends meanwhile) and
+    // the jobs whose end kcd now knows (only this thread removes jobs).
     never_started.erase(never_started.begin(),
                         never_started.begin() + static_cast<std::ptrdiff_t>(never_started_sent));
     for (int i = 0; i < job_reports; ++i) {
@@ -553,23 +636,26 @@ struct Agent::Impl {
     for (const kc::v1::StopOrder& stop : resp.stop()) {
       if (auto d = deferred.find(stop.job());
           d != deferred.end() && d->second.run() == stop.run()) {
-        KC_LOG(INFO) << "agent: job " << stop.job() << " run " << stop.run()
-                     << ": stopped before it started: " << stop.reason();
-        Report r;
-        r.set_job(stop.job());
-        r.set_run(stop.run());
-        r.set_state(Report::STATE_FAILED_TO_START);
-        r.set_reason("stopped before it started");
-        never_started.push_back(std::move(r));
+        NeverStarted(stop);
         deferred.erase(d);
+        continue;
+      }
+      if (auto q = std::find_if(to_start.begin(), to_start.end(),
+                                [&](const kc::v1::StartOrder& start) {
+                                  return start.job() == stop.job() && start.run() == stop.run();
+                                });
+          q != to_start.end()) {
+        NeverStarted(stop);
+        to_start.erase(q);
+        continue;
+      }
+      if (auto l = launching.find(stop.job()); l != launching.end() && l->second == stop.run()) {
+        stop_after_launch[stop.job()] = stop.reason();
         continue;
       }
       auto it = jobs.find(stop.job());
       if (it == jobs.end() || it->second.order.run() != stop.run()) continue;
-      KC_LOG(INFO) << "agent: job " << stop.job() << ": stopping: " << stop.reason();
-      it->second.stopping = true;
-      it->second.kill_at_s = now + o.stop_grace_s;
-      Signal(it->second, SIGTERM);
+      StopJob(it->second, stop.reason());
     }
     for (const kc::v1::CheckpointAdvice& advice : resp.advice()) {
       auto it = jobs.find(advice.job());
@@ -581,16 +667,12 @@ struct Agent::Impl {
         KC_LOG(WARNING) << "agent: job " << advice.job() << ": " << w.message();
       }
     }
-    bool started = false;
     for (auto d = deferred.begin(); d != deferred.end();) {
       if (jobs.count(d->first) != 0) {
         ++d;
         continue;
       }
-      Job& j = jobs[d->first];
-      j.order = std::move(d->second);
-      Launch(j);
-      started = true;
+      to_start.push_back(std::move(d->second));
       d = deferred.erase(d);
     }
     for (const kc::v1::StartOrder& start : resp.start()) {
@@ -605,22 +687,50 @@ struct Agent::Impl {
         }
         continue;
       }
-      Job& j = jobs[start.job()];
-      j.order = start;
-      Launch(j);
-      started = true;
+      to_start.push_back(start);
     }
-    return started;
+    if (!to_start.empty()) wake.SignalAll();
   }
 
-  void Loop() {
+  // A start order stopped before it started: its end, for kcd.
+  void NeverStarted(const kc::v1::StopOrder& stop) KC_REQUIRES(mu) {
+    KC_LOG(INFO) << "agent: job " << stop.job() << " run " << stop.run()
+                 << ": stopped before it started: " << stop.reason();
+    Report r;
+    r.set_job(stop.job());
+    r.set_run(stop.run());
+    r.set_state(Report::STATE_FAILED_TO_START);
+    r.set_reason("stopped before it started");
+    never_started.push_back(std::move(r));
+  }
+
+  std::chrono::steady_clock::time_point After(double seconds) {
+    return std::chrono::steady_clock::now() +
+           std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+               std::chrono::duration<double>(seconds));
+  }
+
+  void BeatLoop() {
     MutexLock lock(&mu);
     while (!stopped) {
-      if (Round()) continue;
-      const auto until = std::chrono::steady_clock::now() +
-                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                             std::chrono::duration<double>(registered ? heartbeat_period_s : 1.0));
-      while (!stopped && wake.WaitUntil(&mu, until)) {
+      Beat();
+      const auto until = After(registered ? heartbeat_period_s : 1.0);
+      while (!stopped && !beat_now && wake.WaitUntil(&mu, until)) {
+      }
+      beat_now = false;
+    }
+  }
+
+  void WorkLoop() {
+    MutexLock lock(&mu);
+    while (!stopped) {
+      if (Work()) {
+        beat_now = true;  // its start is reported at once, not a heartbeat period later
+        wake.SignalAll();
+      }
+      // Output and ends are looked at every heartbeat period (a report has nothing newer).
+      const auto until = After(heartbeat_period_s);
+      while (!stopped && to_start.empty() && wake.WaitUntil(&mu, until)) {
       }
     }
     // Stop every job: SIGTERM, then SIGKILL after the grace period. Waiting for a child to
@@ -647,7 +757,8 @@ Agent::~Agent() {
     impl_->stopped = true;
     impl_->wake.SignalAll();
   }
-  if (impl_->thread.joinable()) impl_->thread.join();
+  if (impl_->beat_thread.joinable()) impl_->beat_thread.join();
+  if (impl_->worker_thread.joinable()) impl_->worker_thread.join();
 }
 
 int Agent::running_jobs() const {
@@ -668,16 +779,17 @@ Result<std::unique_ptr<Agent>> Agent::Start(AgentOptions o) {
   auto impl = std::make_unique<Impl>();
   impl->o = o;
   impl->StopLeftovers();
-  KC_RETURN_IF_ERROR(impl->Connect());
   {
     MutexLock lock(&impl->mu);
+    KC_RETURN_IF_ERROR(impl->Connect());
     Status s = impl->Register();
     if (!s.ok() && s.code() != ErrorCode::kUnavailable &&
         s.code() != ErrorCode::kDeadlineExceeded) {
       return s;
     }
   }
-  impl->thread = std::thread([p = impl.get()] { p->Loop(); });
+  impl->worker_thread = std::thread([p = impl.get()] { p->WorkLoop(); });
+  impl->beat_thread = std::thread([p = impl.get()] { p->BeatLoop(); });
   return std::unique_ptr<Agent>(new Agent(std::move(impl)));
 }
 

@@ -204,8 +204,10 @@ void Subprocess::Signal(int signal) {
 
 void Subprocess::SignalGroup(int signal) {
   if (own_group_ && pid_ > 0) {
-    // The group id stays reserved while any member lives, so it names no other group.
-    kill(-pid_, signal);
+    // The group id stays reserved while any member lives, so it names no other group. None
+    // yet (a new session's child that has not reached its setsid, just after Start): the
+    // child itself, which takes the signal into its exec or its group.
+    if (kill(-pid_, signal) != 0 && errno == ESRCH) kill(pid_, signal);
   } else {
     Signal(signal);
   }

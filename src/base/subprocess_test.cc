@@ -122,6 +122,21 @@ TEST(SubprocessTest, SignalsReachTheChildEvenWithThemBlockedHere) {
   child->Signal(SIGTERM);  // reaped: nothing
 }
 
+// A new session's child signalled the moment Start returns, before it may have reached its
+// setsid (no group yet to signal): the signal still reaches it, many times over.
+TEST(SubprocessTest, SignalGroupRightAfterStartReachesANewSessionsChild) {
+  for (int i = 0; i < 50; ++i) {
+    SubprocessOptions o = Shell("exec sleep 60");
+    o.group = SubprocessOptions::Group::kNewSession;
+    Result<Subprocess> child = Subprocess::Start(o);
+    ASSERT_TRUE(child.ok());
+    child->SignalGroup(SIGTERM);
+    const int status = *child->Wait();
+    ASSERT_TRUE(WIFSIGNALED(status)) << i << ": " << DescribeWaitStatus(status);
+    EXPECT_EQ(WTERMSIG(status), SIGTERM);
+  }
+}
+
 TEST(SubprocessTest, AWaitEndsAtItsDeadline) {
   FakeClock clock;
   Pipe in;

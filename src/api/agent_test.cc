@@ -1,0 +1,197 @@
+// The agent against a fake kcd on loopback: its heartbeats go on while a job's launch waits for
+// an execution-time check kcd is slow to answer (the check, the launch and the heartbeat are not
+// made under one lock), and a stop for a run being launched is carried out once it is up.
+#include "api/agent.h"
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <csignal>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "api/job_spec.h"
+#include "kc/v1/agent.grpc.pb.h"
+#include "kc/v1/permission.grpc.pb.h"
+#include "tests/support/temp_dir.h"
+
+namespace kc::api {
+namespace {
+
+using Report = kc::v1::AgentJobReport;
+using std::chrono::seconds;
+
+// kcd's two services as an agent sees them: registration, heartbeats that hand out one start
+// order, and permission checks held until the test lets them through.
+class FakeKcd final : public kc::v1::AgentService::Service,
+                      public kc::v1::PermissionService::Service {
+ public:
+  explicit FakeKcd(kc::v1::StartOrder start) : start_(std::move(start)) {}
+
+  grpc::Status Register(grpc::ServerContext*, const kc::v1::RegisterAgentRequest*,
+                        kc::v1::RegisterAgentResponse* out) override {
+    out->set_heartbeat_period_s(0.02);
+    out->set_check_period_s(0.02);
+    out->set_lost_after_s(60);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Heartbeat(grpc::ServerContext*, const kc::v1::AgentHeartbeatRequest* req,
+                         kc::v1::AgentHeartbeatResponse* out) override {
+    std::lock_guard lock(mu_);
+    ++heartbeats_;
+    for (const Report& r : req->jobs()) reports_.push_back(r);
+    if (!started_) {
+      started_ = true;
+      *out->add_start() = start_;
+    } else if (stop_ && !stop_sent_) {
+      stop_sent_ = true;
+      kc::v1::StopOrder* s = out->add_stop();
+      s->set_job(start_.job());
+      s->set_run(start_.run());
+      s->set_reason("cancelled");
+    }
+    cv_.notify_all();
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Check(grpc::ServerContext*, const kc::v1::PermissionCheckRequest*,
+                     kc::v1::PermissionCheckResponse* out) override {
+    std::unique_lock lock(mu_);
+    ++checks_waiting_;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return checks_open_; });
+    --checks_waiting_;
+    out->set_allowed(true);
+    return grpc::Status::OK;
+  }
+
+  // Waits (at most a minute) until `done` holds under the fake's lock; whether it did.
+  template <typename F>
+  bool Await(F done) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, std::chrono::minutes(1), [&] { return done(); });
+  }
+
+  int Heartbeats() {
+    std::lock_guard lock(mu_);
+    return heartbeats_;
+  }
+  void OpenChecks() {
+    std::lock_guard lock(mu_);
+    checks_open_ = true;
+    cv_.notify_all();
+  }
+  void OrderStop() {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int heartbeats_ = 0;
+  int checks_waiting_ = 0;
+  std::vector<Report> reports_;
+
+ private:
+  const kc::v1::StartOrder start_;
+  bool started_ = false;
+  bool checks_open_ = false;
+  bool stop_ = false;
+  bool stop_sent_ = false;
+};
+
+class AgentTest : public ::testing::Test {
+ protected:
+  AgentTest() : dir_("kc_agent") {
+    JobSpec spec{.name = "x",
+                 .model_yaml =
+                     "name: m\nlayers: 1\nhidden: 64\nheads: 2\nvocab: 257\n"
+                     "seq_len: 32\nbatch_per_rank: 4\n"};
+    kc::v1::StartOrder start;
+    start.set_job(7);
+    start.set_run(1);
+    start.set_spec(JobSpecText(spec));
+    start.add_devices(0);
+    start.set_owner("ann");
+    start.set_team("vision");
+    kcd_ = std::make_unique<FakeKcd>(start);
+    grpc::ServerBuilder b;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    b.RegisterService(static_cast<kc::v1::AgentService::Service*>(kcd_.get()));
+    b.RegisterService(static_cast<kc::v1::PermissionService::Service*>(kcd_.get()));
+    server_ = b.BuildAndStart();
+  }
+  ~AgentTest() override {
+    kcd_->OpenChecks();  // nothing stays blocked in the server
+    server_->Shutdown(std::chrono::system_clock::now() + seconds(5));
+  }
+
+  // An agent whose jobs run `program` (given kc train's arguments, which it ignores).
+  std::unique_ptr<Agent> StartAgent(const std::string& program = "/bin/true") {
+    Result<std::unique_ptr<Agent>> agent =
+        Agent::Start({.kcd = {.server = "127.0.0.1:" + std::to_string(port_), .insecure = true},
+                      .host = "h1",
+                      .devices = 1,
+                      .work_dir = dir_.Path("work"),
+                      .kc_binary = program,
+                      .stop_grace_s = 5});
+    EXPECT_TRUE(agent.ok()) << agent.status();
+    return agent.ok() ? *std::move(agent) : nullptr;
+  }
+
+  // Whether kcd heard that job 7 ended, with `state` and `exit_code`.
+  bool HeardEnd(Report::State state, int exit_code = 0) {
+    for (const Report& r : kcd_->reports_) {
+      if (r.job() == 7 && r.state() == state && r.exit_code() == exit_code) return true;
+    }
+    return false;
+  }
+
+  testing::TempDir dir_;
+  std::unique_ptr<FakeKcd> kcd_;
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+TEST_F(AgentTest, HeartbeatsGoOnWhileALaunchWaitsForItsExecutionCheck) {
+  ASSERT_GT(port_, 0);
+  std::unique_ptr<Agent> agent = StartAgent();
+  ASSERT_NE(agent, nullptr);
+  // The start order went out; its launch now waits for kcd's answer to its first check.
+  ASSERT_TRUE(kcd_->Await([&] { return kcd_->checks_waiting_ > 0; }));
+  const int before = kcd_->Heartbeats();
+  ASSERT_TRUE(kcd_->Await([&] { return kcd_->heartbeats_ >= before + 5; }))
+      << "no heartbeat while a launch waited for its check";
+  // Answered, the job starts (and, being /bin/true, ends at once); kcd hears of it.
+  kcd_->OpenChecks();
+  ASSERT_TRUE(kcd_->Await([&] { return HeardEnd(Report::STATE_EXITED); }));
+}
+
+TEST_F(AgentTest, AStopForARunBeingLaunchedIsCarriedOutOnceItIsUp) {
+  ASSERT_GT(port_, 0);
+  // A job that would run for a minute unless stopped.
+  const std::string program = dir_.Write("job.sh", "#!/bin/sh\nexec sleep 60\n");
+  ASSERT_EQ(chmod(program.c_str(), 0755), 0);
+  std::unique_ptr<Agent> agent = StartAgent(program);
+  ASSERT_NE(agent, nullptr);
+  ASSERT_TRUE(kcd_->Await([&] { return kcd_->checks_waiting_ > 0; }));
+  kcd_->OrderStop();
+  const int before = kcd_->Heartbeats();
+  ASSERT_TRUE(kcd_->Await([&] { return kcd_->heartbeats_ >= before + 3; }));
+  kcd_->OpenChecks();
+  // Up, it is stopped at once (SIGTERM), not left to run; kcd hears of its end.
+  ASSERT_TRUE(kcd_->Await([&] { return HeardEnd(Report::STATE_EXITED, 128 + SIGTERM); })) << [&] {
+    std::string seen;
+    for (const Report& r : kcd_->reports_) seen += r.ShortDebugString() + "\n";
+    return seen;
+  }();
+}
+
+}  // namespace
+}  // namespace kc::api
