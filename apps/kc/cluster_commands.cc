@@ -55,6 +55,9 @@ void PrintJob(const kc::v1::JobInfo& j) {
   std::cout << fmt::format("  progress   step {}, last checkpoint at step {}\n", j.step(),
                            j.checkpoint_step());
   std::cout << fmt::format("  runtime    {:.2f} h allowed\n", j.expected_hours());
+  if (!j.comm_limits().empty()) {
+    std::cout << fmt::format("  comm       {}\n", P(j.comm_limits()));
+  }
   if (j.history_size() > 0) {
     std::cout << "  history\n";
     const double t0 = j.history(0).time_s();

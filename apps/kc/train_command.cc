@@ -53,6 +53,23 @@ extern "C" void OnStopSignal(int) {
   }
 }
 
+// What --comm-limits applies to every rank's communicators, for the metrics' header; null
+// without it.
+Json CommLimitsJson(const TrainSetup& p) {
+  if (!p.rate_limit) return Json();
+  Json priority = Json::array();
+  for (comm::Lane lane : p.lanes.priority) priority.push_back(std::string(comm::LaneName(lane)));
+  return {{"ops_per_second", p.rate_limit->ops_per_second},
+          {"bytes_per_second", p.rate_limit->bytes_per_second},
+          {"burst_ops", p.rate_limit->burst_ops},
+          {"burst_bytes", p.rate_limit->burst_bytes},
+          {"lanes",
+           {{"chunk_bytes", p.lanes.chunk_bytes},
+            {"queue_chunks", p.lanes.queue_chunks},
+            {"low_lane_min_share", p.lanes.low_lane_min_share},
+            {"priority", priority}}}};
+}
+
 class StopRequests {
  public:
   // `on_stop` runs on a thread of its own at each SIGTERM.
@@ -151,6 +168,7 @@ int RunLauncher(TrainArgs a) {
                   {"precision", a.precision},
                   {"data", a.data},
                   {"plan", a.plan.empty() ? Json() : Json(a.plan)},
+                  {"comm_limits", CommLimitsJson(p)},
                   {"predicted_step_s", p.predicted_step_s ? Json(*p.predicted_step_s) : Json()}}
                  .dump()
           << "\n"
@@ -381,6 +399,10 @@ void AddTrainCommand(CLI::App& app, Action* action) {
   c->add_option("--mtbf", a->mtbf_hours,
                 "Mean time between failures or preemptions, in hours, for --checkpoint-every "
                 "auto");
+  c->add_option("--comm-limits", a->comm_limits,
+                "The admin's comm limits file: every rank's communicator is rate limited by its "
+                "entry for the model's name (or its default) and sends by its lanes (kc agent "
+                "passes the job's)");
   c->add_option("--advice-file", a->advice_file,
                 "With --checkpoint-every auto, instead of --mtbf: a JSON file {\"mtbf_s\": S, "
                 "\"source\": WHO} read again at each re-estimate (kc agent keeps it current with "

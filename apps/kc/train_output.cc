@@ -113,8 +113,11 @@ LauncherView::LauncherView(const TrainArgs& a, std::ofstream* metrics, fs::path 
 
 void LauncherView::OnReport(int, const fault::Report& report) {
   // A line at a time: whoever follows the file (kc agent reports a job's progress from it)
-  // sees each record as it happens.
-  *metrics_ << fault::ReportToJson(report).dump() << "\n" << std::flush;
+  // sees each record as it happens, with when the launcher had it (as the fault log's).
+  Json record = fault::ReportToJson(report);
+  record["time_unix"] =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  *metrics_ << record.dump() << "\n" << std::flush;
   progress_->OnReport(report);
 }
 

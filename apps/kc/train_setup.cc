@@ -161,6 +161,12 @@ Result<TrainSetup> CheckTrainArgs(TrainArgs* args) {
     return InvalidArgumentError("--heartbeat-period/--heartbeat-timeout: " + s.message());
   }
   KC_ASSIGN_OR_RETURN(p.spec, parallel::LoadModelSpec(a.config));
+  if (!a.comm_limits.empty()) {
+    Result<comm::CommLimits> limits = comm::LoadCommLimits(a.comm_limits);
+    if (!limits.ok()) return limits.status().WithContext("--comm-limits");
+    p.rate_limit = limits->ForJob(p.spec.name);
+    p.lanes = limits->lanes;
+  }
   if (!a.plan.empty()) {
     // A plan that states its micro-batch size says the global batch; else it is the one
     // without a plan (--global-batch, or batch_per_rank per rank) and the plan follows it.
@@ -373,6 +379,10 @@ std::vector<std::string> WorkerArgv(const TrainArgs& a, const TrainSetup& p, int
       v.push_back("--advice-file");
       v.push_back(a.advice_file);
     }
+  }
+  if (!a.comm_limits.empty()) {
+    v.push_back("--comm-limits");
+    v.push_back(a.comm_limits);
   }
   v.push_back("--resume");  // the launcher's choice: never, or a checkpoint
   v.push_back(a.resume);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "comm/comm_limits_config.h"
 #include "comm/communicator.h"
 #include "fault/elastic.h"
 #include "parallel/data/loader.h"
@@ -51,6 +52,9 @@ struct TrainArgs {
   // For auto, instead: a file ({"mtbf_s": S, "source": WHO}) read again at each re-estimate,
   // which a cluster agent keeps current with the scheduler's advice.
   std::string advice_file;
+  // The admin's comm limits file (comm/comm_limits_config.h): the rate limit of its entry for
+  // this run's name (the model's) or its default, and its lanes, for every rank's communicator.
+  std::string comm_limits;
   int checkpoint_keep = 3;
   bool checkpoint_compress = false;
   std::string resume = "auto";  // auto, never, or a checkpoint's directory
@@ -72,6 +76,9 @@ struct TrainArgs {
 
 // What the flags resolve to, checked before any worker starts.
 struct TrainSetup {
+  // --comm-limits: the limit and lanes every rank's communicator gets.
+  std::optional<comm::RateLimit> rate_limit;
+  comm::LaneOptions lanes;
   // batch_per_rank: the micro-batch, sequences per pass (without a plan: the global batch over
   // the ranks, rounded down; the ranks' shares may differ by one).
   parallel::ModelSpec spec;

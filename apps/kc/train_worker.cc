@@ -202,6 +202,21 @@ int RunTrainWorker(const TrainArgs& a, const TrainSetup& p) {
     };
   }
   o.transport = p.transport;
+  // The admin's comm limits: this rank's communicators admit their operations through the
+  // job's limit and send by its lanes.
+  std::unique_ptr<comm::RateLimiter> limiter;
+  if (p.rate_limit) {
+    Result<std::unique_ptr<comm::RateLimiter>> l =
+        comm::RateLimiter::Create(*p.rate_limit, Clock::Real());
+    if (!l.ok()) {
+      std::cerr << "kc train: rank " << worker << ": --comm-limits: " << l.status().message()
+                << "\n";
+      return kExitBadInput;
+    }
+    limiter = *std::move(l);
+    o.rate_limiter = limiter.get();
+  }
+  o.lanes = p.lanes;
   o.timeout = timeout;
   o.heartbeat = {.period = fault::Seconds(a.heartbeat_period_s),
                  .timeout = fault::Seconds(a.heartbeat_timeout_s)};

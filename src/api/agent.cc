@@ -401,6 +401,14 @@ struct Agent::Impl {
     if (j.spec.global_batch > 0) {
       args.insert(args.end(), {"--global-batch", std::to_string(j.spec.global_batch)});
     }
+    if (!j.order.comm_limits().empty()) {
+      // The admin's limits for this job, as kcd resolved them: every rank's communicator.
+      const std::string limits = (fs::path(out) / "comm-limits.yaml").string();
+      if (Status s = WriteFileDurably(limits, j.order.comm_limits()); !s.ok()) {
+        return fail(std::string(s.message()));
+      }
+      args.insert(args.end(), {"--comm-limits", limits});
+    }
     {
       // As kc train's own default (data/fortunes/manifest.json), with the data root for data/.
       const fs::path root =

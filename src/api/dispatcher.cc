@@ -21,6 +21,7 @@
 #include "api/rpc_guard.h"
 #include "base/log.h"
 #include "base/mutex.h"
+#include "comm/comm_limits_config.h"
 #include "fault/restart_policy.h"
 #include "hal/inventory.h"
 #include "hal/topology.h"
@@ -131,8 +132,9 @@ struct Dispatcher::Impl {
   DispatcherOptions o;
   std::unique_ptr<hal::Topology> topology;  // null: no topology yet
   std::unique_ptr<sched::Scheduler> scheduler;
-  std::vector<std::vector<int>> host_devices;  // per host index: its devices, in order
-  parallel::planner::ApprovalLimits limits;    // zeros: none
+  std::vector<std::vector<int>> host_devices;   // per host index: its devices, in order
+  parallel::planner::ApprovalLimits limits;     // zeros: none
+  std::optional<comm::CommLimits> comm_limits;  // DIR/comm-limits.yaml, when there is one
 
   Mutex mu;
   CondVar wake;
@@ -337,6 +339,9 @@ struct Dispatcher::Impl {
     }
     o.jobs->Note(run.job, note, now).IgnoreError();  // ended meanwhile: nothing to note
   }
+
+  // The name a job's comm limits entry matches: "TEAM/NAME".
+  static std::string CommName(const JobRecord& j) { return j.team + "/" + j.name; }
 
   // The scheduler's checkpoint advice for `run`'s job (checkpoint_every: auto): the mean time
   // between interruptions of jobs of its pool and class, when it changed since it was last
@@ -593,6 +598,11 @@ struct Dispatcher::Impl {
     order.set_token(token->token);
     order.set_owner(j->owner);
     order.set_team(j->team);
+    if (comm_limits) {
+      // The admin's limits as they apply to this job: its entry (or the default) and the lanes.
+      order.set_comm_limits(comm::FormatCommLimits(
+          {.default_limit = comm_limits->ForJob(CommName(*j)), .lanes = comm_limits->lanes}));
+    }
     agents[host].starts.push_back(std::move(order));
     Audit("kcd", "job.start", fmt::format("job/{}", job), "ok",
           fmt::format("run {} on {} devices {}: {}", run.run, host, DevicesText(d.devices),
@@ -784,6 +794,9 @@ Result<std::unique_ptr<Dispatcher>> Dispatcher::Start(DispatcherOptions o) {
       pools = sched::AllDevicesPoolConfig();
     }
     KC_ASSIGN_OR_RETURN(m.scheduler, sched::Scheduler::Create(m.topology.get(), pools, {}));
+    if (fs::exists(dir / "comm-limits.yaml")) {
+      KC_ASSIGN_OR_RETURN(m.comm_limits, comm::LoadCommLimits((dir / "comm-limits.yaml").string()));
+    }
     if (fs::exists(dir / "plan-approval.yaml")) {
       KC_ASSIGN_OR_RETURN(
           m.limits, parallel::planner::LoadApprovalLimits((dir / "plan-approval.yaml").string()));
@@ -910,6 +923,13 @@ Result<kc::v1::RegisterAgentResponse> Dispatcher::Register(
   out.set_lost_after_s(m.o.lost_after_s);
   out.set_check_period_s(m.o.check_period_s);
   return out;
+}
+
+std::string Dispatcher::CommLimitsOf(const JobRecord& job) const {
+  const Impl& m = *impl_;
+  if (!m.comm_limits) return "";
+  const std::string name = Impl::CommName(job);
+  return comm::DescribeCommLimits(m.comm_limits->ForJob(name), m.comm_limits->lanes);
 }
 
 Result<kc::v1::AgentHeartbeatResponse> Dispatcher::Heartbeat(

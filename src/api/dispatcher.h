@@ -21,7 +21,9 @@
 namespace kc::api {
 
 struct DispatcherOptions {
-  std::string dir;  // the cluster directory: topology.yaml, pools.yaml (optional), kcd.db
+  // The cluster directory: topology.yaml, pools.yaml, plan-approval.yaml and comm-limits.yaml
+  // (each optional), kcd.db.
+  std::string dir;
   // Not owned; all outlive the dispatcher. `audit` may be null.
   JobStore* jobs = nullptr;
   TokenStore* tokens = nullptr;
@@ -39,10 +41,11 @@ struct DispatcherOptions {
 class Dispatcher {
  public:
   // Reads DIR/topology.yaml (without one, jobs wait with the reason "no topology"),
-  // DIR/pools.yaml (default: one pool of every device) and DIR/plan-approval.yaml (default: no
-  // limits; a new job whose plan passes them waits in approval_required), adopts the runs recorded
-  // by a previous kcd, and starts passing. kInvalidArgument naming the file for a bad topology or
-  // pools file.
+  // DIR/pools.yaml (default: one pool of every device), DIR/plan-approval.yaml (default: no
+  // limits; a new job whose plan passes them waits in approval_required) and DIR/comm-limits.yaml
+  // (default: none; each job's runs get their entry's rate limit and the lanes), adopts the runs
+  // recorded by a previous kcd, and starts passing. kInvalidArgument naming the file for a bad
+  // topology, pools or comm limits file.
   static Result<std::unique_ptr<Dispatcher>> Start(DispatcherOptions options);
   ~Dispatcher();  // stops the passes
   Dispatcher(const Dispatcher&) = delete;
@@ -54,6 +57,10 @@ class Dispatcher {
 
   // Runs a pass soon (a job was submitted, cancelled, paused or resumed).
   void Wake();
+
+  // The admin's comm limits as they apply to `job` (DIR/comm-limits.yaml's entry for
+  // "TEAM/NAME", or its default, and its lanes), in words; "" without a limits file.
+  std::string CommLimitsOf(const JobRecord& job) const;
 
  private:
   struct Impl;

@@ -148,6 +148,7 @@ grpc::Status JobServiceImpl::Get(grpc::ServerContext* context, const kc::v1::Get
   return guard_->Serve(context, "kc.v1.JobService.Get", [&](const Principal& caller) -> Status {
     KC_ASSIGN_OR_RETURN(JobRecord j, jobs_->Get(req->id()));
     KC_RETURN_IF_ERROR(Allowed(caller, Action::kJobGet, j));
+    if (dispatcher_ != nullptr) response->set_comm_limits(dispatcher_->CommLimitsOf(j));
     return FillDetail(*jobs_, j, response);
   });
 }

@@ -1,12 +1,17 @@
 // Reading the admin's communication limits file with kc::config, and job-name matching.
 #include "comm/comm_limits_config.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <nlohmann/json.hpp>
+#include <string>
 #include <tuple>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "base/config.h"
 #include "base/layer_guard.h"
@@ -161,6 +166,41 @@ RateLimit CommLimits::ForJob(std::string_view job_name) const {
     }
   }
   return *best;
+}
+
+std::string FormatCommLimits(const CommLimits& limits) {
+  const auto limit = [](const RateLimit& l) {
+    return fmt::format(
+        "{{ops_per_second: {}, bytes_per_second_gb: {}, burst_ops: {}, burst_mb: {}}}",
+        l.ops_per_second, l.bytes_per_second / kGb, l.burst_ops, l.burst_bytes / kMb);
+  };
+  std::string out = "rate_limits:\n  default: " + limit(limits.default_limit) + "\n";
+  if (!limits.jobs.empty()) {
+    out += "  jobs:\n";
+    for (const JobRateLimit& j : limits.jobs) {
+      // A pattern is any string: quoted as JSON quotes it (YAML reads that).
+      out += fmt::format("    - {{job: {}, {}\n", nlohmann::json(j.pattern).dump(),
+                         limit(j.limit).substr(1));
+    }
+  }
+  std::vector<std::string> priority;
+  for (Lane lane : limits.lanes.priority) priority.emplace_back(LaneName(lane));
+  out += fmt::format(
+      "lanes:\n  chunk_kib: {}\n  queue_chunks: {}\n  low_lane_min_share: {}\n  priority: "
+      "[{}]\n",
+      limits.lanes.chunk_bytes / kKib, limits.lanes.queue_chunks, limits.lanes.low_lane_min_share,
+      fmt::join(priority, ", "));
+  return out;
+}
+
+std::string DescribeCommLimits(const RateLimit& limit, const LaneOptions& lanes) {
+  std::vector<std::string> priority;
+  for (Lane lane : lanes.priority) priority.emplace_back(LaneName(lane));
+  return fmt::format(
+      "{} ops/s, {} GB/s (bursts of {} ops, {} MB); lanes {}, {} KiB chunks, {}% kept for the "
+      "lower lanes",
+      limit.ops_per_second, limit.bytes_per_second / kGb, limit.burst_ops, limit.burst_bytes / kMb,
+      fmt::join(priority, " > "), lanes.chunk_bytes / kKib, lanes.low_lane_min_share * 100);
 }
 
 Result<CommLimits> LoadCommLimits(const std::string& path) {

@@ -36,6 +36,13 @@ struct CommLimits {
 // literal).
 bool JobPatternMatches(std::string_view pattern, std::string_view name);
 
+// `limits` as a limits file LoadCommLimitsString reads back to the same values (kcd hands each
+// job's agent its own: the job's limit as the default, and the lanes).
+std::string FormatCommLimits(const CommLimits& limits);
+// One line for people: "2000 ops/s, 2.5 GB/s (bursts of 1000 ops, 256 MB); lanes gradient >
+// activation > control > telemetry, 256 KiB chunks, 5% kept for the lower lanes".
+std::string DescribeCommLimits(const RateLimit& limit, const LaneOptions& lanes);
+
 // Reads the admin's limits file at `path`:
 //
 //   rate_limits:

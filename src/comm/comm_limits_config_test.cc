@@ -81,6 +81,38 @@ TEST_F(CommLimitsConfigTest, ReadsRatesLanesAndJobEntries) {
               ElementsAre(Lane::kActivation, Lane::kGradient, Lane::kControl, Lane::kTelemetry));
 }
 
+// What kcd hands an agent reads back to the same values, job entries and odd patterns included.
+TEST_F(CommLimitsConfigTest, FormattedLimitsReadBackTheSame) {
+  Result<CommLimits> limits = Load(
+      "rate_limits:\n"
+      "  default: {ops_per_second: 5000.5, bytes_per_second_gb: 2.5, burst_ops: 100, "
+      "burst_mb: 64}\n"
+      "  jobs:\n"
+      "    - {job: \"team-a/*\", ops_per_second: 200}\n"
+      "    - {job: \"odd: \\\"name\\\" #1\", bytes_per_second_gb: 0.3}\n"
+      "lanes:\n"
+      "  chunk_kib: 64\n"
+      "  low_lane_min_share: 0.1\n"
+      "  priority: [activation, gradient, control, telemetry]\n");
+  ASSERT_TRUE(limits.ok()) << limits.status();
+  Result<CommLimits> back = LoadCommLimitsString(FormatCommLimits(*limits), "formatted");
+  ASSERT_TRUE(back.ok()) << back.status() << "\n" << FormatCommLimits(*limits);
+  const auto same = [](const RateLimit& a, const RateLimit& b) {
+    return a.ops_per_second == b.ops_per_second && a.bytes_per_second == b.bytes_per_second &&
+           a.burst_ops == b.burst_ops && a.burst_bytes == b.burst_bytes;
+  };
+  EXPECT_TRUE(same(back->default_limit, limits->default_limit));
+  ASSERT_EQ(back->jobs.size(), 2u);
+  EXPECT_EQ(back->jobs[1].pattern, "odd: \"name\" #1");
+  EXPECT_TRUE(same(back->jobs[1].limit, limits->jobs[1].limit));
+  EXPECT_EQ(back->lanes.chunk_bytes, limits->lanes.chunk_bytes);
+  EXPECT_EQ(back->lanes.low_lane_min_share, 0.1);
+  EXPECT_EQ(back->lanes.priority, limits->lanes.priority);
+  EXPECT_EQ(DescribeCommLimits(back->jobs[0].limit, back->lanes),
+            "200 ops/s, 2.5 GB/s (bursts of 100 ops, 64 MB); lanes activation > gradient > "
+            "control > telemetry, 64 KiB chunks, 10% kept for the lower lanes");
+}
+
 TEST_F(CommLimitsConfigTest, ForJobPicksTheMostSpecificMatch) {
   Result<CommLimits> limits = Load(
       "rate_limits:\n"

@@ -959,7 +959,8 @@ Result<std::unique_ptr<Communicator>> Communicator::Create(const CommunicatorOpt
                                .bind_address = o.bind_address,
                                .clock = o.clock,
                                .connect_timeout = o.connect_timeout,
-                               .connections_per_peer = o.tcp_connections_per_peer});
+                               .connections_per_peer = o.tcp_connections_per_peer,
+                               .lanes = o.lanes});
   };
   if (o.size == 1 || o.transport == TransportKind::kTcp) {
     KC_ASSIGN_OR_RETURN(root->transport, make_tcp());

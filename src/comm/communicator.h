@@ -84,6 +84,9 @@ struct CommunicatorOptions {
   int64_t shm_ring_bytes = 0;
   // TCP transport: connections per pair of ranks, in [1, 64].
   int tcp_connections_per_peer = 1;
+  // TCP transport: the priority lanes' chunking, queues and order (the admin's comm limits
+  // file, comm/comm_limits_config.h).
+  LaneOptions lanes;
   // The job's rate limiter (comm/rate_limit.h), built from the admin's configuration;
   // every operation is admitted through it before it runs. Not owned; may be shared by
   // several communicators of one job; null: no limit.

@@ -214,7 +214,9 @@ Status ElasticWorker::RunGeneration(Generation& g) {
                                               .size = g.world,
                                               .transport = o_.transport,
                                               .connect_timeout = connect_timeout,
-                                              .timeout = o_.timeout}));
+                                              .timeout = o_.timeout,
+                                              .lanes = o_.lanes,
+                                              .rate_limiter = o_.rate_limiter}));
       set_live(g.comm.get(), nullptr, nullptr);
       if (g.watch != nullptr && g.watch->fired()) abort_generation();
     }

@@ -69,6 +69,10 @@ struct ElasticWorkerOptions {
   // the heartbeat, checkpoints, the generation watch, the stop). Unset for a run of one rank.
   std::function<Result<std::unique_ptr<comm::Store>>()> connect;
   comm::TransportKind transport = comm::TransportKind::kAuto;
+  // The job's comm limits (the admin's file): every generation's communicator admits its
+  // operations through `rate_limiter` (not owned; null: no limit) and sends by `lanes`.
+  comm::RateLimiter* rate_limiter = nullptr;
+  comm::LaneOptions lanes;
   Duration timeout = std::chrono::minutes(5);  // rendezvous and collectives
   HeartbeatOptions heartbeat;                  // its period; its timeout bounds waits
   // The engine: everything but its communicator, its plan's size and its batch, set per

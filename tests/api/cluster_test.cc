@@ -742,6 +742,42 @@ TEST_F(ClusterTest, AChangedAdviceReachesTheRunningJob) {
   EXPECT_EQ(up->Stop(SIGTERM), 0);
 }
 
+// The admin's comm limits file reaches every job's ranks: the job's entry (by TEAM/NAME) and the
+// lanes are what its run records, and kc job show says them.
+TEST_F(ClusterTest, TheAdminsCommLimitsReachTheJobsRanksAndShowInJobShow) {
+  KcRun init = Kc("init " + dir_.Path("cluster"));
+  ASSERT_EQ(init.exit_code, 0) << init.err;
+  dir_.Write("cluster/comm-limits.yaml",
+             "rate_limits:\n"
+             "  default: {ops_per_second: 10000}\n"
+             "  jobs:\n"
+             "    - {job: \"*/limited\", ops_per_second: 2000, bytes_per_second_gb: 2.5}\n"
+             "lanes:\n"
+             "  priority: [activation, gradient, control, telemetry]\n");
+  std::unique_ptr<Daemon> up = Up();
+  KcRun submit = Kc("submit " + JobFile("limited", 20) + " --wait --json");
+  ASSERT_EQ(submit.exit_code, 0) << submit.err << submit.out;
+  const nlohmann::json done = nlohmann::json::parse(submit.out);
+  const int64_t id = Int(done, "id");
+  EXPECT_EQ(done["phase"], "succeeded") << Kc(fmt::format("job logs {}", id)).out;
+  KcRun show = Kc(fmt::format("job show {}", id));
+  EXPECT_THAT(show.out, HasSubstr("comm       2000 ops/s, 2.5 GB/s (bursts of 1000 ops, 256 MB); "
+                                  "lanes activation > gradient > control > telemetry"));
+  EXPECT_EQ(up->Stop(SIGTERM), 0);
+
+  const std::string metrics =
+      Read(dir_.Path(fmt::format("cluster/work/jobs/{}/run-1/metrics.jsonl", id)));
+  const nlohmann::json header =
+      nlohmann::json::parse(metrics.substr(0, metrics.find('\n')), nullptr, false);
+  ASSERT_TRUE(header.is_object()) << metrics;
+  const nlohmann::json& limits = header["comm_limits"];
+  ASSERT_TRUE(limits.is_object()) << header.dump();
+  EXPECT_EQ(limits["ops_per_second"], 2000);
+  EXPECT_EQ(limits["bytes_per_second"], 2.5e9);
+  EXPECT_EQ(limits["lanes"]["priority"],
+            nlohmann::json({"activation", "gradient", "control", "telemetry"}));
+}
+
 // A run's faults reach kcd's scheduler: with a pools file that demotes a job at its first fault,
 // kill -9 of a rank of an elastic job demotes it, audited.
 TEST_F(ClusterTest, ARanksFaultReachesTheSchedulerAndDemotesAFlakyJob) {
