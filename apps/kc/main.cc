@@ -13,6 +13,7 @@
 #include "apps/kc/data_command.h"
 #include "apps/kc/init_command.h"
 #include "apps/kc/plan_command.h"
+#include "apps/kc/run_command.h"
 #include "apps/kc/sim_command.h"
 #include "apps/kc/topo_command.h"
 #include "apps/kc/train_command.h"
@@ -71,6 +72,7 @@ int main(int argc, char** argv) {
   AddBenchCommand(app, &action);
   AddDataCommand(app, &action);
   AddTrainCommand(app, &action);
+  AddRunCommand(app, &action);
   AddPlanCommand(app, &action);
   AddCkptCommand(app, &action);
   AddSimCommand(app, &action);

@@ -1,0 +1,28 @@
+#include "fault/launch_env.h"
+
+namespace kc::fault {
+
+std::vector<std::pair<std::string, std::string>> LaunchEnvironment(const LaunchContract& c,
+                                                                   int local_rank,
+                                                                   bool omp_num_threads_set) {
+  const int rank = c.group_rank * c.local_world_size + local_rank;
+  std::vector<std::pair<std::string, std::string>> env = {
+      {"MASTER_ADDR", c.master_addr},
+      {"MASTER_PORT", std::to_string(c.master_port)},
+      {"RANK", std::to_string(rank)},
+      {"WORLD_SIZE", std::to_string(c.world_size)},
+      {"LOCAL_RANK", std::to_string(local_rank)},
+      {"LOCAL_WORLD_SIZE", std::to_string(c.local_world_size)},
+      {"GROUP_RANK", std::to_string(c.group_rank)},
+      {"ROLE_RANK", std::to_string(rank)},
+      {"ROLE_WORLD_SIZE", std::to_string(c.world_size)},
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(c.restart_count)},
+      {"TORCHELASTIC_MAX_RESTARTS", std::to_string(c.max_restarts)},
+      {"TORCHELASTIC_RUN_ID", c.run_id},
+  };
+  if (!c.checkpoint_dir.empty()) env.emplace_back("KC_CHECKPOINT_DIR", c.checkpoint_dir);
+  if (c.local_world_size > 1 && !omp_num_threads_set) env.emplace_back("OMP_NUM_THREADS", "1");
+  return env;
+}
+
+}  // namespace kc::fault

@@ -1,0 +1,33 @@
+// The environment a rank of any program is started with: the launch contract PyTorch programs
+// read (torchrun's, so that `init_process_group("env://")`, DDP and torch.distributed.elastic's
+// helpers work unchanged) plus Kuangchao's own. Used by `kc run` for local runs.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace kc::fault {
+
+struct LaunchContract {
+  std::string master_addr = "127.0.0.1";  // where rank 0's TCPStore listens
+  int master_port = 0;
+  int world_size = 1;        // ranks of the run
+  int local_world_size = 1;  // ranks on this host
+  int group_rank = 0;        // this host's index among the run's hosts
+  int restart_count = 0;     // runs of the job before this one (torchrun's restarts)
+  int max_restarts = 0;
+  std::string run_id;          // one id per job, the same over its restarts
+  std::string checkpoint_dir;  // KC_CHECKPOINT_DIR: lasts over restarts; "" = none
+};
+
+// NAME=VALUE pairs for the rank `local_rank` of this host: MASTER_ADDR, MASTER_PORT, RANK
+// (group_rank * local_world_size + local_rank), WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+// GROUP_RANK, ROLE_RANK, ROLE_WORLD_SIZE, TORCHELASTIC_RESTART_COUNT,
+// TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID, KC_CHECKPOINT_DIR (when set), and, as
+// torchrun does for several ranks on a host, OMP_NUM_THREADS=1 unless `omp_num_threads_set`.
+std::vector<std::pair<std::string, std::string>> LaunchEnvironment(const LaunchContract& c,
+                                                                   int local_rank,
+                                                                   bool omp_num_threads_set);
+
+}  // namespace kc::fault

@@ -1,0 +1,51 @@
+#include "fault/launch_env.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <map>
+
+namespace kc::fault {
+namespace {
+
+std::map<std::string, std::string> AsMap(
+    const std::vector<std::pair<std::string, std::string>>& v) {
+  return {v.begin(), v.end()};
+}
+
+TEST(LaunchEnvironmentTest, GivesTorchrunsContractForEachRank) {
+  const LaunchContract c{.master_port = 29500,
+                         .world_size = 4,
+                         .local_world_size = 2,
+                         .group_rank = 1,
+                         .restart_count = 2,
+                         .max_restarts = 3,
+                         .run_id = "job-7",
+                         .checkpoint_dir = "/data/ckpt"};
+  const std::map<std::string, std::string> env = AsMap(LaunchEnvironment(c, 1, false));
+  EXPECT_EQ(env.at("MASTER_ADDR"), "127.0.0.1");
+  EXPECT_EQ(env.at("MASTER_PORT"), "29500");
+  EXPECT_EQ(env.at("RANK"), "3");  // host 1's second rank
+  EXPECT_EQ(env.at("WORLD_SIZE"), "4");
+  EXPECT_EQ(env.at("LOCAL_RANK"), "1");
+  EXPECT_EQ(env.at("LOCAL_WORLD_SIZE"), "2");
+  EXPECT_EQ(env.at("GROUP_RANK"), "1");
+  EXPECT_EQ(env.at("TORCHELASTIC_RESTART_COUNT"), "2");
+  EXPECT_EQ(env.at("TORCHELASTIC_MAX_RESTARTS"), "3");
+  EXPECT_EQ(env.at("TORCHELASTIC_RUN_ID"), "job-7");
+  EXPECT_EQ(env.at("KC_CHECKPOINT_DIR"), "/data/ckpt");
+  EXPECT_EQ(env.at("OMP_NUM_THREADS"), "1");
+}
+
+TEST(LaunchEnvironmentTest, LeavesOutWhatIsNotAskedFor) {
+  const LaunchContract one{.master_port = 1, .run_id = "r"};
+  const std::map<std::string, std::string> env = AsMap(LaunchEnvironment(one, 0, false));
+  EXPECT_EQ(env.count("KC_CHECKPOINT_DIR"), 0u);
+  EXPECT_EQ(env.count("OMP_NUM_THREADS"), 0u);  // one rank: its threads are its own
+  const LaunchContract two{.master_port = 1, .world_size = 2, .local_world_size = 2};
+  EXPECT_EQ(AsMap(LaunchEnvironment(two, 0, /*omp_num_threads_set=*/true)).count("OMP_NUM_THREADS"),
+            0u);
+}
+
+}  // namespace
+}  // namespace kc::fault
