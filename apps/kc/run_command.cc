@@ -40,6 +40,7 @@ constexpr int kExitStopped = 128 + SIGTERM;
 struct RunArgs {
   int nproc = 1;
   int max_restarts = 0;
+  int restart_offset = 0;  // restarts before this kc run (a cluster's requeues)
   double grace_s = 30;
   std::string checkpoint_dir;
   std::string run_id;
@@ -109,7 +110,7 @@ class Attempt {
     const fault::LaunchContract contract{.master_port = port,
                                          .world_size = a_.nproc,
                                          .local_world_size = a_.nproc,
-                                         .restart_count = restart_,
+                                         .restart_count = a_.restart_offset + restart_,
                                          .max_restarts = a_.max_restarts,
                                          .run_id = a_.run_id,
                                          .checkpoint_dir = a_.checkpoint_dir};
@@ -336,6 +337,10 @@ void AddRunCommand(CLI::App& app, Action* action) {
   c->add_option("--checkpoint-dir", a->checkpoint_dir,
                 "A directory that lasts over restarts, given to every rank as KC_CHECKPOINT_DIR");
   c->add_option("--run-id", a->run_id, "TORCHELASTIC_RUN_ID (default kc-run-PID)");
+  c->add_option("--restart-offset", a->restart_offset,
+                "Restarts before this run (kc agent gives a requeued job's count): "
+                "TORCHELASTIC_RESTART_COUNT starts here")
+      ->check(CLI::Range(0, 1000000));
   c->add_option("command", a->command, "The program and its arguments (after --)")->required();
   c->callback([action, a] { *action = [a] { return RunRun(*a); }; });
 }

@@ -363,60 +363,86 @@ struct Agent::Impl {
     std::error_code ec;
     fs::create_directories(out, ec);
     if (ec) return fail(fmt::format("{}: cannot create: {}", out, ec.message()));
-    const std::string model = (fs::path(dir) / "model.yaml").string();
-    if (Status s = WriteFileDurably(model, j.spec.model_yaml); !s.ok()) {
-      return fail(std::string(s.message()));
-    }
-    std::vector<std::string> args = {o.kc_binary,
-                                     "train",
-                                     model,
-                                     "--ranks",
-                                     std::to_string(j.spec.ranks),
-                                     "--steps",
-                                     std::to_string(j.spec.steps),
-                                     "--out",
-                                     out,
-                                     "--checkpoint-dir",
-                                     CheckpointDir(j.order, j.spec),
-                                     "--progress",
-                                     "lines"};
-    if (j.spec.checkpoint_auto) {
-      // The interval from the scheduler's advice, which kc train reads again at each of its
-      // re-estimates from a file this agent keeps current.
-      j.advice_path = (fs::path(out) / "advice.json").string();
-      if (Status s = WriteAdvice(j, j.order.advice()); !s.ok())
-        return fail(std::string(s.message()));
-      args.insert(args.end(), {"--checkpoint-every", "auto", "--advice-file", j.advice_path});
-    } else if (j.spec.checkpoint_every > 0) {
-      args.insert(args.end(), {"--checkpoint-every", std::to_string(j.spec.checkpoint_every)});
-    }
-    // The plan kcd decided or the job file gave, as it is: what every rank runs.
-    if (!j.spec.plan.empty()) args.insert(args.end(), {"--plan", j.spec.plan});
-    // Elastic within [min_devices, ranks]: the survivors of a loss go on, and a replacement
-    // starts on the lost rank's device for each loss.
-    if (j.spec.min_devices > 0 && j.spec.min_devices < j.spec.ranks) {
-      args.insert(args.end(), {"--min-ranks", std::to_string(j.spec.min_devices), "--max-restarts",
-                               std::to_string(j.spec.ranks)});
-    }
-    if (j.spec.global_batch > 0) {
-      args.insert(args.end(), {"--global-batch", std::to_string(j.spec.global_batch)});
-    }
-    if (!j.order.comm_limits().empty()) {
-      // The admin's limits for this job, as kcd resolved them: every rank's communicator.
-      const std::string limits = (fs::path(out) / "comm-limits.yaml").string();
-      if (Status s = WriteFileDurably(limits, j.order.comm_limits()); !s.ok()) {
+    std::vector<std::string> args;
+    std::string working_dir = dir;
+    if (!j.spec.command.empty()) {
+      // A command job: its program on every rank, with torchrun's launch environment (kc run),
+      // counting kcd's requeues as restarts; its checkpoint directory lasts over them.
+      if (!j.spec.workdir.empty()) {
+        working_dir = (fs::path(o.work_dir) / j.spec.workdir).string();
+        fs::create_directories(working_dir, ec);
+        if (ec) return fail(fmt::format("{}: cannot create: {}", working_dir, ec.message()));
+      }
+      args = {o.kc_binary,
+              "run",
+              "--nproc",
+              std::to_string(j.spec.ranks),
+              "--run-id",
+              fmt::format("job-{}", j.order.job()),
+              "--restart-offset",
+              std::to_string(j.order.restart()),
+              "--checkpoint-dir",
+              CheckpointDir(j.order, j.spec),
+              "--grace",
+              fmt::format("{}", o.stop_grace_s * 0.8),  // its ranks stop before it is killed
+              "--"};
+      args.insert(args.end(), j.spec.command.begin(), j.spec.command.end());
+    } else {
+      const std::string model = (fs::path(dir) / "model.yaml").string();
+      if (Status s = WriteFileDurably(model, j.spec.model_yaml); !s.ok()) {
         return fail(std::string(s.message()));
       }
-      args.insert(args.end(), {"--comm-limits", limits});
-    }
-    {
-      // As kc train's own default (data/fortunes/manifest.json), with the data root for data/.
-      const fs::path root =
-          o.data_root.empty() ? fs::path(o.work_dir) / "data" : fs::path(o.data_root);
-      args.insert(
-          args.end(),
-          {"--data",
-           (root / (j.spec.data.empty() ? "fortunes/manifest.json" : j.spec.data)).string()});
+      args = {o.kc_binary,
+              "train",
+              model,
+              "--ranks",
+              std::to_string(j.spec.ranks),
+              "--steps",
+              std::to_string(j.spec.steps),
+              "--out",
+              out,
+              "--checkpoint-dir",
+              CheckpointDir(j.order, j.spec),
+              "--progress",
+              "lines"};
+      if (j.spec.checkpoint_auto) {
+        // The interval from the scheduler's advice, which kc train reads again at each of its
+        // re-estimates from a file this agent keeps current.
+        j.advice_path = (fs::path(out) / "advice.json").string();
+        if (Status s = WriteAdvice(j, j.order.advice()); !s.ok())
+          return fail(std::string(s.message()));
+        args.insert(args.end(), {"--checkpoint-every", "auto", "--advice-file", j.advice_path});
+      } else if (j.spec.checkpoint_every > 0) {
+        args.insert(args.end(), {"--checkpoint-every", std::to_string(j.spec.checkpoint_every)});
+      }
+      // The plan kcd decided or the job file gave, as it is: what every rank runs.
+      if (!j.spec.plan.empty()) args.insert(args.end(), {"--plan", j.spec.plan});
+      // Elastic within [min_devices, ranks]: the survivors of a loss go on, and a replacement
+      // starts on the lost rank's device for each loss.
+      if (j.spec.min_devices > 0 && j.spec.min_devices < j.spec.ranks) {
+        args.insert(args.end(), {"--min-ranks", std::to_string(j.spec.min_devices),
+                                 "--max-restarts", std::to_string(j.spec.ranks)});
+      }
+      if (j.spec.global_batch > 0) {
+        args.insert(args.end(), {"--global-batch", std::to_string(j.spec.global_batch)});
+      }
+      if (!j.order.comm_limits().empty()) {
+        // The admin's limits for this job, as kcd resolved them: every rank's communicator.
+        const std::string limits = (fs::path(out) / "comm-limits.yaml").string();
+        if (Status s = WriteFileDurably(limits, j.order.comm_limits()); !s.ok()) {
+          return fail(std::string(s.message()));
+        }
+        args.insert(args.end(), {"--comm-limits", limits});
+      }
+      {
+        // As kc train's own default (data/fortunes/manifest.json), with the data root for data/.
+        const fs::path root =
+            o.data_root.empty() ? fs::path(o.work_dir) / "data" : fs::path(o.data_root);
+        args.insert(
+            args.end(),
+            {"--data",
+             (root / (j.spec.data.empty() ? "fortunes/manifest.json" : j.spec.data)).string()});
+      }
     }
     j.metrics_path = (fs::path(out) / "metrics.jsonl").string();
     j.faults_path = (fs::path(out) / "faults.jsonl").string();
@@ -428,7 +454,8 @@ struct Agent::Impl {
     Result<Subprocess> process =
         Subprocess::Start({.path = args[0],
                            .argv = args,
-                           .working_dir = dir,
+                           .env = j.spec.env,
+                           .working_dir = working_dir,
                            .fds = {{.child = 0, .parent = ChildFd::kDevNull},
                                    {.child = 1, .parent = pipefd[1]},
                                    {.child = 2, .parent = pipefd[1]}},

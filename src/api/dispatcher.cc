@@ -493,7 +493,7 @@ struct Dispatcher::Impl {
                        spec->ranks, largest));
       return;
     }
-    if (j.phase == JobPhase::kPending && o.plans != nullptr) {
+    if (j.phase == JobPhase::kPending && o.plans != nullptr && spec->command.empty()) {
       // The planner's plan; past the approval limits the job waits for a resource admin.
       const PlanRecord plan = PlanJob(j, *spec);
       if (Status s = o.plans->Put(plan); !s.ok()) KC_LOG(WARNING) << s.message();
@@ -590,6 +590,7 @@ struct Dispatcher::Impl {
     }
     order.set_job(job);
     order.set_run(run.run);
+    order.set_restart(RestartsDone(job));
     order.set_spec(SpecWithPlan(*j));
     for (int dev : d.devices) {
       const auto& mine = host_devices[h];

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -26,6 +28,25 @@ std::optional<std::string> PathProblem(std::string_view path) {
   for (const fs::path& part : p) {
     if (part == "..")
       return "expected a path without \"..\" (job paths stay under the agent's roots)";
+  }
+  return std::nullopt;
+}
+
+// Why `name` may not be set by a command job's env, if so: not a variable name, or one of the
+// launch environment's (kc run sets those per rank).
+std::optional<std::string> EnvNameProblem(std::string_view name) {
+  const bool valid =
+      !name.empty() && (std::isalpha(static_cast<unsigned char>(name[0])) || name[0] == '_') &&
+      std::all_of(name.begin(), name.end(),
+                  [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+  if (!valid) return "expected a variable name (letters, digits and _, not first a digit)";
+  for (std::string_view launch :
+       {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+        "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE"}) {
+    if (name == launch) return "set by the launch for each rank; a job cannot set it";
+  }
+  if (name.starts_with("TORCHELASTIC_") || name.starts_with("KC_")) {
+    return "set by the launch for each rank; a job cannot set it";
   }
   return std::nullopt;
 }
@@ -76,6 +97,37 @@ JobSpec ReadCommon(config::Map root) {
     *out = root.OptionalString(key, "");
     if (!out->empty()) {
       if (std::optional<std::string> why = PathProblem(*out)) root.Reject(key, *why);
+    }
+  }
+  if (root.Has("command")) {
+    s.command = root.StringList("command");
+    if (s.command.empty() || s.command[0].empty()) {
+      root.Reject("command", "expected the program and its arguments, e.g. [python3, train.py]");
+    }
+    s.workdir = root.OptionalString("workdir", "");
+    if (!s.workdir.empty()) {
+      if (std::optional<std::string> why = PathProblem(s.workdir)) root.Reject("workdir", *why);
+    }
+    if (root.Has("env")) {
+      config::Map env = root.OptionalMap("env");
+      for (const std::string& name : env.Keys()) {
+        const std::string value = env.String(name);
+        if (std::optional<std::string> why = EnvNameProblem(name)) {
+          env.Reject(name, *why);
+          continue;
+        }
+        s.env.emplace_back(name, value);
+      }
+    }
+    // What only a model job has.
+    for (const char* key : {"plan", "global_batch", "data", "steps"}) {
+      if (root.Has(key)) {
+        root.Reject(key, "only for a model job (a command job's program trains as it will)");
+      }
+    }
+  } else {
+    for (const char* key : {"workdir", "env"}) {
+      if (root.Has(key)) root.Reject(key, "only for a command job (command: [PROGRAM, ARGS...])");
     }
   }
   if (!s.checkpoint_dir.empty() && IsReservedCheckpointDir(s.checkpoint_dir)) {
@@ -135,7 +187,11 @@ Result<JobSpec> LoadJobFile(const std::string& path) {
   KC_ASSIGN_OR_RETURN(config::Document doc, config::Document::LoadFile(path));
   config::Map root = doc.root();
   JobSpec s = ReadCommon(root);
-  const std::string model = root.String("model");
+  const bool command = root.Has("command");
+  const std::string model = command ? "" : root.String("model");
+  if (command && root.Has("model")) {
+    root.Reject("model", "a job runs a model or a command, not both");
+  }
   std::optional<std::string> model_error;
   if (!model.empty()) {
     const fs::path model_path = fs::path(path).parent_path() / model;
@@ -187,6 +243,17 @@ std::string JobSpecText(const JobSpec& s) {
                               {"checkpoint_dir", s.checkpoint_dir},
                               {"model_yaml", s.model_yaml}};
   if (s.checkpoint_auto) j["checkpoint_every"] = "auto";
+  if (!s.command.empty()) {
+    // A command job: no model, nor what only a model job has.
+    for (const char* key : {"plan", "steps", "global_batch", "data", "model_yaml"}) j.erase(key);
+    j["command"] = s.command;
+    if (!s.workdir.empty()) j["workdir"] = s.workdir;
+    if (!s.env.empty()) {
+      nlohmann::ordered_json env = nlohmann::ordered_json::object();
+      for (const auto& [name, value] : s.env) env[name] = value;
+      j["env"] = env;
+    }
+  }
   return j.dump();
 }
 
@@ -195,10 +262,14 @@ Result<JobSpec> ParseJobSpec(std::string_view text, std::string display_name) {
   KC_ASSIGN_OR_RETURN(config::Document doc, config::Document::LoadString(text, display_name));
   config::Map root = doc.root();
   JobSpec s = ReadCommon(root);
-  s.model_yaml = root.String("model_yaml");
+  const bool command = root.Has("command");
+  s.model_yaml = command ? "" : root.String("model_yaml");
+  if (command && root.Has("model_yaml")) {
+    root.Reject("model_yaml", "a job runs a model or a command, not both");
+  }
   if (std::optional<std::string> why = PlanProblem(s)) root.Reject("plan", *why);
   KC_RETURN_IF_ERROR(doc.Finish());
-  KC_RETURN_IF_ERROR(CheckModel(s, display_name + ": model_yaml"));
+  if (!command) KC_RETURN_IF_ERROR(CheckModel(s, display_name + ": model_yaml"));
   return s;
 }
 

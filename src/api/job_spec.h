@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
@@ -29,8 +30,14 @@ struct JobSpec {
   std::string name;
   std::string team;                  // "" = the submitter's first team
   std::string job_class = "normal";  // "high", "normal" or "preemptible"
-  std::string model_yaml;            // the model file's text
-  int ranks = 1;                     // worker processes, one device each, on one host
+  std::string model_yaml;            // the model file's text ("" for a command job)
+  // A command job instead of a model: the program and its arguments, run on every rank with
+  // torchrun's launch environment (`kc run`), in `workdir` (under the agent's work root; "" =
+  // the job's own directory) with `env` set over the agent's environment.
+  std::vector<std::string> command;
+  std::string workdir;
+  std::vector<std::pair<std::string, std::string>> env;
+  int ranks = 1;  // worker processes, one device each, on one host
   // Elastic within [min_devices, ranks]: a run that loses ranks goes on down to min_devices,
   // and replacements start for the lost ones. The job file's `max_devices` is `ranks` (which is
   // shorthand for both); 0 here: min_devices = ranks (not elastic).

@@ -117,6 +117,50 @@ TEST(JobSpecTest, DevicesAndAPlanLoadAndTravelAsText) {
   EXPECT_EQ(s->min_devices, 0);
 }
 
+// A command job: a program and its arguments instead of a model, with a working directory and
+// environment of its own, travelling as text like any job.
+TEST(JobSpecTest, CommandJobsLoadAndTravelAsText) {
+  testing::TempDir dir("kc_job_spec");
+  Result<JobSpec> s = LoadJobFile(
+      dir.Write("job.yaml",
+                "name: ddp\ncommand: [python3, train.py, --epochs, \"3\"]\nworkdir: shared/ddp\n"
+                "env: {GREETING: hello, _X1: \"\"}\nranks: 2\nmax_restarts: 1\n"));
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_THAT(s->command, ::testing::ElementsAre("python3", "train.py", "--epochs", "3"));
+  EXPECT_TRUE(s->model_yaml.empty());
+  Result<JobSpec> back = ParseJobSpec(JobSpecText(*s), "spec");
+  ASSERT_TRUE(back.ok()) << back.status().message() << "\n" << JobSpecText(*s);
+  EXPECT_EQ(back->command, s->command);
+  EXPECT_EQ(back->workdir, "shared/ddp");
+  using Env = std::vector<std::pair<std::string, std::string>>;
+  EXPECT_EQ(back->env, (Env{{"GREETING", "hello"}, {"_X1", ""}}));
+  EXPECT_EQ(back->ranks, 2);
+  EXPECT_EQ(back->max_restarts, 1);
+  const std::string model = testing::RepoRoot() + "/examples/models/gpt-tiny.yaml";
+  struct Case {
+    std::string text, want;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"name: x\ncommand: []\n", "job.yaml:2: command: expected the program"},
+           {"name: x\ncommand: [a]\nmodel: " + model + "\n",
+            "job.yaml:3: model: a job runs a model or a command, not both"},
+           {"name: x\ncommand: [a]\nsteps: 3\n", "job.yaml:3: steps: only for a model job"},
+           {"name: x\ncommand: [a]\nplan: d=1\n", "job.yaml:3: plan: only for a model job"},
+           {"name: x\ncommand: [a]\nworkdir: ../x\n", "job.yaml:3: workdir: expected a path"},
+           {"name: x\ncommand: [a]\nenv: {RANK: \"1\"}\n",
+            "job.yaml:3: env.RANK: set by the launch for each rank"},
+           {"name: x\ncommand: [a]\nenv: {KC_CHECKPOINT_DIR: /x}\n",
+            "env.KC_CHECKPOINT_DIR: set by the launch"},
+           {"name: x\ncommand: [a]\nenv: {1X: y}\n", "env.1X: expected a variable name"},
+           {"name: x\nmodel: " + model + "\nenv: {A: b}\n",
+            "job.yaml:3: env: only for a command job"},
+       }) {
+    Result<JobSpec> bad = LoadJobFile(dir.Write("job.yaml", c.text));
+    ASSERT_FALSE(bad.ok()) << c.text;
+    EXPECT_THAT(bad.status().message(), HasSubstr(c.want)) << c.text;
+  }
+}
+
 TEST(JobSpecTest, SpecsFromTheWireAreCheckedAsJobFilesAre) {
   JobSpec s{.name = "x",
             .model_yaml =

@@ -778,6 +778,54 @@ TEST_F(ClusterTest, TheAdminsCommLimitsReachTheJobsRanksAndShowInJobShow) {
             nlohmann::json({"activation", "gradient", "control", "telemetry"}));
 }
 
+// A command job: any program on every rank with torchrun's launch environment, its own
+// working directory and environment. kill -9 of one of its ranks fails the run (the program's
+// state is its own); the job is requeued and the next run sees the restart counted.
+TEST_F(ClusterTest, ACommandJobRunsAnyProgramAndIsRestartedAfterKillNine) {
+  std::unique_ptr<Daemon> up = Up();
+  const std::string script = dir_.Write(
+      "job.sh",
+      "echo \"rank=$RANK/$WORLD_SIZE local=$LOCAL_RANK restart=$TORCHELASTIC_RESTART_COUNT "
+      "id=$TORCHELASTIC_RUN_ID greeting=$GREETING dir=$(basename \"$PWD\")\"\n"
+      "echo step > \"$KC_CHECKPOINT_DIR/rank$RANK-restart$TORCHELASTIC_RESTART_COUNT\"\n"
+      "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then exec sleep 60; fi\n");
+  const std::string job =
+      dir_.Write("cmd.yaml", fmt::format("name: cmd\ncommand: [/bin/sh, {}]\nworkdir: shared/cmd\n"
+                                         "env: {{GREETING: hello}}\nranks: 2\nrestart_backoff: 0\n",
+                                         script));
+  KcRun submit = Kc("submit " + job + " --json");
+  ASSERT_EQ(submit.exit_code, 0) << submit.err;
+  const int64_t id = Int(nlohmann::json::parse(submit.out), "id");
+  const std::string checkpoints = dir_.Path(fmt::format("cluster/work/jobs/{}/checkpoints", id));
+  // Both ranks are up once each has written its file (nothing else says so).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(2);
+  while (!(std::filesystem::exists(checkpoints + "/rank0-restart0") &&
+           std::filesystem::exists(checkpoints + "/rank1-restart0")) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const pid_t rank = ARankOf(id);  // a child of kc run
+  ASSERT_GT(rank, 0);
+  ASSERT_EQ(kill(rank, SIGKILL), 0);
+  nlohmann::json j = Await(id, [](const nlohmann::json& x) { return Ended(x["phase"]); });
+  const std::string logs = Kc(fmt::format("job logs {}", id)).out;
+  EXPECT_EQ(j["phase"], "succeeded") << logs;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_THAT(logs, HasSubstr(fmt::format("[rank {}] rank={}/2 local={} restart=1 id=job-{} "
+                                            "greeting=hello dir=cmd",
+                                            r, r, r, id)));
+  }
+  EXPECT_THAT(logs, HasSubstr("failed: killed by signal 9"));
+  std::string requeue;
+  for (const nlohmann::json& e : j["history"]) {
+    const std::string reason = e.value("reason", "");
+    if (reason.find("requeued (restart 1 of 3)") != std::string::npos) requeue = reason;
+  }
+  EXPECT_FALSE(requeue.empty()) << j.dump();
+  EXPECT_TRUE(std::filesystem::exists(checkpoints + "/rank1-restart1"));
+  EXPECT_EQ(up->Stop(SIGTERM), 0);
+}
+
 // A run's faults reach kcd's scheduler: with a pools file that demotes a job at its first fault,
 // kill -9 of a rank of an elastic job demotes it, audited.
 TEST_F(ClusterTest, ARanksFaultReachesTheSchedulerAndDemotesAFlakyJob) {
