@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "api/internal/digest.h"
+#include "api/job_spec.h"
 #include "tests/support/team_roles.h"
 #include "tests/support/temp_dir.h"
 
@@ -150,6 +151,26 @@ TEST_F(JobServiceTest, EachRoleMayDoWhatTheTableSays) {
   EXPECT_EQ(audit_->Query({.action = "job.cancel"})->size(), 5u);  // 3 denied, 2 ok
   EXPECT_EQ(audit_->Query({.action = "job.get"})->size(), 2u);     // the two denials
   EXPECT_TRUE(audit_->Verify()->ok);
+}
+
+// A command job is a job like any other at submission: its devices count against the quotas.
+TEST_F(JobServiceTest, ACommandJobOverQuotaIsRefusedAsAnyJob) {
+  ASSERT_TRUE(quotas_->Set(QuotaSubject::kTeam, "vision", {.max_devices = 2}).ok());
+  JobSpec spec{.name = "ddp", .command = {"python3", "train.py"}};
+  spec.ranks = 4;
+  kc::v1::SubmitJobRequest r;
+  r.set_name("ddp");
+  r.set_devices(4);
+  r.set_expected_hours(1);
+  r.set_spec(JobSpecText(spec));
+  kc::v1::JobInfo out;
+  grpc::Status s = As("ann", &kc::v1::JobService::Stub::Submit, r, &out);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("team vision: over quota: max_devices 2"));
+  spec.ranks = 2;
+  r.set_devices(2);
+  r.set_spec(JobSpecText(spec));
+  EXPECT_TRUE(As("ann", &kc::v1::JobService::Stub::Submit, r, &out).ok());
 }
 
 TEST_F(JobServiceTest, QuotasRefuseWithTheNumbers) {

@@ -826,6 +826,45 @@ TEST_F(ClusterTest, ACommandJobRunsAnyProgramAndIsRestartedAfterKillNine) {
   EXPECT_EQ(up->Stop(SIGTERM), 0);
 }
 
+// kc job pause of a command job: SIGTERM reaches every rank, which saves to KC_CHECKPOINT_DIR
+// and exits; kc job resume starts it again, and it goes on from what it saved.
+TEST_F(ClusterTest, ACommandJobPausedSavesAndResumesFromItsOwnCheckpoint) {
+  std::unique_ptr<Daemon> up = Up();
+  const std::string script =
+      dir_.Write("job.sh",
+                 "state=\"$KC_CHECKPOINT_DIR/rank$RANK\"\n"
+                 "if [ -f \"$state\" ]; then echo \"resumed from $(cat \"$state\")\"; exit 0; fi\n"
+                 "n=0\n"
+                 "trap 'echo $n > \"$state\"; echo \"saved at $n\"; exit 0' TERM\n"
+                 "touch \"$KC_CHECKPOINT_DIR/up$RANK\"\n"
+                 "while true; do n=$((n+1)); sleep 0.02; done\n");
+  const std::string job = dir_.Write(
+      "cmd.yaml", fmt::format("name: pausable\ncommand: [/bin/sh, {}]\nranks: 2\n", script));
+  KcRun submit = Kc("submit " + job + " --json");
+  ASSERT_EQ(submit.exit_code, 0) << submit.err;
+  const int64_t id = Int(nlohmann::json::parse(submit.out), "id");
+  const std::string checkpoints = dir_.Path(fmt::format("cluster/work/jobs/{}/checkpoints", id));
+  // Both ranks are up once each has touched its file (nothing else says so).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(2);
+  while (!(std::filesystem::exists(checkpoints + "/up0") &&
+           std::filesystem::exists(checkpoints + "/up1")) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(Kc(fmt::format("job pause {}", id)).exit_code, 0);
+  Await(id, [&](const nlohmann::json& x) {
+    return x["phase"] == "paused" && std::filesystem::exists(checkpoints + "/rank0") &&
+           std::filesystem::exists(checkpoints + "/rank1");
+  });
+  ASSERT_EQ(Kc(fmt::format("job resume {}", id)).exit_code, 0);
+  nlohmann::json j = Await(id, [](const nlohmann::json& x) { return Ended(x["phase"]); });
+  const std::string logs = Kc(fmt::format("job logs {}", id)).out;
+  EXPECT_EQ(j["phase"], "succeeded") << logs;
+  EXPECT_THAT(logs, HasSubstr("[rank 0] saved at"));
+  EXPECT_THAT(logs, HasSubstr("[rank 1] resumed from"));
+  EXPECT_EQ(up->Stop(SIGTERM), 0);
+}
+
 // A run's faults reach kcd's scheduler: with a pools file that demotes a job at its first fault,
 // kill -9 of a rank of an elastic job demotes it, audited.
 TEST_F(ClusterTest, ARanksFaultReachesTheSchedulerAndDemotesAFlakyJob) {
