@@ -5,10 +5,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <future>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/support/netns.h"
@@ -26,13 +28,14 @@ struct BenchRun {
 
 // Ranks [first, first + 2) of 4 inside namespace `ns`, bound to `ip`, store at store_ip.
 BenchRun BenchIn(const std::string& ns, const std::string& ip, const std::string& store_ip,
-                 int first, const std::string& extra) {
+                 int first, const std::string& extra, const std::string& timeout = "60") {
   BenchRun r;
-  r.out = Capture("ip netns exec " + ns + " " + KC_BINARY +
+  // Bounded from outside too: a run that hangs is killed (and fails the test), never leaked.
+  r.out = Capture("timeout -s KILL 240 ip netns exec " + ns + " " + KC_BINARY +
                       " bench comm --ranks 2 --world 4 --first-rank " + std::to_string(first) +
                       " --hosts a,a,b,b --bind " + ip + " --store " + store_ip +
                       ":29411 --group netns-" + std::to_string(getpid()) +
-                      " --format json --timeout 60 " + extra + " 2>&1",
+                      " --format json --timeout " + timeout + " " + extra + " 2>&1",
                   &r.rc);
   return r;
 }
@@ -66,6 +69,42 @@ TEST(KcCommNetnsTest, FlatAndHierarchicalAllreduceAcrossTwoShapedHosts) {
       ++rows;
     }
     EXPECT_EQ(rows, 2) << ra.out;
+  }
+}
+
+// The link between the hosts cut in the middle of the run (the veth taken down, so no reset
+// reaches either side): every rank on both hosts ends with an error within its operation
+// timeout and the launchers' grace after it, and both launchers exit non-zero; nothing hangs.
+TEST(KcCommNetnsTest, ACutLinkEndsEveryRankWithAnErrorWithinTheTimeout) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root for network namespaces";
+  TwoHosts hosts;
+  if (!hosts.ok()) GTEST_SKIP() << "cannot create network namespaces and veth here";
+  const std::string extra = "--sizes 16M --iters 100000 --warmup 0 --algo ring";
+  auto a = std::async(std::launch::async, [&] {
+    return BenchIn(hosts.a(), hosts.ip_a(), hosts.ip_a(), 0, extra, "5");
+  });
+  auto b = std::async(std::launch::async, [&] {
+    return BenchIn(hosts.b(), hosts.ip_b(), hosts.ip_a(), 2, extra, "5");
+  });
+  // Cut once the ranks of b have connected to a's (their TCP connections established):
+  // polled, as nothing else says so; at most a minute.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+  int rc = 0;
+  while (
+      std::chrono::steady_clock::now() < deadline &&
+      Capture("ip netns exec " + hosts.b() + " ss -Htn state established dst " + hosts.ip_a(), &rc)
+              .find(hosts.ip_a()) == std::string::npos) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(Sh("ip -n " + hosts.a() + " link set " + hosts.dev_a() + " down"), 0);
+  const BenchRun ra = a.get();
+  const BenchRun rb = b.get();
+  EXPECT_NE(ra.rc, 0) << ra.out;
+  EXPECT_NE(rb.rc, 0) << rb.out;
+  EXPECT_NE(ra.rc, 137) << "killed by the outer timeout: it hung\n" << ra.out;
+  EXPECT_NE(rb.rc, 137) << "killed by the outer timeout: it hung\n" << rb.out;
+  for (const BenchRun* r : {&ra, &rb}) {
+    EXPECT_NE(r->out.find("DEADLINE_EXCEEDED"), std::string::npos) << r->out;
   }
 }
 
