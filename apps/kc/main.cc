@@ -11,6 +11,7 @@
 #include "apps/kc/cluster_commands.h"
 #include "apps/kc/command.h"
 #include "apps/kc/data_command.h"
+#include "apps/kc/diagnose_command.h"
 #include "apps/kc/init_command.h"
 #include "apps/kc/plan_command.h"
 #include "apps/kc/run_command.h"
@@ -73,6 +74,7 @@ int main(int argc, char** argv) {
   AddDataCommand(app, &action);
   AddTrainCommand(app, &action);
   AddRunCommand(app, &action);
+  AddDiagnoseCommand(app, &action);
   AddPlanCommand(app, &action);
   AddCkptCommand(app, &action);
   AddSimCommand(app, &action);

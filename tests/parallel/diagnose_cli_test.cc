@@ -1,0 +1,103 @@
+// `kc diagnose` on real runs of `kc train` with a fault made on purpose: each drill's verdict
+// names the layer at fault (the seed's lane misconfiguration at L2, a pipeline with too few
+// micro-batches at L3, a rank killed at L4), and a healthy run has no fault.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "tests/support/inventories.h"
+#include "tests/support/kc_run.h"
+#include "tests/support/temp_dir.h"
+
+namespace kc {
+namespace {
+
+using ::testing::HasSubstr;
+
+class KcDiagnoseTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    data_ = new testing::TempDir("kc_diagnose_data");
+    testing::KcRun r = testing::PrepareMicroData(KC_BINARY, *data_);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+  static void TearDownTestSuite() {
+    delete data_;
+    data_ = nullptr;
+  }
+
+  // kc train of `model` with `flags` into OUT = this test's directory / name.
+  testing::KcRun Train(const std::string& model, const std::string& name,
+                       const std::string& flags) {
+    return testing::RunKc(
+        KC_BINARY, "train " + model + " --data " + data_->Path("fortunes/manifest.json") +
+                       " --progress none --eval-every 0 --out " + dir_.Path(name) + " " + flags);
+  }
+  // kc diagnose --json of run `name`: its findings.
+  nlohmann::json Findings(const std::string& name) {
+    testing::KcRun d = testing::RunKc(KC_BINARY, "diagnose --json " + dir_.Path(name));
+    EXPECT_EQ(d.exit_code, 0) << d.err;
+    const nlohmann::json j = nlohmann::json::parse(d.out, nullptr, false);
+    return j.is_object() ? j["findings"] : nlohmann::json::array();
+  }
+  static bool Has(const nlohmann::json& findings, const std::string& layer,
+                  const std::string& what) {
+    for (const nlohmann::json& f : findings) {
+      if (f["layer"] == layer && f["kind"] == "fault" &&
+          f["what"].get<std::string>().find(what) != std::string::npos) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  static testing::TempDir* data_;
+  testing::TempDir dir_{"kc_diagnose"};
+  const std::string micro_ = dir_.Write("micro.yaml", testing::kMicroModel);
+};
+
+testing::TempDir* KcDiagnoseTest::data_ = nullptr;
+
+TEST_F(KcDiagnoseTest, AHealthyRunHasNoFault) {
+  ASSERT_EQ(Train(micro_, "healthy", "--steps 20").exit_code, 0);
+  const nlohmann::json f = Findings("healthy");
+  for (const nlohmann::json& x : f) EXPECT_NE(x["kind"], "fault") << x.dump();
+  testing::KcRun text = testing::RunKc(KC_BINARY, "diagnose " + dir_.Path("healthy"));
+  EXPECT_THAT(text.out, HasSubstr("kc diagnose"));
+}
+
+// The seed's incident: lanes reordered so that gradients are not first.
+TEST_F(KcDiagnoseTest, TheGradientLaneNotFirstIsAnL2Fault) {
+  const std::string limits =
+      dir_.Write("limits.yaml", "lanes:\n  priority: [activation, gradient, control, telemetry]\n");
+  ASSERT_EQ(Train(micro_, "lanes", "--steps 10 --ranks 2 --comm-limits " + limits).exit_code, 0);
+  const nlohmann::json f = Findings("lanes");
+  EXPECT_TRUE(Has(f, "L2", "the gradient lane is not first")) << f.dump(2);
+  EXPECT_EQ(f[0]["layer"], "L2") << f.dump(2);  // the first fault, bottom-up
+}
+
+TEST_F(KcDiagnoseTest, APipelineWithTooFewMicroBatchesIsAnL3Bubble) {
+  const std::string model = dir_.Write(
+      "two.yaml",
+      "name: two\nlayers: 2\nhidden: 64\nheads: 2\nvocab: 257\nseq_len: 32\nbatch_per_rank: 4\n");
+  ASSERT_EQ(Train(model, "bubble", "--steps 10 --plan \"p=2 micro_batches=2\"").exit_code, 0);
+  EXPECT_TRUE(Has(Findings("bubble"), "L3", "bubble")) << Findings("bubble").dump(2);
+}
+
+TEST_F(KcDiagnoseTest, ARankKilledIsAnL4Fault) {
+  EXPECT_NE(Train(micro_, "killed", "--steps 20 --ranks 2 --inject-fault 1:5:kill").exit_code, 0);
+  const nlohmann::json f = Findings("killed");
+  EXPECT_TRUE(Has(f, "L4", "1 rank failed")) << f.dump(2);
+  EXPECT_TRUE(Has(f, "L4", "the run did not finish")) << f.dump(2);
+}
+
+TEST_F(KcDiagnoseTest, ADirectoryWithoutARunIsRefused) {
+  testing::KcRun d = testing::RunKc(KC_BINARY, "diagnose " + dir_.Path("nothing"));
+  EXPECT_EQ(d.exit_code, 2);
+  EXPECT_THAT(d.err, HasSubstr("no metrics.jsonl"));
+}
+
+}  // namespace
+}  // namespace kc
