@@ -741,7 +741,8 @@ int RunBench(BenchArgs a) {
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return;
     const int rank = a.first_rank + static_cast<int>(i);
     if (WIFSIGNALED(status)) {
-      std::cerr << "kc bench comm: rank " << rank << " " << DescribeWaitStatus(status) << "\n";
+      // One write, so that the ranks' own lines on the same stderr cannot split it.
+      std::cerr << fmt::format("kc bench comm: rank {} {}\n", rank, DescribeWaitStatus(status));
     }
     rc = WIFEXITED(status) && WEXITSTATUS(status) == kExitBadInput ? kExitBadInput : kExitFailure;
     if (!deadline) {

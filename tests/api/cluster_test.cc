@@ -607,7 +607,8 @@ TEST_F(ClusterTest, AnElasticJobRunsItsPlanAndSurvivesKillNineOfARank) {
   using ::testing::ContainsRegex;
   EXPECT_THAT(history,
               ::testing::Contains(ContainsRegex("^running: worker [01] failed: .*signal 9")));
-  EXPECT_THAT(history, ::testing::Contains(ContainsRegex("^running: shrank to 1 rank")));
+  EXPECT_THAT(history, ::testing::Contains(ContainsRegex("^running: shrank to 1 rank")))
+      << Kc(fmt::format("job logs {}", id)).out;
   EXPECT_THAT(history, ::testing::Contains(ContainsRegex("^running: grew to 2 ranks")));
   EXPECT_EQ(std::count(history.begin(), history.end(), "queued: queued for 2 devices"), 1)
       << "one run, never requeued";
