@@ -174,7 +174,7 @@ class ClusterTest : public ::testing::Test {
   }
 
   // Once elastic job `id` has taken 2 steps, kill -9 of one of its ranks; it must train on, in
-  // the same run, 20 steps past the kill; then it is cancelled.
+  // the same run, 20 steps past the kill, kcd must have heard of the loss; then it is cancelled.
   void KillARankAndTrainOn(int64_t id) {
     Await(id,
           [](const nlohmann::json& j) { return j["phase"] == "running" && Int(j, "step") >= 2; });
@@ -182,8 +182,15 @@ class ClusterTest : public ::testing::Test {
     ASSERT_GT(rank, 0);
     const int64_t killed_at = Int(Show(id), "step");
     ASSERT_EQ(kill(rank, SIGKILL), 0);
+    // It trains on, and kcd has heard of the loss (the history's note of it comes with the
+    // heartbeat that hands the fault to the scheduler) before it is cancelled.
     nlohmann::json j = Await(id, [&](const nlohmann::json& x) {
-      return Ended(x["phase"]) || Int(x, "step") >= killed_at + 20;
+      if (Ended(x["phase"])) return true;
+      bool heard = false;
+      for (const nlohmann::json& e : x["history"]) {
+        heard = heard || e.value("reason", std::string()).find(" failed: ") != std::string::npos;
+      }
+      return heard && Int(x, "step") >= killed_at + 20;
     });
     EXPECT_EQ(j["phase"], "running") << Kc(fmt::format("job logs {}", id)).out;
     KcRun cancel = Kc(fmt::format("job cancel {}", id));
