@@ -221,6 +221,9 @@ class Attempt {
     Rank& r = ranks_[static_cast<size_t>(i)];
     r.status = r.process->TryWait();
     if (!r.status) return;
+    // What the rank left in its group (helpers, a data loader's workers) goes with it: it would
+    // hold the rank's output open, and kc run would wait on it.
+    r.process->SignalGroup(SIGKILL);
     const int s = *r.status;
     if (WIFEXITED(s) && WEXITSTATUS(s) == 0) return;
     if (end_ != End::kCompleted) return;  // stopping already: the others' ends follow

@@ -85,6 +85,15 @@ TEST_F(KcRunTest, SigtermStopsEveryRank) {
   EXPECT_EQ(run.Stop(SIGTERM), 128 + SIGTERM) << run.output();
 }
 
+// A rank that ends leaving a helper behind (holding its output open) does not keep kc run
+// waiting: the helper goes with the rank's group.
+TEST_F(KcRunTest, WhatARankLeavesBehindGoesWithIt) {
+  const std::string job = Script("job.sh", "sleep 60 &\necho \"done $RANK\"\n");
+  testing::KcRun r = Run("--nproc 2 -- " + job);
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("[rank 1] done 1"), std::string::npos) << r.out;
+}
+
 TEST_F(KcRunTest, BadInputIsRefusedNamingIt) {
   testing::KcRun none = Run("--nproc 2");
   EXPECT_EQ(none.exit_code, 2);
