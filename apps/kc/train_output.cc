@@ -20,6 +20,11 @@ using Json = nlohmann::json;
 
 namespace {
 
+// Now, in seconds since the epoch: when a record of the metrics or the fault log was written.
+double UnixSeconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 // Why a rank failed, in kc train's words.
 std::string Why(const TrainArgs& a, const fault::FaultEvent& e) {
   if (e.silent_s > 0) {
@@ -115,16 +120,14 @@ void LauncherView::OnReport(int, const fault::Report& report) {
   // A line at a time: whoever follows the file (kc agent reports a job's progress from it)
   // sees each record as it happens, with when the launcher had it (as the fault log's).
   Json record = fault::ReportToJson(report);
-  record["time_unix"] =
-      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  record["time_unix"] = UnixSeconds();
   *metrics_ << record.dump() << "\n" << std::flush;
   progress_->OnReport(report);
 }
 
 void LauncherView::OnFault(const fault::FaultEvent& e) {
   Json event = e.ToJson();
-  event["time_unix"] =
-      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  event["time_unix"] = UnixSeconds();
   event["job"] = job_;
   if (!fault_log_.is_open()) fault_log_.open(fault_log_path_, std::ios::app);
   fault_log_ << event.dump() << "\n" << std::flush;

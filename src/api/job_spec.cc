@@ -10,6 +10,7 @@
 
 #include "base/config.h"
 #include "base/file.h"
+#include "fault/launch_env.h"
 #include "hal/device.h"
 #include "parallel/engine_support.h"
 #include "parallel/model_spec.h"
@@ -40,14 +41,7 @@ std::optional<std::string> EnvNameProblem(std::string_view name) {
       std::all_of(name.begin(), name.end(),
                   [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
   if (!valid) return "expected a variable name (letters, digits and _, not first a digit)";
-  for (std::string_view launch :
-       {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-        "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE"}) {
-    if (name == launch) return "set by the launch for each rank; a job cannot set it";
-  }
-  if (name.starts_with("TORCHELASTIC_") || name.starts_with("KC_")) {
-    return "set by the launch for each rank; a job cannot set it";
-  }
+  if (fault::IsLaunchVariable(name)) return "set by the launch for each rank; a job cannot set it";
   return std::nullopt;
 }
 

@@ -25,4 +25,16 @@ std::vector<std::pair<std::string, std::string>> LaunchEnvironment(const LaunchC
   return env;
 }
 
+bool IsLaunchVariable(std::string_view name) {
+  if (name.starts_with("TORCHELASTIC_") || name.starts_with("KC_")) return true;
+  // Every name the launch gives, from a contract that sets them all (OMP_NUM_THREADS not).
+  static const std::vector<std::pair<std::string, std::string>> given =
+      LaunchEnvironment({.local_world_size = 2, .checkpoint_dir = "d"}, 0,
+                        /*omp_num_threads_set=*/true);
+  for (const auto& [launch, value] : given) {
+    if (name == launch) return true;
+  }
+  return false;
+}
+
 }  // namespace kc::fault

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -29,5 +30,10 @@ struct LaunchContract {
 std::vector<std::pair<std::string, std::string>> LaunchEnvironment(const LaunchContract& c,
                                                                    int local_rank,
                                                                    bool omp_num_threads_set);
+
+// Whether the launch sets `name` for each rank (any variable LaunchEnvironment gives but
+// OMP_NUM_THREADS, which is only a default, and every TORCHELASTIC_* and KC_* name): a job may
+// not set it itself.
+bool IsLaunchVariable(std::string_view name);
 
 }  // namespace kc::fault

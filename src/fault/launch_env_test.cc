@@ -47,5 +47,16 @@ TEST(LaunchEnvironmentTest, LeavesOutWhatIsNotAskedFor) {
             0u);
 }
 
+TEST(LaunchEnvironmentTest, ItsVariablesAreTheLaunchsOwn) {
+  for (const char* name : {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+                           "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE",
+                           "TORCHELASTIC_RESTART_COUNT", "KC_CHECKPOINT_DIR", "KC_ANYTHING"}) {
+    EXPECT_TRUE(IsLaunchVariable(name)) << name;
+  }
+  for (const char* name : {"OMP_NUM_THREADS", "HF_HOME", "RANKS", "PATH"}) {
+    EXPECT_FALSE(IsLaunchVariable(name)) << name;
+  }
+}
+
 }  // namespace
 }  // namespace kc::fault
