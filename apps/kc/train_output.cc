@@ -137,6 +137,8 @@ void LauncherView::OnFault(const fault::FaultEvent& e) {
     progress_->OnLine(
         fmt::format("kc train: worker {} failed: {}; generation {} goes on with {} rank{} (d={})",
                     e.worker, Why(a_, e), e.generation, e.ranks, e.ranks == 1 ? "" : "s", e.d));
+  } else if (e.kind == Kind::kResized) {
+    progress_->OnLine(fmt::format("kc train: resizing: {}", e.reason));
   } else if (e.kind == Kind::kJoined) {
     progress_->OnLine(
         fmt::format("kc train: worker {} joined: generation {} goes on with {} ranks (d={})",

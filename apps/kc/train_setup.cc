@@ -221,7 +221,22 @@ Result<TrainSetup> CheckTrainArgs(TrainArgs* args) {
     return InvalidArgumentError(
         fmt::format("--min-ranks {}: must be between 1 and --ranks ({})", a.min_ranks, a.ranks));
   }
-  p.elastic = a.min_ranks > 0 && a.min_ranks < a.ranks;
+  if (a.max_ranks != 0 && a.max_ranks < a.ranks) {
+    return InvalidArgumentError(
+        fmt::format("--max-ranks {}: must be at least --ranks ({}), the size the run starts at",
+                    a.max_ranks, a.ranks));
+  }
+  const int most = std::max(a.ranks, a.max_ranks);
+  if (a.max_ranks > a.ranks && !(a.min_ranks > 0)) {
+    return InvalidArgumentError(fmt::format(
+        "--max-ranks {}: a run grows within [--min-ranks, --max-ranks]; give --min-ranks",
+        a.max_ranks));
+  }
+  p.elastic = a.min_ranks > 0 && a.min_ranks < most;
+  if (!a.resize_file.empty() && !p.elastic) {
+    return InvalidArgumentError(
+        "--resize-file: only for an elastic run (--min-ranks below --ranks or --max-ranks)");
+  }
   if (a.max_restarts < 0) {
     return InvalidArgumentError(
         fmt::format("--max-restarts {}: must be 0 or more", a.max_restarts));
@@ -241,8 +256,9 @@ Result<TrainSetup> CheckTrainArgs(TrainArgs* args) {
   }
   p.cpus = AllowedCpus();
   const int ncpu = static_cast<int>(p.cpus.size());
-  p.threads = a.threads_per_rank > 0 ? a.threads_per_rank : std::max(1, ncpu / a.ranks);
-  p.pin = a.ranks * p.threads <= ncpu;
+  // Cores for as many ranks as the run may grow to.
+  p.threads = a.threads_per_rank > 0 ? a.threads_per_rank : std::max(1, ncpu / most);
+  p.pin = most * p.threads <= ncpu;
   if (p.cuda) {  // the GPU computes; one host thread drives it
     p.compute_threads = 1;
     p.blas_threads = 1;
@@ -299,7 +315,7 @@ fault::ElasticShape ShapeOf(const TrainArgs& a, const TrainSetup& p) {
           .micro_batch_size = p.spec.batch_per_rank,
           .micro_batches = p.micro_batches,
           .min_ranks = a.min_ranks > 0 ? a.min_ranks : a.ranks,
-          .max_ranks = a.ranks};
+          .max_ranks = std::max(a.ranks, a.max_ranks)};
 }
 
 std::vector<std::string> WorkerArgv(const TrainArgs& a, const TrainSetup& p, int rank,
@@ -362,6 +378,10 @@ std::vector<std::string> WorkerArgv(const TrainArgs& a, const TrainSetup& p, int
   if (a.min_ranks > 0) {
     v.push_back("--min-ranks");
     v.push_back(std::to_string(a.min_ranks));
+  }
+  if (a.max_ranks > 0) {
+    v.push_back("--max-ranks");
+    v.push_back(std::to_string(a.max_ranks));
   }
   v.push_back("--heartbeat-period");
   v.push_back(fmt::format("{}", a.heartbeat_period_s));

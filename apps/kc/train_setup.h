@@ -65,6 +65,10 @@ struct TrainArgs {
   // a failure go on; max_restarts replacement workers may be started to grow back.
   int min_ranks = 0;  // 0: --ranks (not elastic)
   int max_restarts = 0;
+  // The most workers an elastic run grows to (0: --ranks), and a file {"ranks": N} kc agent
+  // keeps current with the scheduler's grow and shrink, followed by the run (Supervisor::Resize).
+  int max_ranks = 0;
+  std::string resize_file;
   std::string fault_log;  // fault events, JSONL; default <out>/faults.jsonl
   // Internal: set by the launcher for its workers.
   bool elastic_join = false;  // a replacement: joins a later generation
@@ -108,7 +112,7 @@ struct TrainSetup {
   // exit (status 86), kill (SIGKILL), stop (SIGSTOP: silent), or kill-in-forward,
   // kill-in-allreduce, kill-in-persist (SIGKILL at that point of the step)
   std::string fault_how = "exit";
-  bool elastic = false;  // --min-ranks below --ranks
+  bool elastic = false;  // --min-ranks below --ranks, or below --max-ranks
   bool cuda = false;     // --device cuda
   int gpus = 0;  // CUDA devices visible (the launcher's count; ranks share them round robin)
   parallel::Precision precision = parallel::Precision::kFp32;

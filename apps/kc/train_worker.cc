@@ -191,7 +191,7 @@ int RunTrainWorker(const TrainArgs& a, const TrainSetup& p) {
   o.ranks = a.ranks;
   o.shape = ShapeOf(a, p);
   o.job = a.group;
-  if (a.ranks > 1) {
+  if (a.ranks > 1 || p.elastic) {
     std::string host;
     int port = 0;
     if (Status s = ParseHostPort(a.store, &host, &port); !s.ok()) return fail(s);

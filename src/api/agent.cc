@@ -52,6 +52,7 @@ struct Job {
   std::string metrics_path;
   int64_t metrics_offset = 0;
   std::string advice_path;  // checkpoint_every: auto: the scheduler's advice, for kc train
+  std::string resize_path;  // an elastic train job: the size kc train follows (--resize-file)
   std::string faults_path;  // kc train's fault log
   int64_t faults_offset = 0;
   std::vector<std::string> faults;  // its events not yet delivered to kcd
@@ -182,6 +183,8 @@ struct Agent::Impl {
   std::deque<kc::v1::StartOrder> to_start KC_GUARDED_BY(mu);
   std::map<int64_t, int64_t> launching KC_GUARDED_BY(mu);
   std::map<int64_t, std::string> stop_after_launch KC_GUARDED_BY(mu);
+  // Resize orders for runs still launching: carried out once they are up.
+  std::map<int64_t, kc::v1::ResizeOrder> resize_after_launch KC_GUARDED_BY(mu);
   bool beat_now KC_GUARDED_BY(mu) = false;  // a job started: report it without waiting
   std::thread worker_thread;
   std::thread beat_thread;
@@ -348,8 +351,12 @@ struct Agent::Impl {
     Result<JobSpec> spec = ParseJobSpec(j.order.spec(), fmt::format("job {} spec", j.order.job()));
     if (!spec.ok()) return fail(std::string(spec.status().message()));
     j.spec = *std::move(spec);
-    if (static_cast<int>(j.order.devices_size()) != j.spec.ranks) {
-      return fail(fmt::format("{} devices for {} ranks", j.order.devices_size(), j.spec.ranks));
+    // A train job with min_devices runs at any size in [min_devices, ranks]; others at ranks.
+    const int ranks = j.order.devices_size();
+    const bool elastic = j.spec.command.empty() && j.spec.min_devices > 0;
+    if (ranks != j.spec.ranks &&
+        !(elastic && ranks >= j.spec.min_devices && ranks <= j.spec.ranks)) {
+      return fail(fmt::format("{} devices for {} ranks", ranks, j.spec.ranks));
     }
     if (Status s = ExecutionCheck(j.order, j.spec, stub); !s.ok()) {
       j.ended = true;
@@ -396,7 +403,7 @@ struct Agent::Impl {
               "train",
               model,
               "--ranks",
-              std::to_string(j.spec.ranks),
+              std::to_string(ranks),
               "--steps",
               std::to_string(j.spec.steps),
               "--out",
@@ -417,11 +424,17 @@ struct Agent::Impl {
       }
       // The plan kcd decided or the job file gave, as it is: what every rank runs.
       if (!j.spec.plan.empty()) args.insert(args.end(), {"--plan", j.spec.plan});
-      // Elastic within [min_devices, ranks]: the survivors of a loss go on, and a replacement
-      // starts on the lost rank's device for each loss.
-      if (j.spec.min_devices > 0 && j.spec.min_devices < j.spec.ranks) {
-        args.insert(args.end(), {"--min-ranks", std::to_string(j.spec.min_devices),
-                                 "--max-restarts", std::to_string(j.spec.ranks)});
+      // Elastic within [min_devices, ranks]: the survivors of a loss go on, a replacement
+      // starts on the lost rank's device for each loss, and the run grows and shrinks as the
+      // scheduler decides (a file this agent keeps current with its resize orders).
+      if (elastic && j.spec.min_devices < j.spec.ranks) {
+        j.resize_path = (fs::path(out) / "resize.json").string();
+        if (Status s = WriteResize(j.resize_path, ranks); !s.ok()) {
+          return fail(std::string(s.message()));
+        }
+        args.insert(args.end(), {"--min-ranks", std::to_string(j.spec.min_devices), "--max-ranks",
+                                 std::to_string(j.spec.ranks), "--max-restarts",
+                                 std::to_string(j.spec.ranks), "--resize-file", j.resize_path});
       }
       if (j.spec.global_batch > 0) {
         args.insert(args.end(), {"--global-batch", std::to_string(j.spec.global_batch)});
@@ -591,8 +604,28 @@ struct Agent::Impl {
         StopJob(placed, stop->second);
         stop_after_launch.erase(stop);
       }
+      if (auto r = resize_after_launch.find(id); r != resize_after_launch.end()) {
+        if (r->second.run() == placed.order.run()) ResizeJob(placed, r->second);
+        resize_after_launch.erase(r);
+      }
     }
     return started;
+  }
+
+  // The scheduler's grow or shrink: the size kc train follows, written whole.
+  void ResizeJob(Job& j, const kc::v1::ResizeOrder& r) KC_REQUIRES(mu) {
+    if (j.resize_path.empty() || j.ended || j.stopping) return;
+    KC_LOG(INFO) << "agent: job " << j.order.job() << ": to " << r.devices_size() << " device"
+                 << (r.devices_size() == 1 ? "" : "s") << ": " << r.reason();
+    if (Status s = WriteResize(j.resize_path, r.devices_size()); !s.ok()) {
+      KC_LOG(WARNING) << "agent: job " << j.order.job() << ": " << s.message();
+    }
+  }
+
+  static Status WriteResize(const std::string& path, int ranks) {
+    const std::string text = nlohmann::json{{"ranks", ranks}}.dump() + "\n";
+    return WriteFileAtomically(path,
+                               std::as_bytes(std::span<const char>(text.data(), text.size())));
   }
 
   void StopJob(Job& j, const std::string& reason) KC_REQUIRES(mu) {
@@ -691,6 +724,15 @@ struct Agent::Impl {
       auto it = jobs.find(stop.job());
       if (it == jobs.end() || it->second.order.run() != stop.run()) continue;
       StopJob(it->second, stop.reason());
+    }
+    for (const kc::v1::ResizeOrder& r : resp.resize()) {
+      if (auto l = launching.find(r.job()); l != launching.end() && l->second == r.run()) {
+        resize_after_launch[r.job()] = r;
+        continue;
+      }
+      if (auto it = jobs.find(r.job()); it != jobs.end() && it->second.order.run() == r.run()) {
+        ResizeJob(it->second, r);
+      }
     }
     for (const kc::v1::CheckpointAdvice& advice : resp.advice()) {
       auto it = jobs.find(advice.job());

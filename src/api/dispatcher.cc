@@ -77,7 +77,8 @@ struct Run {
   double running_since_s = -1;  // when the agent reported it up
   double prior_running_s = 0;   // the job's running time in earlier runs
   bool stopping = false;
-  int ranks = 0;  // its generation's size, as its fault events last said
+  int ranks = 0;         // its generation's size, as its fault events last said
+  double shrunk_s = -1;  // when the scheduler last shrank it (-1: never)
   // checkpoint_every: auto: its job's class, and the advice last sent (mtbf, interruptions).
   bool auto_interval = false;
   std::string job_class;
@@ -92,6 +93,7 @@ struct Agent {
   double last_seen_s = 0;
   std::vector<kc::v1::StartOrder> starts;
   std::vector<kc::v1::StopOrder> stops;
+  std::vector<kc::v1::ResizeOrder> resizes;
 };
 
 std::string DevicesText(const std::vector<int>& devices) {
@@ -453,18 +455,45 @@ struct Dispatcher::Impl {
     return rec;
   }
 
-  // Job `j`'s spec as its start order carries it: with the plan kcd decided (and a resource
-  // admin approved, if it had to) when the job file gave none, so that every rank runs it.
-  std::string SpecWithPlan(const JobRecord& j) const {
-    if (o.plans == nullptr) return j.spec;
+  // Job `j`'s spec as its start order on `n` devices carries it: with the plan kcd decided
+  // (and a resource admin approved, if it had to) when the job file gave none, so that every
+  // rank runs it. An elastic job started below its max_devices runs that plan at its size: d
+  // for n devices, the same global batch (written into the spec, as every size of its runs
+  // keeps it), its micro-batching refitted; where that does not fit, kc train's data-parallel
+  // layout of the global batch, uneven shares and all. `what` says which, for the audit log.
+  std::string SpecForStart(const JobRecord& j, int n, std::string* what) const {
     Result<JobSpec> spec = ParseJobSpec(j.spec, fmt::format("job {} spec", j.id));
-    if (!spec.ok() || !spec->plan.empty()) return j.spec;
-    Result<PlanRecord> rec = o.plans->Get(j.id);
-    if (!rec.ok() || rec->plan_yaml.empty()) return j.spec;
-    Result<parallel::ParallelPlan> plan =
-        parallel::LoadPlanFromString(rec->plan_yaml, fmt::format("job {} plan", j.id));
-    if (!plan.ok()) return j.spec;
-    spec->plan = parallel::PlanToString(*plan);
+    if (!spec.ok() || !spec->command.empty()) return j.spec;
+    if (spec->plan.empty() && o.plans != nullptr) {
+      Result<PlanRecord> rec = o.plans->Get(j.id);
+      Result<parallel::ParallelPlan> plan =
+          rec.ok() && !rec->plan_yaml.empty()
+              ? parallel::LoadPlanFromString(rec->plan_yaml, fmt::format("job {} plan", j.id))
+              : Result<parallel::ParallelPlan>(NotFoundError("no plan"));
+      if (plan.ok()) spec->plan = parallel::PlanToString(*plan);
+    }
+    if (n != spec->ranks) {
+      Result<parallel::ModelSpec> model =
+          parallel::LoadModelSpecFromString(spec->model_yaml, "model");
+      Result<parallel::ParallelPlan> plan = spec->plan.empty()
+                                                ? Result<parallel::ParallelPlan>(NotFoundError(""))
+                                                : parallel::ParsePlanFlag(spec->plan);
+      if (spec->global_batch == 0 && model.ok()) {
+        spec->global_batch =
+            plan.ok() ? plan->global_batch() : model->batch_per_rank * int64_t{spec->ranks};
+      }
+      spec->plan.clear();
+      if (plan.ok() && model.ok() && n % (plan->t * plan->p) == 0) {
+        parallel::ParallelPlan at_n = *plan;
+        at_n.d = n / (plan->t * plan->p);
+        at_n = parallel::FillBatchDefaults(at_n, {.micro_batches = true}, spec->global_batch);
+        if (parallel::ValidatePlan(at_n, *model, n, spec->global_batch).ok()) {
+          spec->plan = parallel::PlanToString(at_n);
+        }
+      }
+    }
+    *what = spec->plan.empty() ? fmt::format("data parallel over {} rank{}", n, n == 1 ? "" : "s")
+                               : "plan " + spec->plan;
     return JobSpecText(*spec);
   }
 
@@ -482,16 +511,27 @@ struct Dispatcher::Impl {
       Move(j.id, JobPhase::kFailed, fmt::format("cannot run: {}", spec.status().message()));
       return;
     }
-    // A job's ranks share one host: one that no host can hold would wait for ever.
+    // A job's ranks share one host: one that no host can hold at its minimum would wait for
+    // ever. An elastic train job runs at any size in [min_devices, max_devices] a host has
+    // free, and the scheduler grows and shrinks it there; a command job at its size.
+    const bool elastic = spec->command.empty() && spec->min_devices > 0;
+    const int min = elastic ? spec->min_devices : spec->ranks;
     size_t largest = 0;
     for (const std::vector<int>& on_host : host_devices)
       largest = std::max(largest, on_host.size());
-    if (static_cast<size_t>(spec->ranks) > largest) {
+    if (static_cast<size_t>(min) > largest) {
       Move(j.id, JobPhase::kFailed,
            fmt::format("cannot run: its {} ranks run on one host, and the largest host of the "
                        "cluster has {} devices",
-                       spec->ranks, largest));
+                       min, largest));
       return;
+    }
+    // Its plan's tensor and pipeline groups are whole at every size.
+    int group = 1;
+    if (!spec->plan.empty()) {
+      if (Result<parallel::ParallelPlan> p = parallel::ParsePlanFlag(spec->plan); p.ok()) {
+        group = p->t * p->p;
+      }
     }
     if (j.phase == JobPhase::kPending && o.plans != nullptr && spec->command.empty()) {
       // The planner's plan; past the approval limits the job waits for a resource admin.
@@ -509,9 +549,10 @@ struct Dispatcher::Impl {
         .team = j.team,
         .user = j.owner,
         .job_class = sched::JobClassFromName(spec->job_class).value_or(sched::JobClass::kNormal),
-        .min_devices = spec->ranks,
+        .min_devices = min,
         .max_devices = spec->ranks,
-        .tp = spec->ranks,  // a job's ranks share one host
+        .tp = elastic ? group : spec->ranks,  // the scheduler refuses a group that does not divide
+        .one_host = true,
         .duration_s = spec->expected_hours * 3600};
     if (Status s = scheduler->Submit(req, now); !s.ok()) {
       Move(j.id, JobPhase::kFailed, fmt::format("the scheduler refused it: {}", s.message()));
@@ -520,8 +561,69 @@ struct Dispatcher::Impl {
     queued[j.id] = id;
     sched_jobs[id] = j.id;
     if (j.phase == JobPhase::kPending) {
-      Move(j.id, JobPhase::kQueued, fmt::format("queued for {} devices", spec->ranks));
+      Move(j.id, JobPhase::kQueued,
+           min == spec->ranks ? fmt::format("queued for {} devices", spec->ranks)
+                              : fmt::format("queued for {} to {} devices", min, spec->ranks));
     }
+  }
+
+  // Whether the scheduler's job `victim` still holds devices a start waits for: its run has
+  // not stopped, or has not yet gone on at the size it was shrunk to (its fault events say the
+  // size). A run that has not shrunk within kShrinkWaitS is waited for no longer (logged).
+  bool Holding(const std::string& victim, double now) KC_REQUIRES(mu) {
+    constexpr double kShrinkWaitS = 60;
+    auto v = sched_jobs.find(victim);
+    if (v == sched_jobs.end()) return false;
+    auto r = runs.find(v->second);
+    if (r == runs.end()) return false;
+    const Run& run = r->second;
+    if (run.shrunk_s < 0) return true;  // preempted: until it stopped
+    if (run.ranks <= static_cast<int>(run.devices.size())) return false;
+    if (now - run.shrunk_s < kShrinkWaitS) return true;
+    KC_LOG(WARNING) << "dispatcher: job " << run.job << " did not shrink to " << run.devices.size()
+                    << " devices within " << kShrinkWaitS << " s; starting what waited for them";
+    return false;
+  }
+
+  // The scheduler's grow or shrink of a running elastic job: the order to its agent, and a
+  // note in its history. The run's fault events then say the size it went on at.
+  void Resize(const sched::Decision& d, double now) KC_REQUIRES(mu) {
+    auto sj = sched_jobs.find(d.job);
+    if (sj == sched_jobs.end()) return;
+    auto r = runs.find(sj->second);
+    if (r == runs.end() || r->second.stopping || d.devices.empty()) return;
+    Run& run = r->second;
+    const int h = topology->host_of(d.devices.front());
+    if (topology->hosts()[h].name != run.host) {
+      KC_LOG(WARNING) << "dispatcher: job " << run.job << ": a " << DecisionKindName(d.kind)
+                      << " onto another host is not carried out: " << DevicesText(d.devices);
+      return;
+    }
+    const int before = static_cast<int>(run.devices.size());
+    run.devices = d.devices;
+    if (d.kind == sched::DecisionKind::kShrink) run.shrunk_s = now;
+    if (Result<internal::Statement> st = db.Prepare("UPDATE runs SET devices = ? WHERE run = ?");
+        st.ok()) {
+      st->Bind(1, DevicesText(run.devices));
+      st->Bind(2, run.run);
+      if (st->Step() != SQLITE_DONE)
+        KC_LOG(WARNING) << db.Error("cannot record a resize").message();
+    }
+    kc::v1::ResizeOrder order;
+    order.set_job(run.job);
+    order.set_run(run.run);
+    const auto& mine = host_devices[h];
+    for (int dev : d.devices) {
+      order.add_devices(static_cast<int>(std::find(mine.begin(), mine.end(), dev) - mine.begin()));
+    }
+    order.set_reason(d.reason);
+    agents[run.host].resizes.push_back(std::move(order));
+    const std::string what =
+        fmt::format("the scheduler {} it from {} to {} devices: {}",
+                    d.kind == sched::DecisionKind::kShrink ? "shrinks" : "grows", before,
+                    d.devices.size(), d.reason);
+    Audit("kcd", "job.resize", fmt::format("job/{}", run.job), "ok", what);
+    o.jobs->Note(run.job, what, WallSeconds()).IgnoreError();
   }
 
   // A start decision: the order to the agent of the devices' host.
@@ -591,7 +693,8 @@ struct Dispatcher::Impl {
     order.set_job(job);
     order.set_run(run.run);
     order.set_restart(RestartsDone(job));
-    order.set_spec(SpecWithPlan(*j));
+    std::string layout;
+    order.set_spec(SpecForStart(*j, static_cast<int>(d.devices.size()), &layout));
     for (int dev : d.devices) {
       const auto& mine = host_devices[h];
       order.add_devices(static_cast<int>(std::find(mine.begin(), mine.end(), dev) - mine.begin()));
@@ -606,8 +709,8 @@ struct Dispatcher::Impl {
     }
     agents[host].starts.push_back(std::move(order));
     Audit("kcd", "job.start", fmt::format("job/{}", job), "ok",
-          fmt::format("run {} on {} devices {}: {}", run.run, host, DevicesText(d.devices),
-                      d.reason));
+          fmt::format("run {} on {} devices {} ({}): {}", run.run, host, DevicesText(d.devices),
+                      layout, d.reason));
     runs[job] = std::move(run);
   }
 
@@ -626,6 +729,7 @@ struct Dispatcher::Impl {
       a.registered = false;
       a.starts.clear();
       a.stops.clear();
+      a.resizes.clear();
       Audit("kcd", "agent.lost", "host/" + host, "ok",
             fmt::format("no heartbeat for {:.0f} s", now - a.last_seen_s));
       for (int64_t job : lost) {
@@ -691,12 +795,10 @@ struct Dispatcher::Impl {
     for (sched::Decision& d : decisions) {
       switch (d.kind) {
         case sched::DecisionKind::kStart: {
-          // Wait until the victims whose devices it takes have stopped.
+          // Wait until the victims whose devices it takes have stopped, or shrunk.
           const bool waiting_for_victims = std::any_of(
-              d.after.begin(), d.after.end(), [&](const std::string& victim) KC_REQUIRES(mu) {
-                auto v = sched_jobs.find(victim);
-                return v != sched_jobs.end() && runs.count(v->second) != 0;
-              });
+              d.after.begin(), d.after.end(),
+              [&](const std::string& victim) KC_REQUIRES(mu) { return Holding(victim, now); });
           if (waiting_for_victims) {
             deferred.push_back(std::move(d));
           } else {
@@ -714,6 +816,10 @@ struct Dispatcher::Impl {
           Move(job, JobPhase::kQueued, d.reason);
           break;
         }
+        case sched::DecisionKind::kShrink:
+        case sched::DecisionKind::kGrow:
+          Resize(d, now);
+          break;
         case sched::DecisionKind::kDemote: {
           // A job whose ranks fail too often drops a priority level in the scheduler.
           auto sj = sched_jobs.find(d.job);
@@ -722,7 +828,7 @@ struct Dispatcher::Impl {
           }
           break;
         }
-        default:  // shrink, grow: not applied to running jobs yet; interval: advice only
+        default:  // interval, promote: the scheduler's own; advice follows from NewAdvice
           KC_LOG(INFO) << "dispatcher: " << DecisionKindName(d.kind) << " " << d.job << ": "
                        << d.reason;
           break;
@@ -899,6 +1005,7 @@ Result<kc::v1::RegisterAgentResponse> Dispatcher::Register(
   a.last_seen_s = WallSeconds();
   a.starts.clear();
   a.stops.clear();
+  a.resizes.clear();
   // Runs on this host it does not report died with a previous agent: back to the queue.
   std::set<int64_t> reported;
   for (const kc::v1::AgentJobReport& r : req.jobs()) reported.insert(r.run());
@@ -1048,8 +1155,10 @@ Result<kc::v1::AgentHeartbeatResponse> Dispatcher::Heartbeat(
   }
   for (kc::v1::StartOrder& s : a.starts) *out.add_start() = std::move(s);
   for (kc::v1::StopOrder& s : a.stops) *out.add_stop() = std::move(s);
+  for (kc::v1::ResizeOrder& r : a.resizes) *out.add_resize() = std::move(r);
   a.starts.clear();
   a.stops.clear();
+  a.resizes.clear();
   return out;
 }
 

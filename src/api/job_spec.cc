@@ -147,7 +147,13 @@ std::optional<std::string> PlanProblem(const JobSpec& s) {
   if (!plan.ok()) return std::string(plan.status().message());
   Result<parallel::ModelSpec> m = parallel::LoadModelSpecFromString(s.model_yaml, "model");
   if (!m.ok()) return std::nullopt;  // the model's own error is reported for its key
-  if (Status v = parallel::ValidatePlan(*plan, *m, s.ranks, s.global_batch); !v.ok()) {
+  // An elastic job's plan is for a size in [min_devices, ranks]: kcd writes the plan for the
+  // size it starts the job at into the spec its agent receives.
+  const int world = plan->t * plan->p * plan->d;
+  const bool elastic_size =
+      s.command.empty() && s.min_devices > 0 && world >= s.min_devices && world <= s.ranks;
+  if (Status v = parallel::ValidatePlan(*plan, *m, elastic_size ? world : s.ranks, s.global_batch);
+      !v.ok()) {
     return std::string(v.message());
   }
   if (Status e = parallel::EngineSupports(*plan, hal::DeviceKind::kCpu); !e.ok()) {

@@ -98,6 +98,14 @@ TEST(JobSpecTest, DevicesAndAPlanLoadAndTravelAsText) {
   EXPECT_EQ(back->plan, s->plan);
   EXPECT_EQ(back->max_restarts, 3);  // the defaults
   EXPECT_EQ(back->restart_backoff_s, 10);
+  // The plan kcd writes for a start below max_devices is for that size: within [min, max]
+  // it checks; a size past max_devices does not.
+  JobSpec at_one = *back;
+  at_one.plan = "d=1 zero_stage=1";
+  EXPECT_TRUE(ParseJobSpec(JobSpecText(at_one), "spec").ok());
+  at_one.plan = "d=3";
+  EXPECT_THAT(ParseJobSpec(JobSpecText(at_one), "spec").status().message(),
+              ::testing::HasSubstr("plan"));
   EXPECT_FALSE(back->checkpoint_auto);
   // The scheduler's interval, and a restart policy of the job's own.
   s = LoadJobFile(dir.Write("job.yaml", "name: x\nmodel: " + model +

@@ -112,7 +112,7 @@ bool ElasticWorker::StopAfter(Generation& g, int64_t done) {
 
 Result<int> ElasticWorker::Run() {
   KC_LAYER_ENTRY(Layer::kFault, "elastic_worker");
-  const bool elastic = o_.shape.min_ranks < o_.ranks;
+  const bool elastic = o_.shape.min_ranks < std::max(o_.ranks, o_.shape.max_ranks);
   if (o_.connect) {
     KC_ASSIGN_OR_RETURN(store_, o_.connect());
     // Heartbeats first: the supervisor hears from this worker while it rendezvouses and

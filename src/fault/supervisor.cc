@@ -27,6 +27,10 @@ nlohmann::json FaultEvent::ToJson() const {
     case Kind::kJoined:
       return {
           {"event", "joined"}, {"worker", worker}, {"generation", generation}, {"ranks", ranks}};
+    case Kind::kResized:
+      j = {{"event", "resized"}, {"ranks", ranks}, {"reason", reason}};
+      if (generation >= 0) j["generation"] = generation;
+      return j;
     case Kind::kRecovered:
     case Kind::kStopped:
       j = {{"event", kind == Kind::kStopped ? "stopped" : "recovered"},
@@ -58,13 +62,14 @@ class Supervisor::Impl final : public RankEvents {
     Push({.kind = Event::kExit, .worker = worker, .exit = std::move(exit)});
   }
   void RequestStop() { Push({.kind = Event::kStop}); }
+  void Resize(int ranks) { Push({.kind = Event::kResize, .worker = ranks}); }
 
   Result<RunOutcome> Run();
 
  private:
   struct Event {
-    enum Kind { kOutput, kReport, kExit, kStop } kind = kOutput;
-    int worker = -1;
+    enum Kind { kOutput, kReport, kExit, kStop, kResize } kind = kOutput;
+    int worker = -1;  // kResize: the ranks asked for
     std::string line;
     Report report;
     RankExit exit;
@@ -142,6 +147,7 @@ class Supervisor::Impl final : public RankEvents {
   void CheckHeartbeats();
   void StartReplacements();
   void TakeInReady();
+  void ApplyResize();
 
   const SupervisorOptions o_;
 
@@ -176,6 +182,8 @@ class Supervisor::Impl final : public RankEvents {
   std::set<int> ready_;              // ... of which these said they are up
   int64_t last_step_ = 0;            // the last step a leader reported
   std::optional<Recovering> recovering_;
+  std::optional<int> resize_to_;  // a Resize not yet carried out
+  std::set<int> retiring_;        // killed by a Resize: their ends are no faults
 };
 
 Result<RunOutcome> Supervisor::Impl::Run() {
@@ -199,7 +207,7 @@ Result<RunOutcome> Supervisor::Impl::Run() {
     next_check_ = start + std::chrono::duration_cast<Duration>(h.period / 2);
     current_ = FirstGeneration(o_.shape, o_.ranks);
     formed_ = current_;
-    elastic_open_ = o_.shape.min_ranks < o_.ranks;
+    elastic_open_ = o_.shape.min_ranks < std::max(o_.ranks, o_.shape.max_ranks);
     if (elastic_open_ && !Announce(current_)) elastic_open_ = false;
   }
   while (running_ > 0) {
@@ -213,6 +221,7 @@ Result<RunOutcome> Supervisor::Impl::Run() {
       CheckHeartbeats();
       next_check_ = now + std::chrono::duration_cast<Duration>(o_.heartbeat.period / 2);
     }
+    ApplyResize();
     StartReplacements();
     TakeInReady();
     if (kill_at_ && o_.clock->Now() >= *kill_at_) {
@@ -250,6 +259,9 @@ void Supervisor::Impl::OnEvent(Event& e) {
     case Event::kExit:
       OnRankExit(e.worker, e.exit);
       return;
+    case Event::kResize:
+      resize_to_ = e.worker;
+      return;
     case Event::kStop:
       if (!stop_passed_on_) {
         stop_passed_on_ = true;
@@ -284,6 +296,7 @@ void Supervisor::Impl::OnRankExit(int id, const RankExit& exit) {
   w.exited = true;
   --running_;
   if (beats_) beats_->Forget(id);
+  if (retiring_.erase(id) != 0) return;  // retired by a Resize
   // A member finished: the run is ending; once every member has, the spares are told. A member
   // of the generation that formed last may finish the training while a newer one forms (a
   // replacement joined at the last steps): that one never forms, and the newcomers waiting
@@ -362,6 +375,68 @@ void Supervisor::Impl::OnRankExit(int id, const RankExit& exit) {
   FailBy(e);
 }
 
+void Supervisor::Impl::ApplyResize() {
+  if (!resize_to_) return;
+  if (!elastic_open_ || ended_ || stop_passed_on_) {
+    resize_to_.reset();  // nothing to resize: not elastic, or ending
+    return;
+  }
+  const int want = std::clamp(*resize_to_, o_.shape.min_ranks, o_.shape.max_ranks);
+  std::vector<int> alive;
+  for (int w : Alive()) {
+    if (retiring_.count(w) == 0) alive.push_back(w);
+  }
+  const int have = static_cast<int>(alive.size()) + pending_spawns_;
+  if (want > have) {
+    pending_spawns_ += want - have;
+    Emit({.kind = FaultEvent::Kind::kResized,
+          .reason = fmt::format("asked for {} rank{}: starting {} more", want, want == 1 ? "" : "s",
+                                want - have),
+          .ranks = want});
+    resize_to_.reset();
+    return;
+  }
+  if (want == have) {
+    resize_to_.reset();
+    return;
+  }
+  if (recovering_) return;  // once the generation forming has formed
+  resize_to_.reset();
+  int excess = have - want;
+  const int unstarted = std::min(excess, pending_spawns_);
+  pending_spawns_ -= unstarted;
+  excess -= unstarted;
+  // Those outside the generation first (newcomers, spares), then its newest members.
+  std::stable_sort(alive.begin(), alive.end(), [&](int a, int b) {
+    const bool ma = current_.rank_of(a) >= 0, mb = current_.rank_of(b) >= 0;
+    return ma != mb ? mb : a > b;
+  });
+  std::vector<int> retired(alive.begin(), alive.begin() + excess);
+  std::vector<int> staying(alive.begin() + excess, alive.end());
+  FaultEvent e{
+      .kind = FaultEvent::Kind::kResized,
+      .reason = fmt::format("asked for {} rank{}: retiring worker{} {}", want, want == 1 ? "" : "s",
+                            retired.size() == 1 ? "" : "s", fmt::join(retired, ", ")),
+      .ranks = want};
+  const bool members_leave =
+      std::any_of(retired.begin(), retired.end(), [&](int w) { return current_.rank_of(w) >= 0; });
+  if (members_leave) {
+    Result<Generation> next =
+        NextGeneration(current_, o_.shape, staying, o_.zero_sharded,
+                       fmt::format("resized to {} rank{}", want, want == 1 ? "" : "s"));
+    if (!next.ok()) return Fail(next.status());
+    if (!Announce(*next)) return;
+    e.generation = next->number;
+    recovering_ = Recovering{o_.clock->Now(), last_step_};
+  }
+  Emit(e);
+  for (int w : retired) {
+    retiring_.insert(w);
+    std::erase(awaiting_ready_, w);
+    o_.launcher->Signal(w, RankSignal::kKill);
+  }
+}
+
 void Supervisor::Impl::CheckHeartbeats() {
   for (int r : beats_->Check(o_.clock->Now())) {
     Worker& w = workers_[r];
@@ -417,7 +492,7 @@ Result<std::unique_ptr<Supervisor>> Supervisor::Create(const SupervisorOptions& 
   if (o.launcher == nullptr) return InvalidArgumentError("supervisor: no launcher");
   if (o.ranks < 1) return InvalidArgumentError("supervisor: ranks must be at least 1");
   if (o.clock == nullptr) return InvalidArgumentError("supervisor: no clock");
-  if (o.shape.min_ranks < o.ranks && o.store == nullptr) {
+  if (o.shape.min_ranks < std::max(o.ranks, o.shape.max_ranks) && o.store == nullptr) {
     return InvalidArgumentError("supervisor: an elastic run needs the job's store");
   }
   if (o.store != nullptr) KC_RETURN_IF_ERROR(ValidateHeartbeat(o.heartbeat));
@@ -430,5 +505,7 @@ Supervisor::~Supervisor() = default;
 Result<RunOutcome> Supervisor::Run() { return impl_->Run(); }
 
 void Supervisor::RequestStop() { impl_->RequestStop(); }
+
+void Supervisor::Resize(int ranks) { impl_->Resize(ranks); }
 
 }  // namespace kc::fault

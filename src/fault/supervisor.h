@@ -36,11 +36,13 @@ struct FaultEvent {
     kRecovered,  // a generation after a failure or a join restored its state and goes on
     kJoined,     // a replacement was taken into a generation
     kStopped,    // a generation below the minimum saved what survived and ended the run
+    kResized,    // asked to run at `ranks` (Supervisor::Resize): workers started or retired
   };
   Kind kind = Kind::kDetected;
   int worker = -1;  // kDetected, kJoined
-  // kDetected: why. `silent_s` > 0: it sent no heartbeat for that long and was killed; else it
-  // ended by itself (`exit`), `last_output` being its last line of diagnostics.
+  // kResized: the ask and what was done ("retired workers 3, 2"). kDetected: why. `silent_s` > 0:
+  // it sent no heartbeat for that long and was killed; else it ended by itself (`exit`),
+  // `last_output` being its last line of diagnostics.
   std::string reason;  // for people, from the fields below
   double silent_s = 0;
   double heartbeat_timeout_s = 0;
@@ -134,6 +136,15 @@ class Supervisor {
   // From any thread: every rank is asked to stop after a step they agree on, with a checkpoint
   // of it; Run then ends kStopped, unless a failure ends it first.
   void RequestStop();
+
+  // From any thread: the run is to go on at `ranks` workers, within [shape.min_ranks,
+  // shape.max_ranks] (the scheduler's grow or shrink; an elastic run only, else ignored).
+  // Growing: new workers start and join the next generation once they are up (not counted
+  // against max_restarts). Shrinking: the workers not yet in the generation go first, then its
+  // newest members: a generation without them is announced, the others go on from their own
+  // state, and the retired ones are killed; their ends are no faults. The last call wins; one
+  // made while a generation forms is carried out once it has.
+  void Resize(int ranks);
 
  private:
   class Impl;

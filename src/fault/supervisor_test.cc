@@ -40,15 +40,18 @@ struct Drill {
     kStop,       // a stop request to the supervisor, as SIGTERM to kc train; the worker goes on
                  // once the stop reached it
     kAwaitJoin,  // waits until a replacement has joined (or its generation ends)
+    kResize,     // Supervisor::Resize(ranks), as the scheduler's grow or shrink
   };
   int worker = 0;
   int64_t step = 0;  // 1-based: before this step
   How how = How::kKill;
+  int ranks = 0;  // kResize
 };
 
 struct RunSpec {
   int ranks = 4;
   int min_ranks = 0;  // 0: ranks (not elastic)
+  int max_ranks = 0;  // 0: ranks
   int max_restarts = 0;
   int t = 1;
   int64_t global_batch = 8;
@@ -109,8 +112,8 @@ RunResult Train(const RunSpec& spec) {
                            .micro_batch_size = spec.global_batch / (spec.ranks / spec.t),
                            .micro_batches = 1,
                            .min_ranks = spec.min_ranks > 0 ? spec.min_ranks : spec.ranks,
-                           .max_ranks = spec.ranks};
-  const bool several = spec.ranks > 1;
+                           .max_ranks = spec.max_ranks > 0 ? spec.max_ranks : spec.ranks};
+  const bool several = spec.ranks > 1 || spec.max_ranks > spec.ranks;
   const HeartbeatOptions heartbeat{
       .period = Seconds(0.05), .timeout = Seconds(2), .first_beat = Seconds(60)};
   comm::HashStore store;
@@ -162,6 +165,9 @@ RunResult Train(const RunSpec& spec) {
                                      break;
                                    case Drill::How::kAwaitJoin:
                                      recorder.joined.WaitForNotification();
+                                     break;
+                                   case Drill::How::kResize:
+                                     supervisor->Resize(d.ranks);
                                      break;
                                  }
                                }
@@ -339,6 +345,61 @@ TEST(SupervisorTest, AReplacementJoiningAsTheLastStepEndsIsStoppedAndTheRunCompl
       1e-5);
 }
 
+std::vector<int> RecoveredRanks(const RunResult& r) {
+  std::vector<int> ranks;
+  for (const FaultEvent& e : r.faults) {
+    if (e.kind == FaultEvent::Kind::kRecovered) ranks.push_back(e.ranks);
+  }
+  return ranks;
+}
+
+// The scheduler's grow: a run started at 1 of at most 3 asked for 3 starts two workers, which
+// join; the three take uneven shares (8 sequences: 3, 3, 2) and the losses stay those of one
+// rank.
+TEST(SupervisorTest, AResizeUpStartsWorkersThatJoinTheRun) {
+  RunResult r = Train({.ranks = 1,
+                       .min_ranks = 1,
+                       .max_ranks = 3,
+                       .steps = 12,
+                       .drills = {{.worker = 0, .step = 3, .how = Drill::How::kResize, .ranks = 3},
+                                  {.worker = 0, .step = 8, .how = Drill::How::kAwaitJoin}}});
+  EXPECT_EQ(r.outcome.end, RunOutcome::End::kCompleted);
+  EXPECT_EQ(r.outcome.faults, 0);
+  EXPECT_THAT(r.replacements, ::testing::ElementsAre(1, 2));
+  const FaultEvent* resized = Find(r, FaultEvent::Kind::kResized);
+  ASSERT_NE(resized, nullptr);
+  EXPECT_EQ(resized->ranks, 3);
+  EXPECT_THAT(resized->reason, HasSubstr("starting 2 more"));
+  // Both in one generation, or one and then the other.
+  const std::vector<int> sizes = RecoveredRanks(r);
+  ASSERT_FALSE(sizes.empty());
+  EXPECT_GT(sizes.front(), 1);
+  ASSERT_EQ(r.losses.size(), 12u);
+  EXPECT_LE(MaxRelativeDifference(r.losses, Train({.ranks = 1, .steps = 12}).losses), 1e-5);
+}
+
+// The scheduler's shrink: a run of 3 asked for 1 retires its two newest workers; the one left
+// goes on from its own state. No fault; nothing of the trajectory changes. A resize beyond the
+// range is held to it (4 of at most 3: 3, nothing to start).
+TEST(SupervisorTest, AResizeDownRetiresTheNewestWorkersAndTheRestGoOn) {
+  RunResult r =
+      Train({.ranks = 3,
+             .min_ranks = 1,
+             .drills = {{.worker = 0, .step = 2, .how = Drill::How::kResize, .ranks = 4},
+                        {.worker = 0, .step = 4, .how = Drill::How::kResize, .ranks = 1}}});
+  EXPECT_EQ(r.outcome.end, RunOutcome::End::kCompleted);
+  EXPECT_EQ(r.outcome.faults, 0);
+  EXPECT_EQ(Find(r, FaultEvent::Kind::kDetected), nullptr);
+  EXPECT_TRUE(r.replacements.empty());
+  const FaultEvent* resized = Find(r, FaultEvent::Kind::kResized);
+  ASSERT_NE(resized, nullptr);
+  EXPECT_EQ(resized->ranks, 1);
+  EXPECT_THAT(resized->reason, HasSubstr("retiring workers 2, 1"));
+  EXPECT_THAT(RecoveredRanks(r), ::testing::ElementsAre(1));
+  ASSERT_EQ(r.losses.size(), 8u);
+  EXPECT_LE(MaxRelativeDifference(r.losses, Uninterrupted()), 1e-5);
+}
+
 TEST(SupervisorTest, ASilentRankIsFoundByItsHeartbeatsKilledAndTheOthersGoOn) {
   RunResult r = Train({.ranks = 3,
                        .min_ranks = 2,
@@ -443,6 +504,15 @@ TEST(FaultEventTest, TheFaultLogRecordsSayWhatHappened) {
       {"source", "replica"},  {"step", 4},       {"rebuild_s", 0.5}, {"steps_lost", 0},
       {"duration_s", 0.75}};
   EXPECT_EQ(recovered.ToJson(), want_recovered);
+  FaultEvent resized{.kind = FaultEvent::Kind::kResized,
+                     .reason = "asked for 1 rank: retiring worker 1",
+                     .generation = 2,
+                     .ranks = 1};
+  const nlohmann::json want_resized = {{"event", "resized"},
+                                       {"ranks", 1},
+                                       {"reason", "asked for 1 rank: retiring worker 1"},
+                                       {"generation", 2}};
+  EXPECT_EQ(resized.ToJson(), want_resized);
 }
 
 }  // namespace

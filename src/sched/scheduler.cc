@@ -335,9 +335,9 @@ struct Scheduler::Impl {
   // `kind`, among those free(d) allows. Fills one host (best fit, one fast group inside it
   // when possible) before spanning hosts, and one rack (best fit) before spanning racks;
   // every host contributes a multiple of tp, so tensor-parallel groups stay inside hosts.
-  // Empty when fewer than min fit.
+  // `one_host`: never spans hosts. Empty when fewer than min fit.
   template <typename FreeFn>
-  std::vector<int> Place(const std::vector<int>& ps, int min, int max, int tp,
+  std::vector<int> Place(const std::vector<int>& ps, int min, int max, int tp, bool one_host,
                          const std::string& kind, const FreeFn& free) const {
     struct Avail {
       int host = 0;
@@ -365,7 +365,7 @@ struct Scheduler::Impl {
       a.usable = static_cast<int>(a.devs.size()) - static_cast<int>(a.devs.size()) % tp;
       if (a.usable == 0) continue;
       std::sort(a.devs.begin(), a.devs.end());
-      total += a.usable;
+      total = one_host ? std::max(total, a.usable) : total + a.usable;
       avail.push_back(std::move(a));
     }
     int n = std::min(max, total);
@@ -606,7 +606,7 @@ struct Scheduler::Impl {
     for (int pi : use) free += FreeOfKind(pools[pi], j.req.kind);
     if (free < need) return false;
     std::vector<int> devs =
-        Place(use, need, max, tp, j.req.kind, [this](int d) { return IsFree(d); });
+        Place(use, need, max, tp, j.req.one_host, j.req.kind, [this](int d) { return IsFree(d); });
     if (devs.empty()) return false;
     if (spare_of != nullptr) spare_of->extra -= static_cast<int>(devs.size());
     std::map<int, int> per_pool;
@@ -767,7 +767,7 @@ struct Scheduler::Impl {
       }
       if (have < need) continue;
       // At its minimum: it grows later if devices are idle, instead of costing more work.
-      devs = Place(ps, j.req.min_devices, j.req.min_devices, j.req.tp, j.req.kind,
+      devs = Place(ps, j.req.min_devices, j.req.min_devices, j.req.tp, j.req.one_host, j.req.kind,
                    [&](int d) { return !down[d] && (owner[d] < 0 || freed_mark[d]); });
       if (!devs.empty()) break;
     }
@@ -927,7 +927,8 @@ struct Scheduler::Impl {
       n -= n % j.req.tp;
       std::vector<int> devs;
       if (p.free >= n) {
-        devs = Place({0}, n, n, j.req.tp, j.req.kind, [this](int d) { return IsFree(d); });
+        devs = Place({0}, n, n, j.req.tp, j.req.one_host, j.req.kind,
+                     [this](int d) { return IsFree(d); });
       }
       if (devs.empty()) {
         blocked = ji;
@@ -1126,9 +1127,13 @@ struct Scheduler::Impl {
       }
       std::vector<char> mine(owner.size(), 0);
       for (int d : j.devices) mine[d] = 1;
-      std::vector<int> devs = Place(
-          ps, n + j.req.tp, j.req.max_devices, j.req.tp, j.req.kind,
-          [&](int d) { return !down[d] && (mine[d] || (owner[d] < 0 && spare[pool_of[d]] > 0)); });
+      // A job on one host grows on that host only.
+      const int host = j.req.one_host && !j.devices.empty() ? topo->host_of(j.devices.front()) : -1;
+      std::vector<int> devs = Place(ps, n + j.req.tp, j.req.max_devices, j.req.tp, j.req.one_host,
+                                    j.req.kind, [&](int d) {
+                                      return !down[d] && (host < 0 || topo->host_of(d) == host) &&
+                                             (mine[d] || (owner[d] < 0 && spare[pool_of[d]] > 0));
+                                    });
       // Keep all of its devices and add whole tp groups per host from what placement found,
       // within each pool's spare devices.
       std::map<int, std::vector<int>> added;
@@ -1284,6 +1289,22 @@ Status Scheduler::Submit(const JobRequest& r, double now_s) {
         "asks for at least {} devices{}, above the capacity of every pool "
         "it may use (the largest, {}, has {})",
         r.min_devices, r.kind.empty() ? "" : " of kind " + r.kind, largest_name, largest));
+  }
+  if (r.one_host) {
+    std::map<int, int> on_host;  // devices of its kind per host, in the pools it may use
+    for (size_t pi = 0; pi < m.pools.size(); ++pi) {
+      const auto& p = m.pools[pi];
+      if (static_cast<int>(pi) != home && !p.pool.spec.lend) continue;
+      for (int d : p.pool.devices) on_host[m.topo->host_of(d)] += m.KindMatches(d, r.kind);
+    }
+    int most = 0;
+    for (auto [h, n] : on_host) most = std::max(most, n);
+    if (r.min_devices > most) {
+      return refuse(fmt::format(
+          "asks for at least {} devices{} on one host, and no host of the pools it may use has "
+          "that many (the largest has {})",
+          r.min_devices, r.kind.empty() ? "" : " of kind " + r.kind, most));
+    }
   }
   Impl::Job j;
   j.req = r;

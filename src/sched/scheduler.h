@@ -35,7 +35,10 @@ struct JobRequest {
   JobClass job_class = JobClass::kNormal;
   int min_devices = 1;
   int max_devices = 1;
-  int tp = 1;        // devices that must share a host; counts are multiples of it
+  int tp = 1;  // devices that must share a host; counts are multiples of it
+  // All of its devices on one host, at every size it runs at (start, shrink, grow): its ranks
+  // talk over shared memory. Its max_devices must fit a host.
+  bool one_host = false;
   std::string kind;  // a device model ("A100-SXM4-80GB") or kind ("cuda"); "" = any
   std::string pool;  // "" = level 1 chooses
   // Expected run time at max_devices (the job's time limit); its work is this times

@@ -261,6 +261,43 @@ TEST_F(SchedulerTest, ElasticJobsShrinkInsteadOfPausing) {
   EXPECT_EQ(grow->devices.size(), 16u);
 }
 
+// A job on one host starts at the size one host has free, within its range, and grows on
+// that host only; one that no host can hold at its minimum is refused.
+TEST_F(SchedulerTest, AOneHostJobStartsAtWhatOneHostHasAndGrowsThere) {
+  Make(OnePool());
+  auto host_of = [&](const std::vector<int>& devs) {
+    std::set<int> hosts;
+    for (int d : devs) hosts.insert(topo_.host_of(d));
+    return hosts;
+  };
+  // Three devices busy on every host: one free on each.
+  for (std::string id : {"a", "b", "c", "d"}) Submit(Job(id, 3, 3, 1e5), 0);
+  Pass(0);
+  JobRequest one = Job("one", 1, 4, 1e5);
+  one.one_host = true;
+  Submit(one, 1);
+  Pass(1);
+  ASSERT_EQ(Query("one").state, JobState::kRunning);
+  ASSERT_EQ(Query("one").devices.size(), 1u);  // spread over hosts it could have had 4
+  const std::set<int> home = host_of(Query("one").devices);
+  // Its host's neighbour ends, and another host's: it grows on its own host alone.
+  for (std::string id : {"a", "b", "c", "d"}) {
+    if (host_of(Query(id).devices) == home || id == (home.count(0) ? "b" : "a")) {
+      ASSERT_TRUE(sched_->Finished(id, 2000).ok());
+    }
+  }
+  const std::vector<Decision> d = Pass(2000);
+  const Decision* grow = Find(d, DecisionKind::kGrow, "one");
+  ASSERT_NE(grow, nullptr);
+  EXPECT_EQ(grow->devices.size(), 4u);
+  EXPECT_EQ(host_of(grow->devices), home);
+
+  JobRequest wide = Job("wide", 5, 8, 1e5);
+  wide.one_host = true;
+  Status s = sched_->Submit(wide, 2001);
+  EXPECT_THAT(s.message(), HasSubstr("at least 5 devices on one host"));
+}
+
 TEST_F(SchedulerTest, FrequentFaultsDemoteAJob) {
   Make(OnePool());
   Submit(Job("buggy", 2, 2, 1e5), 0);

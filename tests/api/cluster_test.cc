@@ -619,7 +619,7 @@ TEST_F(ClusterTest, AnElasticJobRunsItsPlanAndSurvivesKillNineOfARank) {
   EXPECT_THAT(history, ::testing::Contains(ContainsRegex("^running: shrank to 1 rank")))
       << Kc(fmt::format("job logs {}", id)).out;
   EXPECT_THAT(history, ::testing::Contains(ContainsRegex("^running: grew to 2 ranks")));
-  EXPECT_EQ(std::count(history.begin(), history.end(), "queued: queued for 2 devices"), 1)
+  EXPECT_EQ(std::count(history.begin(), history.end(), "queued: queued for 1 to 2 devices"), 1)
       << "one run, never requeued";
   EXPECT_EQ(up->Stop(SIGTERM), 0);
 
@@ -645,6 +645,64 @@ TEST_F(ClusterTest, AnElasticJobRunsItsPlanAndSurvivesKillNineOfARank) {
   std::vector<std::string> actions;
   for (const AuditRecord& r : *faults) actions.push_back(r.action);
   EXPECT_THAT(actions, ::testing::IsSupersetOf({"fault.detected", "fault.recovered"}));
+}
+
+// The history of job `id` as "PHASE: REASON" lines.
+std::vector<std::string> HistoryOf(const nlohmann::json& j) {
+  std::vector<std::string> history;
+  for (const nlohmann::json& e : j["history"]) {
+    history.push_back(
+        fmt::format("{}: {}", e["phase"].get<std::string>(), e.value("reason", std::string())));
+  }
+  return history;
+}
+
+bool HistoryHas(const nlohmann::json& j, const std::string& text) {
+  for (const std::string& line : HistoryOf(j)) {
+    if (line.find(text) != std::string::npos) return true;
+  }
+  return false;
+}
+
+// min_devices / max_devices on kc up: an elastic job starts on the one device free, grows to
+// two when the other job ends, and shrinks back to one when a high-priority job needs a
+// device, which starts once the shrink is done. One run throughout; its history says each step.
+TEST_F(ClusterTest, AnElasticJobStartsOnWhatIsFreeGrowsAndShrinksAsTheSchedulerDecides) {
+  std::unique_ptr<Daemon> up = Up();
+  auto submit = [&](const std::string& name, const std::string& body) {
+    KcRun r = Kc(fmt::format(
+        "submit {} --json",
+        dir_.Write(name + ".yaml", fmt::format("name: {}\nmodel: {}\n{}", name, model_, body))));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return r.exit_code == 0 ? Int(nlohmann::json::parse(r.out), "id") : -1;
+  };
+  const int64_t other = submit("other", "ranks: 1\nsteps: 1000000\n");
+  Await(other, [](const nlohmann::json& j) { return j["phase"] == "running"; });
+  const int64_t elastic = submit("elastic", "min_devices: 1\nmax_devices: 2\nsteps: 1000000\n");
+  nlohmann::json j = Await(elastic, [](const nlohmann::json& x) {
+    return x["phase"] == "running" && Int(x, "step") >= 2;
+  });
+  EXPECT_EQ(Int(j, "devices"), 2);  // what it asks for at most
+  EXPECT_TRUE(HistoryHas(j, "queued for 1 to 2 devices")) << j.dump();
+
+  ASSERT_EQ(Kc(fmt::format("job cancel {}", other)).exit_code, 0);
+  j = Await(elastic, [](const nlohmann::json& x) {
+    return Ended(x["phase"]) || HistoryHas(x, "running: grew to 2 ranks");
+  });
+  EXPECT_TRUE(HistoryHas(j, "running: the scheduler grows it from 1 to 2 devices")) << j.dump();
+
+  const int64_t high = submit("high", "class: high\nranks: 1\nsteps: 20\n");
+  j = Await(high, [](const nlohmann::json& x) { return Ended(x["phase"]); });
+  EXPECT_EQ(j["phase"], "succeeded") << j.dump();
+  j = Show(elastic);
+  EXPECT_EQ(j["phase"], "running") << Kc(fmt::format("job logs {}", elastic)).out;
+  EXPECT_TRUE(HistoryHas(j, "running: the scheduler shrinks it from 2 to 1 devices")) << j.dump();
+  EXPECT_TRUE(HistoryHas(j, "running: shrank to 1 rank")) << j.dump();
+  // No rank failed: the scheduler's shrink retires one.
+  EXPECT_FALSE(HistoryHas(j, " failed: ")) << j.dump();
+  ASSERT_EQ(Kc(fmt::format("job cancel {}", elastic)).exit_code, 0);
+  Await(elastic, [](const nlohmann::json& x) { return Ended(x["phase"]); });
+  EXPECT_EQ(up->Stop(SIGTERM), 0);
 }
 
 // kill -9 of every process of a running job (kc train, its supervisor, and every rank, as a

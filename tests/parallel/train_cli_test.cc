@@ -990,6 +990,12 @@ TEST_F(KcTrainBadInputTest, ElasticOptions) {
   EXPECT_THAT(r.err, HasSubstr("kill-in-persist needs --checkpoint-dir"));
   r = Expect2(TheCorpus().model(), data() + " --ranks 2 --inject-fault 1:2:explode");
   EXPECT_THAT(r.err, HasSubstr("HOW one of exit, kill, stop"));
+  r = Expect2(TheCorpus().model(), data() + " --ranks 2 --min-ranks 1 --max-ranks 1");
+  EXPECT_THAT(r.err, HasSubstr("--max-ranks 1: must be at least --ranks (2)"));
+  r = Expect2(TheCorpus().model(), data() + " --ranks 1 --max-ranks 2");
+  EXPECT_THAT(r.err, HasSubstr("--max-ranks 2: a run grows within [--min-ranks, --max-ranks]"));
+  r = Expect2(TheCorpus().model(), data() + " --ranks 2 --resize-file size.json");
+  EXPECT_THAT(r.err, HasSubstr("--resize-file: only for an elastic run"));
 }
 
 }  // namespace kc::parallel
