@@ -1,6 +1,7 @@
 // The agent against a fake kcd on loopback: its heartbeats go on while a job's launch waits for
 // an execution-time check kcd is slow to answer (the check, the launch and the heartbeat are not
-// made under one lock), and a stop for a run being launched is carried out once it is up.
+// made under one lock), a stop for a run being launched is carried out once it is up, and the
+// scheduler's resize of an elastic job reaches the file its kc train follows.
 #include "api/agent.h"
 
 #include <grpcpp/grpcpp.h>
@@ -10,8 +11,11 @@
 #include <chrono>
 #include <condition_variable>
 #include <csignal>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -45,10 +49,16 @@ class FakeKcd final : public kc::v1::AgentService::Service,
                          kc::v1::AgentHeartbeatResponse* out) override {
     std::lock_guard lock(mu_);
     ++heartbeats_;
-    for (const Report& r : req->jobs()) reports_.push_back(r);
+    for (const Report& r : req->jobs()) {
+      reports_.push_back(r);
+      running_ = running_ || r.state() == Report::STATE_RUNNING;
+    }
     if (!started_) {
       started_ = true;
       *out->add_start() = start_;
+    } else if (!resizes_.empty() && running_) {
+      for (const kc::v1::ResizeOrder& r : resizes_) *out->add_resize() = r;
+      resizes_.clear();
     } else if (stop_ && !stop_sent_) {
       stop_sent_ = true;
       kc::v1::StopOrder* s = out->add_stop();
@@ -91,6 +101,11 @@ class FakeKcd final : public kc::v1::AgentService::Service,
     std::lock_guard lock(mu_);
     stop_ = true;
   }
+  // Sent with the first heartbeat after the agent reported the job running.
+  void OrderResize(kc::v1::ResizeOrder r) {
+    std::lock_guard lock(mu_);
+    resizes_.push_back(std::move(r));
+  }
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -104,15 +119,19 @@ class FakeKcd final : public kc::v1::AgentService::Service,
   bool checks_open_ = false;
   bool stop_ = false;
   bool stop_sent_ = false;
+  bool running_ = false;
+  std::vector<kc::v1::ResizeOrder> resizes_;
 };
 
 class AgentTest : public ::testing::Test {
  protected:
-  AgentTest() : dir_("kc_agent") {
+  explicit AgentTest(int ranks = 1, int min_devices = 0) : dir_("kc_agent") {
     JobSpec spec{.name = "x",
                  .model_yaml =
                      "name: m\nlayers: 1\nhidden: 64\nheads: 2\nvocab: 257\n"
-                     "seq_len: 32\nbatch_per_rank: 4\n"};
+                     "seq_len: 32\nbatch_per_rank: 4\n",
+                 .ranks = ranks,
+                 .min_devices = min_devices};
     kc::v1::StartOrder start;
     start.set_job(7);
     start.set_run(1);
@@ -133,11 +152,11 @@ class AgentTest : public ::testing::Test {
   }
 
   // An agent whose jobs run `program` (given kc train's arguments, which it ignores).
-  std::unique_ptr<Agent> StartAgent(const std::string& program = "/bin/true") {
+  std::unique_ptr<Agent> StartAgent(const std::string& program = "/bin/true", int devices = 1) {
     Result<std::unique_ptr<Agent>> agent =
         Agent::Start({.kcd = {.server = "127.0.0.1:" + std::to_string(port_), .insecure = true},
                       .host = "h1",
-                      .devices = 1,
+                      .devices = devices,
                       .work_dir = dir_.Path("work"),
                       .kc_binary = program,
                       .stop_grace_s = 5});
@@ -191,6 +210,45 @@ TEST_F(AgentTest, AStopForARunBeingLaunchedIsCarriedOutOnceItIsUp) {
     for (const Report& r : kcd_->reports_) seen += r.ShortDebugString() + "\n";
     return seen;
   }();
+}
+
+// An elastic job (min_devices 1 of 2) started on one device: kc train gets the range and a
+// resize file holding its size; the scheduler's grow to two devices is written there.
+class ElasticAgentTest : public AgentTest {
+ protected:
+  ElasticAgentTest() : AgentTest(/*ranks=*/2, /*min_devices=*/1) {}
+};
+
+TEST_F(ElasticAgentTest, AResizeOrderReachesTheFileTheRunFollows) {
+  ASSERT_GT(port_, 0);
+  const std::string args = dir_.Path("args");
+  const std::string program =
+      dir_.Write("job.sh", "#!/bin/sh\necho \"$@\" > " + args + "\nexec sleep 60\n");
+  ASSERT_EQ(chmod(program.c_str(), 0755), 0);
+  kcd_->OpenChecks();
+  kc::v1::ResizeOrder grow;
+  grow.set_job(7);
+  grow.set_run(1);
+  grow.add_devices(0);
+  grow.add_devices(1);
+  grow.set_reason("grown from 1 to 2 devices");
+  kcd_->OrderResize(grow);
+  std::unique_ptr<Agent> agent = StartAgent(program, /*devices=*/2);
+  ASSERT_NE(agent, nullptr);
+  const std::string size = dir_.Path("work/jobs/7/run-1/resize.json");
+  auto read = [](const std::string& path) {
+    std::ifstream in(path);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  ASSERT_TRUE(kcd_->Await([&] {
+    return nlohmann::json::parse(read(size), nullptr, false) == nlohmann::json{{"ranks", 2}} &&
+           read(args).find('\n') != std::string::npos;
+  })) << "the resize never reached "
+      << size;
+  const std::string argv = read(args);
+  EXPECT_NE(argv.find("--ranks 1 "), std::string::npos) << argv;
+  EXPECT_NE(argv.find("--min-ranks 1 --max-ranks 2"), std::string::npos) << argv;
+  EXPECT_NE(argv.find("--resize-file " + size), std::string::npos) << argv;
 }
 
 }  // namespace
