@@ -15,8 +15,9 @@ PACKAGES=(
   libhwloc-dev libopenblas-dev
   # L5 fault: checkpoint checksums (XXH3) and compression (zstd).
   libxxhash-dev libzstd-dev
-  # L6 api: kcd's state and the audit log (SQLite), the audit chain's SHA-256 (OpenSSL).
-  libsqlite3-dev libssl-dev
+  # L6 api: kcd's state and the audit log (SQLite), the audit chain's SHA-256 (OpenSSL), its
+  # Prometheus metrics endpoint (cpp-httplib).
+  libsqlite3-dev libssl-dev libcpp-httplib-dev
   # Tests and benchmarks.
   libgtest-dev libgmock-dev libbenchmark-dev python3 iproute2
   # Training data: a small English corpus of fortune cookies, /usr/share/games/fortunes/

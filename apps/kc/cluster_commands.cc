@@ -557,7 +557,7 @@ void AddUp(CLI::App& app, Action* action) {
   CLI::App* c = app.add_subcommand(
       "up", "Start kcd and an agent on this machine (making the cluster the first time)");
   struct Args {
-    std::string dir, listen = "127.0.0.1:7470", login, data_root = "data";
+    std::string dir, listen = "127.0.0.1:7470", login, data_root = "data", metrics_listen;
     int devices = 0;
   };
   auto a = std::make_shared<Args>();
@@ -565,6 +565,9 @@ void AddUp(CLI::App& app, Action* action) {
   c->add_option("--listen", a->listen, "kcd's address (default 127.0.0.1:7470; port 0: any)");
   c->add_option("--devices", a->devices,
                 "CPU devices to split this host into, the first time (default: one per core)");
+  c->add_option("--metrics-listen", a->metrics_listen,
+                "Serve kcd's Prometheus metrics (GET /metrics, plaintext) on HOST:PORT (port 0: "
+                "any); default: none");
   c->add_option("--login", a->login, "Where to log in as its admin (default CONFIG/kc/login.json)");
   c->add_option("--data-root", a->data_root,
                 "What jobs' data paths are relative to (default ./data, where kc data prepare "
@@ -611,14 +614,15 @@ void AddUp(CLI::App& app, Action* action) {
       if (listen.ends_with(":0") && kept.ok() && !kept->empty()) {
         listen = fmt::format("{}:{}", listen_host, kept->substr(0, kept->find_first_of(" \n")));
       }
-      Result<std::unique_ptr<api::Kcd>> kcd = api::Kcd::Start({.dir = dir, .listen = listen});
+      Result<std::unique_ptr<api::Kcd>> kcd =
+          api::Kcd::Start({.dir = dir, .listen = listen, .metrics_listen = a->metrics_listen});
       if (!kcd.ok() && listen != a->listen) {
         std::cerr << fmt::format(
             "kc up: {} (this cluster's port before) is taken; kcd takes "
             "another, and logins saved for the old one need kc login\n",
             listen);
         listen = a->listen;
-        kcd = api::Kcd::Start({.dir = dir, .listen = listen});
+        kcd = api::Kcd::Start({.dir = dir, .listen = listen, .metrics_listen = a->metrics_listen});
       }
       if (!kcd.ok()) return Fail("up: kcd", kcd.status());
       if (a->listen.ends_with(":0")) {
@@ -650,6 +654,11 @@ void AddUp(CLI::App& app, Action* action) {
                  "admin ({})\n"
                  "  submit a job: kc submit examples/jobs/gpt-tiny.yaml; follow it: kc jobs\n",
                  cfg.server, host, devices, login)
+          << ((*kcd)->metrics_port() > 0
+                  ? fmt::format("  metrics: http://{}:{}/metrics\n",
+                                a->metrics_listen.substr(0, a->metrics_listen.rfind(':')),
+                                (*kcd)->metrics_port())
+                  : "")
           << std::flush;
       int sig = 0;
       sigwait(&stop, &sig);

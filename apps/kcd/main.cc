@@ -33,6 +33,9 @@ int main(int argc, char** argv) {
                  "Seconds after which an idle connection is closed (default 600)");
   app.add_option("--max-threads", o.max_threads,
                  "Threads serving calls, all callers together (default 64)");
+  app.add_option("--metrics-listen", o.metrics_listen,
+                 "Serve Prometheus metrics (GET /metrics, plaintext, no login) on HOST:PORT "
+                 "(port 0: any); default: none");
   app.add_flag("--insecure-loopback", o.insecure_loopback,
                "Plaintext instead of TLS, for development; only on a loopback address");
   kc::app::RefuseLooseNumbers(app);
@@ -57,6 +60,10 @@ int main(int argc, char** argv) {
   const std::string host = o.listen.substr(0, o.listen.rfind(':'));
   std::printf("kcd: listening on %s:%d (%s)\n", host.c_str(), (*kcd)->port(),
               o.insecure_loopback ? "plaintext, loopback only" : "TLS");
+  if ((*kcd)->metrics_port() > 0) {
+    const std::string mhost = o.metrics_listen.substr(0, o.metrics_listen.rfind(':'));
+    std::printf("kcd: metrics on http://%s:%d/metrics\n", mhost.c_str(), (*kcd)->metrics_port());
+  }
   std::fflush(stdout);
   int sig = 0;
   sigwait(&stop, &sig);

@@ -14,6 +14,7 @@
 #include "api/dispatcher.h"
 #include "api/internal/digest.h"
 #include "api/job_service.h"
+#include "api/metrics.h"
 #include "api/permission_service.h"
 #include "api/plan_service.h"
 #include "api/plan_store.h"
@@ -128,7 +129,27 @@ struct Kcd::Impl {
   std::unique_ptr<HealthService> health;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
+  std::unique_ptr<MetricsServer> metrics;
   bool stopped = false;
+
+  // The metrics page: jobs by phase, the dispatcher's, the permission checks' latency.
+  std::string Metrics() const {
+    std::string out;
+    std::vector<MetricSample> phases;
+    const std::map<JobPhase, int64_t> counts = jobs->CountByPhase().value_or({});
+    for (JobPhase p :
+         {JobPhase::kPending, JobPhase::kApprovalRequired, JobPhase::kQueued, JobPhase::kRunning,
+          JobPhase::kPaused, JobPhase::kSucceeded, JobPhase::kFailed, JobPhase::kCancelled}) {
+      auto c = counts.find(p);
+      phases.push_back({.labels = {{"phase", std::string(JobPhaseName(p))}},
+                        .value = double(c == counts.end() ? 0 : c->second)});
+    }
+    AppendMetric(&out, "kc_jobs", "gauge", "Jobs by phase", phases);
+    dispatcher->AppendMetrics(&out);
+    permission->latency().Append(&out, "kc_permission_check_seconds",
+                                 "How long PermissionService.Check takes to serve");
+    return out;
+  }
 };
 
 Kcd::Kcd(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -244,10 +265,17 @@ Result<std::unique_ptr<Kcd>> Kcd::Start(const KcdOptions& o) {
   if (impl->server == nullptr || impl->port == 0) {
     return UnavailableError(fmt::format("kcd: cannot listen on {}", o.listen));
   }
+  if (!o.metrics_listen.empty()) {
+    Impl* raw = impl.get();
+    KC_ASSIGN_OR_RETURN(impl->metrics,
+                        MetricsServer::Start(o.metrics_listen, [raw] { return raw->Metrics(); }));
+  }
   return std::unique_ptr<Kcd>(new Kcd(std::move(impl)));
 }
 
 int Kcd::port() const { return impl_->port; }
+
+int Kcd::metrics_port() const { return impl_->metrics ? impl_->metrics->port() : 0; }
 
 void Kcd::Shutdown() {
   if (impl_ == nullptr || impl_->stopped) return;
@@ -255,6 +283,7 @@ void Kcd::Shutdown() {
   // In-flight calls get a moment to finish; then they are cancelled, and idle client
   // connections do not hold the daemon up.
   impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
+  impl_->metrics.reset();  // it reads the dispatcher
   impl_->dispatcher.reset();
   AuditNow(impl_->audit.get(), "kcd", "kcd.stop", "kcd", "ok", "shut down").IgnoreError();
 }

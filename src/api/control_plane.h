@@ -61,6 +61,9 @@ struct KcdOptions {
   int max_streams_per_connection = 100;               // calls at once on one connection
   double max_connection_idle_s = 600;                 // an idle connection is closed after this
   int max_threads = 64;                               // threads serving calls, all callers together
+  // Prometheus metrics over HTTP (GET /metrics) on HOST:PORT, plaintext and unauthenticated as
+  // scrapers expect: keep it on an address only the monitoring can reach. "" = none.
+  std::string metrics_listen;
 };
 
 // The control-plane server: Health, the permission, job, agent, quota, audit, topology and
@@ -77,6 +80,7 @@ class Kcd {
   ~Kcd();
 
   int port() const;
+  int metrics_port() const;  // 0 without --metrics-listen
   // Stops serving (in-flight calls get half a second to finish, then are cancelled) and
   // records the stop. Idempotent.
   void Shutdown();

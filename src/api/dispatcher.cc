@@ -17,6 +17,7 @@
 #include "api/internal/digest.h"
 #include "api/internal/sqlite.h"
 #include "api/job_spec.h"
+#include "api/metrics.h"
 #include "api/permissions.h"
 #include "api/rpc_guard.h"
 #include "base/log.h"
@@ -148,6 +149,7 @@ struct Dispatcher::Impl {
   std::map<int64_t, std::string> queued KC_GUARDED_BY(mu);      // job id -> scheduler id, pending
   std::map<std::string, int64_t> sched_jobs KC_GUARDED_BY(mu);  // scheduler id -> job id
   std::vector<sched::Decision> deferred KC_GUARDED_BY(mu);      // starts waiting for victims
+  LatencyHistogram pass_seconds;                                // its passes, for the metrics
   // Jobs requeued after a failed run: not placed again before this wall time (the backoff).
   std::map<int64_t, double> not_before KC_GUARDED_BY(mu);
   // Per queued job: the pending reason last written to the store, and when.
@@ -862,7 +864,10 @@ struct Dispatcher::Impl {
   void Loop() {
     MutexLock lock(&mu);
     while (!stopped) {
+      const auto start = std::chrono::steady_clock::now();
       Pass();
+      pass_seconds.Observe(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
       woken = false;
       const auto until = std::chrono::steady_clock::now() +
                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -1160,6 +1165,36 @@ Result<kc::v1::AgentHeartbeatResponse> Dispatcher::Heartbeat(
   a.stops.clear();
   a.resizes.clear();
   return out;
+}
+
+void Dispatcher::AppendMetrics(std::string* out) const {
+  Impl& m = *impl_;
+  MutexLock lock(&m.mu);
+  int64_t agents = 0;
+  for (const auto& [host, a] : m.agents) agents += a.registered;
+  AppendMetric(out, "kc_scheduler_queue_depth", "gauge",
+               "Jobs queued for the scheduler, not yet started",
+               {{.value = double(m.queued.size())}});
+  AppendMetric(out, "kc_agents_registered", "gauge", "Agents registered and heard from",
+               {{.value = double(agents)}});
+  m.pass_seconds.Append(out, "kc_scheduler_pass_seconds",
+                        "How long one dispatcher pass (the scheduler's included) takes");
+  std::vector<MetricSample> ranks, step, checkpoint;
+  for (const auto& [job, run] : m.runs) {
+    Result<JobRecord> j = m.o.jobs->Get(job);
+    if (!j.ok()) continue;
+    std::vector<std::pair<std::string, std::string>> labels = {
+        {"job", std::to_string(job)}, {"name", j->name}, {"team", j->team}, {"host", run.host}};
+    const JobProgress p = m.o.jobs->Progress(job).value_or(JobProgress{});
+    ranks.push_back({.labels = labels, .value = double(run.ranks)});
+    step.push_back({.labels = labels, .value = double(p.step)});
+    checkpoint.push_back({.labels = labels, .value = double(p.checkpoint_step)});
+  }
+  AppendMetric(out, "kc_job_ranks", "gauge",
+               "Ranks a running job's run goes on at, as its fault events last said", ranks);
+  AppendMetric(out, "kc_job_step", "gauge", "The last step a running job reported", step);
+  AppendMetric(out, "kc_job_checkpoint_step", "gauge",
+               "The step of a running job's last committed checkpoint", checkpoint);
 }
 
 }  // namespace kc::api

@@ -58,6 +58,10 @@ class Dispatcher {
   // Runs a pass soon (a job was submitted, cancelled, paused or resumed).
   void Wake();
 
+  // Appends its metrics (Prometheus text format, api/metrics.h): the scheduler's queue depth
+  // and pass time, registered agents, and per running job its size, step and checkpoint.
+  void AppendMetrics(std::string* out) const;
+
   // The admin's comm limits as they apply to `job` (DIR/comm-limits.yaml's entry for
   // "TEAM/NAME", or its default, and its lanes), in words; "" without a limits file.
   std::string CommLimitsOf(const JobRecord& job) const;

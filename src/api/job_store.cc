@@ -301,6 +301,20 @@ Result<int64_t> JobStore::CountActive(std::string_view owner) const {
   return st.Int(0);
 }
 
+Result<std::map<JobPhase, int64_t>> JobStore::CountByPhase() const {
+  Impl& m = *impl_;
+  MutexLock lock(&m.mu);
+  KC_ASSIGN_OR_RETURN(internal::Statement st,
+                      m.db.Prepare("SELECT phase, COUNT(*) FROM jobs GROUP BY phase"));
+  std::map<JobPhase, int64_t> out;
+  int rc;
+  while ((rc = st.Step()) == SQLITE_ROW) {
+    if (std::optional<JobPhase> p = JobPhaseFromName(st.Text(0))) out[*p] = st.Int(1);
+  }
+  if (rc != SQLITE_DONE) return m.db.Error("cannot count");
+  return out;
+}
+
 Result<std::vector<JobEvent>> JobStore::History(int64_t id) const {
   Impl& m = *impl_;
   MutexLock lock(&m.mu);

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -117,6 +118,8 @@ class JobStore {
   Result<std::vector<JobRecord>> List(const JobFilter& filter) const;
   // How many of `owner`'s jobs have not ended.
   Result<int64_t> CountActive(std::string_view owner) const;
+  // How many jobs are in each phase (phases without any are left out).
+  Result<std::map<JobPhase, int64_t>> CountByPhase() const;
   // Every change of job `id`'s phase (its submission first), oldest first.
   Result<std::vector<JobEvent>> History(int64_t id) const;
 

@@ -2,12 +2,15 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
+
 namespace kc::api {
 
 grpc::Status PermissionServiceImpl::Check(grpc::ServerContext* context,
                                           const kc::v1::PermissionCheckRequest* request,
                                           kc::v1::PermissionCheckResponse* response) {
-  return guard_->Serve(
+  const auto start = std::chrono::steady_clock::now();
+  const grpc::Status served = guard_->Serve(
       context, "kc.v1.PermissionService.Check", [&](const Principal& caller) -> Status {
         std::optional<Action> action = ActionFromName(request->action());
         if (!action) {
@@ -30,6 +33,8 @@ grpc::Status PermissionServiceImpl::Check(grpc::ServerContext* context,
         response->set_role(std::string(RoleName(caller.role)));
         return OkStatus();
       });
+  latency_.Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return served;
 }
 
 }  // namespace kc::api

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "api/metrics.h"
 #include "api/rpc_guard.h"
 #include "base/status.h"
 #include "kc/v1/permission.grpc.pb.h"
@@ -24,7 +25,11 @@ class PermissionServiceImpl final : public kc::v1::PermissionService::Service {
   grpc::Status Check(grpc::ServerContext* context, const kc::v1::PermissionCheckRequest* request,
                      kc::v1::PermissionCheckResponse* response) override;
 
+  // How long Check takes to serve, token verification and limits included (kcd's metrics).
+  const LatencyHistogram& latency() const { return latency_; }
+
  private:
+  LatencyHistogram latency_;
   RpcGuard* guard_;  // not owned (constructor's contract)
   AuditLog* audit_;  // not owned, may be null (constructor's contract)
 };

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <httplib.h>
 
 #include <algorithm>
 #include <chrono>
@@ -80,11 +81,11 @@ class ClusterTest : public ::testing::Test {
 
   // `kc up` on this test's directory (named relative to it, as users do); returns once it
   // serves.
-  std::unique_ptr<Daemon> Up() {
+  std::unique_ptr<Daemon> Up(const std::string& flags = "") {
     auto up = std::make_unique<Daemon>(
         fmt::format("env --chdir {} XDG_CONFIG_HOME={} {} up --dir cluster --listen "
-                    "127.0.0.1:0 --devices 2 --data-root {}",
-                    dir_.path(), dir_.Path("config"), KC_BINARY, data_->path()));
+                    "127.0.0.1:0 --devices 2 --data-root {} {}",
+                    dir_.path(), dir_.Path("config"), KC_BINARY, data_->path(), flags));
     EXPECT_THAT(up->WaitForLine("kc up: kcd on"), HasSubstr("agent on")) << up->output();
     return up;
   }
@@ -668,7 +669,21 @@ bool HistoryHas(const nlohmann::json& j, const std::string& text) {
 // two when the other job ends, and shrinks back to one when a high-priority job needs a
 // device, which starts once the shrink is done. One run throughout; its history says each step.
 TEST_F(ClusterTest, AnElasticJobStartsOnWhatIsFreeGrowsAndShrinksAsTheSchedulerDecides) {
-  std::unique_ptr<Daemon> up = Up();
+  std::unique_ptr<Daemon> up = Up("--metrics-listen 127.0.0.1:0");
+  const std::string metrics_line = up->WaitForLine("metrics: http://127.0.0.1:");
+  const int metrics_port = std::atoi(metrics_line.c_str() + metrics_line.rfind(':') + 1);
+  ASSERT_GT(metrics_port, 0) << up->output();
+  // kcd's metrics say the size the job's run goes on at.
+  auto ranks_of = [&](int64_t id) {
+    httplib::Result page = httplib::Client("127.0.0.1", metrics_port).Get("/metrics");
+    if (!page) return -1;
+    std::istringstream lines(page->body);
+    const std::string series = fmt::format("kc_job_ranks{{job=\"{}\",", id);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.starts_with(series)) return std::atoi(line.c_str() + line.rfind(' ') + 1);
+    }
+    return 0;
+  };
   auto submit = [&](const std::string& name, const std::string& body) {
     KcRun r = Kc(fmt::format(
         "submit {} --json",
@@ -690,6 +705,7 @@ TEST_F(ClusterTest, AnElasticJobStartsOnWhatIsFreeGrowsAndShrinksAsTheSchedulerD
     return Ended(x["phase"]) || HistoryHas(x, "running: grew to 2 ranks");
   });
   EXPECT_TRUE(HistoryHas(j, "running: the scheduler grows it from 1 to 2 devices")) << j.dump();
+  EXPECT_EQ(ranks_of(elastic), 2);
 
   const int64_t high = submit("high", "class: high\nranks: 1\nsteps: 20\n");
   j = Await(high, [](const nlohmann::json& x) { return Ended(x["phase"]); });
@@ -698,6 +714,7 @@ TEST_F(ClusterTest, AnElasticJobStartsOnWhatIsFreeGrowsAndShrinksAsTheSchedulerD
   EXPECT_EQ(j["phase"], "running") << Kc(fmt::format("job logs {}", elastic)).out;
   EXPECT_TRUE(HistoryHas(j, "running: the scheduler shrinks it from 2 to 1 devices")) << j.dump();
   EXPECT_TRUE(HistoryHas(j, "running: shrank to 1 rank")) << j.dump();
+  EXPECT_EQ(ranks_of(elastic), 1);
   // No rank failed: the scheduler's shrink retires one.
   EXPECT_FALSE(HistoryHas(j, " failed: ")) << j.dump();
   ASSERT_EQ(Kc(fmt::format("job cancel {}", elastic)).exit_code, 0);
