@@ -459,6 +459,9 @@ void AddAgent(CLI::App& app, Action* action) {
   c->add_option("--work", o->work_dir, "Jobs' directories and checkpoints")->required();
   c->add_option("--data-root", o->data_root,
                 "What jobs' data paths are relative to (default WORK/data)");
+  c->add_option("--metrics-listen", o->metrics_listen,
+                "Serve its jobs' Prometheus metrics (GET /metrics, plaintext) on HOST:PORT (port "
+                "0: any); default: none");
   c->add_option("--stop-grace", o->stop_grace_s,
                 "Seconds a stopped job has to save its checkpoint before SIGKILL (default 30)")
       ->check(CLI::PositiveNumber);
@@ -487,8 +490,13 @@ void AddAgent(CLI::App& app, Action* action) {
       Result<std::unique_ptr<api::Agent>> agent = api::Agent::Start(*o);
       if (!agent.ok()) return Fail("agent", agent.status());
       std::cout << fmt::format("kc agent: host {} with {} devices, reporting to {}\n", o->host,
-                               o->devices, o->kcd.server)
-                << std::flush;
+                               o->devices, o->kcd.server);
+      if ((*agent)->metrics_port() > 0) {
+        std::cout << fmt::format("kc agent: metrics on http://{}:{}/metrics\n",
+                                 o->metrics_listen.substr(0, o->metrics_listen.rfind(':')),
+                                 (*agent)->metrics_port());
+      }
+      std::cout << std::flush;
       int sig = 0;
       sigwait(&stop, &sig);
       agent->reset();

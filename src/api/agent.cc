@@ -24,6 +24,7 @@
 
 #include "api/internal/digest.h"
 #include "api/job_spec.h"
+#include "api/metrics.h"
 #include "base/file.h"
 #include "base/log.h"
 #include "base/mutex.h"
@@ -58,6 +59,8 @@ struct Job {
   std::vector<std::string> faults;  // its events not yet delivered to kcd
   int64_t step = 0;
   int64_t checkpoint_step = 0;
+  // Its last step record, for the metrics: how fast it trains and where the time goes.
+  double loss = 0, tokens_per_s = 0, step_s = 0, compute_s = 0, comm_exposed_s = 0;
   double next_check_s = 0;
   bool stopping = false;
   double kill_at_s = 0;
@@ -183,6 +186,39 @@ struct Agent::Impl {
   std::deque<kc::v1::StartOrder> to_start KC_GUARDED_BY(mu);
   std::map<int64_t, int64_t> launching KC_GUARDED_BY(mu);
   std::map<int64_t, std::string> stop_after_launch KC_GUARDED_BY(mu);
+  std::unique_ptr<MetricsServer> metrics;  // with metrics_listen
+
+  // The metrics page: the jobs it runs, each with its run's last step record.
+  std::string Metrics() {
+    MutexLock lock(&mu);
+    std::string out;
+    int64_t running = 0;
+    std::vector<MetricSample> step, loss, tokens, step_s, compute_s, exposed_s;
+    for (const auto& [id, j] : jobs) {
+      if (j.ended) continue;
+      ++running;
+      if (!j.spec.command.empty()) continue;  // a command job reports no steps
+      const std::vector<std::pair<std::string, std::string>> l = {
+          {"job", std::to_string(id)}, {"name", j.spec.name}, {"host", o.host}};
+      step.push_back({.labels = l, .value = double(j.step)});
+      loss.push_back({.labels = l, .value = j.loss});
+      tokens.push_back({.labels = l, .value = j.tokens_per_s});
+      step_s.push_back({.labels = l, .value = j.step_s});
+      compute_s.push_back({.labels = l, .value = j.compute_s});
+      exposed_s.push_back({.labels = l, .value = j.comm_exposed_s});
+    }
+    AppendMetric(&out, "kc_agent_jobs_running", "gauge", "Jobs whose processes run on this host",
+                 {{.labels = {{"host", o.host}}, .value = double(running)}});
+    AppendMetric(&out, "kc_run_step", "gauge", "The last step a run reported", step);
+    AppendMetric(&out, "kc_run_loss", "gauge", "Its training loss at that step", loss);
+    AppendMetric(&out, "kc_run_tokens_per_second", "gauge", "Tokens per second of that step",
+                 tokens);
+    AppendMetric(&out, "kc_run_step_seconds", "gauge", "How long that step took", step_s);
+    AppendMetric(&out, "kc_run_compute_seconds", "gauge", "Of it, computing", compute_s);
+    AppendMetric(&out, "kc_run_comm_exposed_seconds", "gauge",
+                 "Of it, communication not hidden behind compute", exposed_s);
+    return out;
+  }
   // Resize orders for runs still launching: carried out once they are up.
   std::map<int64_t, kc::v1::ResizeOrder> resize_after_launch KC_GUARDED_BY(mu);
   bool beat_now KC_GUARDED_BY(mu) = false;  // a job started: report it without waiting
@@ -515,7 +551,14 @@ struct Agent::Impl {
       nlohmann::json m = nlohmann::json::parse(line, nullptr, false);
       if (!m.is_object()) return;
       const std::string type = m.value("type", "");
-      if (type == "step") j.step = m.value("step", j.step);
+      if (type == "step") {
+        j.step = m.value("step", j.step);
+        j.loss = m.value("loss", j.loss);
+        j.tokens_per_s = m.value("tokens_per_s", j.tokens_per_s);
+        j.step_s = m.value("step_ms", j.step_s * 1e3) / 1e3;
+        j.compute_s = m.value("compute_ms", j.compute_s * 1e3) / 1e3;
+        j.comm_exposed_s = m.value("comm_exposed_ms", j.comm_exposed_s * 1e3) / 1e3;
+      }
       if (type == "checkpoint") j.checkpoint_step = m.value("step", j.checkpoint_step);
       if (type == "done") {  // its checkpoint already held every step asked for
         j.step = m.value("step", j.step);
@@ -829,6 +872,7 @@ struct Agent::Impl {
 Agent::Agent(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Agent::~Agent() {
+  impl_->metrics.reset();  // it reads the jobs
   {
     MutexLock lock(&impl_->mu);
     impl_->stopped = true;
@@ -844,6 +888,8 @@ int Agent::running_jobs() const {
   for (const auto& [id, j] : impl_->jobs) n += j.ended ? 0 : 1;
   return n;
 }
+
+int Agent::metrics_port() const { return impl_->metrics ? impl_->metrics->port() : 0; }
 
 Result<std::unique_ptr<Agent>> Agent::Start(AgentOptions o) {
   if (o.host.empty()) return InvalidArgumentError("agent: host: must not be empty");
@@ -864,6 +910,11 @@ Result<std::unique_ptr<Agent>> Agent::Start(AgentOptions o) {
         s.code() != ErrorCode::kDeadlineExceeded) {
       return s;
     }
+  }
+  if (!o.metrics_listen.empty()) {
+    KC_ASSIGN_OR_RETURN(impl->metrics, MetricsServer::Start(o.metrics_listen, [p = impl.get()] {
+                          return p->Metrics();
+                        }));
   }
   impl->worker_thread = std::thread([p = impl.get()] { p->WorkLoop(); });
   impl->beat_thread = std::thread([p = impl.get()] { p->BeatLoop(); });

@@ -27,6 +27,9 @@ struct AgentOptions {
   std::string kc_binary;  // the kc executable that runs `kc train`
   // SIGTERM to SIGKILL: the time a stopped job has to save a checkpoint of its last step.
   double stop_grace_s = 30;
+  // Prometheus metrics of the jobs it runs (GET /metrics, plaintext) on HOST:PORT (port 0: any
+  // free one); "" = none (docs/operations/metrics.md).
+  std::string metrics_listen;
 };
 
 // Safe for concurrent use; one thread of its own does the work.
@@ -42,6 +45,7 @@ class Agent {
   Agent& operator=(const Agent&) = delete;
 
   int running_jobs() const;
+  int metrics_port() const;  // 0 without metrics_listen
 
  private:
   struct Impl;

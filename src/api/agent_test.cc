@@ -6,6 +6,7 @@
 
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <httplib.h>
 #include <sys/stat.h>
 
 #include <chrono>
@@ -152,14 +153,16 @@ class AgentTest : public ::testing::Test {
   }
 
   // An agent whose jobs run `program` (given kc train's arguments, which it ignores).
-  std::unique_ptr<Agent> StartAgent(const std::string& program = "/bin/true", int devices = 1) {
+  std::unique_ptr<Agent> StartAgent(const std::string& program = "/bin/true", int devices = 1,
+                                    const std::string& metrics_listen = "") {
     Result<std::unique_ptr<Agent>> agent =
         Agent::Start({.kcd = {.server = "127.0.0.1:" + std::to_string(port_), .insecure = true},
                       .host = "h1",
                       .devices = devices,
                       .work_dir = dir_.Path("work"),
                       .kc_binary = program,
-                      .stop_grace_s = 5});
+                      .stop_grace_s = 5,
+                      .metrics_listen = metrics_listen});
     EXPECT_TRUE(agent.ok()) << agent.status();
     return agent.ok() ? *std::move(agent) : nullptr;
   }
@@ -249,6 +252,39 @@ TEST_F(ElasticAgentTest, AResizeOrderReachesTheFileTheRunFollows) {
   EXPECT_NE(argv.find("--ranks 1 "), std::string::npos) << argv;
   EXPECT_NE(argv.find("--min-ranks 1 --max-ranks 2"), std::string::npos) << argv;
   EXPECT_NE(argv.find("--resize-file " + size), std::string::npos) << argv;
+}
+
+// The agent's metrics page has each running job's last step record, scraped over HTTP.
+TEST_F(AgentTest, ItsMetricsGiveEachRunsLastStep) {
+  ASSERT_GT(port_, 0);
+  const std::string program = dir_.Write(
+      "job.sh",
+      "#!/bin/sh\n"
+      "while [ $# -gt 0 ]; do if [ \"$1\" = --out ]; then out=$2; fi; shift; done\n"
+      "echo '{\"type\":\"step\",\"step\":5,\"loss\":2.5,\"tokens_per_s\":1000,"
+      "\"step_ms\":20,\"compute_ms\":15,\"comm_exposed_ms\":2}' > \"$out/metrics.jsonl\"\n"
+      "exec sleep 60\n");
+  ASSERT_EQ(chmod(program.c_str(), 0755), 0);
+  kcd_->OpenChecks();
+  std::unique_ptr<Agent> agent = StartAgent(program, 1, "127.0.0.1:0");
+  ASSERT_NE(agent, nullptr);
+  ASSERT_GT(agent->metrics_port(), 0);
+  std::string page;
+  ASSERT_TRUE(kcd_->Await([&] {
+    httplib::Result r = httplib::Client("127.0.0.1", agent->metrics_port()).Get("/metrics");
+    page = r ? r->body : "";
+    return page.find("kc_run_step{job=\"7\",name=\"x\",host=\"h1\"} 5\n") != std::string::npos;
+  })) << page;
+  EXPECT_NE(page.find("kc_agent_jobs_running{host=\"h1\"} 1\n"), std::string::npos) << page;
+  EXPECT_NE(page.find("kc_run_tokens_per_second{job=\"7\",name=\"x\",host=\"h1\"} 1000\n"),
+            std::string::npos)
+      << page;
+  EXPECT_NE(page.find("kc_run_step_seconds{job=\"7\",name=\"x\",host=\"h1\"} 0.02\n"),
+            std::string::npos)
+      << page;
+  EXPECT_NE(page.find("kc_run_comm_exposed_seconds{job=\"7\",name=\"x\",host=\"h1\"} 0.002\n"),
+            std::string::npos)
+      << page;
 }
 
 }  // namespace
