@@ -29,8 +29,8 @@ double UnixSeconds() {
 std::string Why(const TrainArgs& a, const fault::FaultEvent& e) {
   if (e.silent_s > 0) {
     return fmt::format(
-        "sent no heartbeat for {:.1f} s (--heartbeat-timeout {} s): declared failed and killed",
-        e.silent_s, a.heartbeat_timeout_s);
+        "sent no heartbeat for {:.1f} s (--heartbeat-timeout {} s): declared failed and killed{}",
+        e.silent_s, a.heartbeat_timeout_s, e.hang.empty() ? "" : "; hang report: " + e.hang);
   }
   return e.reason;
 }

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -234,12 +235,56 @@ class RegionBuffer final : public Buffer {
 // ---------------------------------------------------------------------------------------
 // State shared by a root communicator and every sub-group made from it on this rank.
 
+// One communicator's newest operation (Communicator::progress), written by its worker thread
+// on every operation: relaxed stores, no lock, no clock (a few nanoseconds). When it began is
+// left to the readers: the first to see an operation in a state stamps it, so `since` is late
+// by at most the time between two looks (a heartbeat period). A reader may see the fields of
+// two neighbouring operations mixed, which a diagnosis can bear.
+class ProgressSlot {
+ public:
+  explicit ProgressSlot(std::string group) : group_(std::move(group)) {}
+  void Enter(const char* op, uint64_t seq, int64_t bytes) {
+    op_.store(op, std::memory_order_relaxed);
+    bytes_.store(bytes, std::memory_order_relaxed);
+    seq_.store(seq, std::memory_order_relaxed);
+    done_.store(false, std::memory_order_release);
+  }
+  void Leave() { done_.store(true, std::memory_order_release); }
+  OpProgress Get() const {
+    const bool done = done_.load(std::memory_order_acquire);
+    const uint64_t seq = seq_.load(std::memory_order_relaxed);
+    const uint64_t state = seq * 2 + (done ? 1 : 0) + 1;  // 0: never looked at
+    const int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+    if (seen_state_.exchange(state, std::memory_order_relaxed) != state) {
+      seen_at_.store(now, std::memory_order_relaxed);
+    }
+    return {.group = group_,
+            .op = op_.load(std::memory_order_relaxed),
+            .seq = seq,
+            .bytes = bytes_.load(std::memory_order_relaxed),
+            .done = done,
+            .since = TimePoint(
+                std::chrono::steady_clock::duration(seen_at_.load(std::memory_order_relaxed)))};
+  }
+
+ private:
+  const std::string group_;
+  std::atomic<const char*> op_{""};
+  std::atomic<uint64_t> seq_{0};
+  std::atomic<int64_t> bytes_{0};
+  std::atomic<bool> done_{true};
+  mutable std::atomic<uint64_t> seen_state_{0};
+  mutable std::atomic<int64_t> seen_at_{0};  // steady_clock ticks
+};
+
 struct Root {
   CommunicatorOptions options;           // of the root; group and store reused by sub-groups
   std::shared_ptr<Transport> transport;  // over every root rank
   std::vector<int> hosts;                // host index of every root rank
   Mutex mu;
   int next_salt KC_GUARDED_BY(mu) = kFirstSplitSalt;
+  // Every communicator of the tree, for progress(): gone ones expire.
+  std::vector<std::weak_ptr<ProgressSlot>> slots KC_GUARDED_BY(mu);
 };
 
 // Everything one communicator runs on.
@@ -369,7 +414,12 @@ class CommunicatorImpl final : public Communicator {
         rank_(rank),
         links_(std::move(links)),
         clock_(root_->options.clock),
-        queue_(std::make_shared<OpQueue>(clock_)) {}
+        progress_(std::make_shared<ProgressSlot>(name_)),
+        queue_(std::make_shared<OpQueue>(clock_)) {
+    MutexLock lock(&root_->mu);
+    std::erase_if(root_->slots, [](const std::weak_ptr<ProgressSlot>& s) { return s.expired(); });
+    root_->slots.push_back(progress_);
+  }
 
   // Works handed out keep the queue alive, so it is shut down here: nothing runs on links_
   // afterwards.
@@ -393,7 +443,7 @@ class CommunicatorImpl final : public Communicator {
                                       {Algorithm::kRing, Algorithm::kRecursiveDoubling,
                                        Algorithm::kHierarchical, Algorithm::kDirect}));
     data = data.first(static_cast<size_t>(bytes));
-    return Submit(bytes, o,
+    return Submit("allreduce", bytes, o,
                   [this, data, count, type, op, algo, lane = o.lane](TimePoint deadline,
                                                                      uint64_t tag) -> Status {
                     if (size() == 1 || count == 0) return OkStatus();
@@ -423,7 +473,7 @@ class CommunicatorImpl final : public Communicator {
     KC_RETURN_IF_ERROR(CheckReduceArgs("reduce_scatter", data, count, type, op));
     KC_ASSIGN_OR_RETURN(const Algorithm algo, Pick("reduce_scatter", o, Algorithm::kRing));
     data = data.first(bytes_of(count, type));
-    return Submit(static_cast<int64_t>(data.size()), o,
+    return Submit("reduce_scatter", static_cast<int64_t>(data.size()), o,
                   [this, data, count, type, op, algo, lane = o.lane](TimePoint deadline,
                                                                      uint64_t tag) -> Status {
                     if (size() == 1 || count == 0) return OkStatus();
@@ -446,7 +496,7 @@ class CommunicatorImpl final : public Communicator {
     KC_ASSIGN_OR_RETURN(const Algorithm algo, Pick("allgather", o, Algorithm::kRing));
     data = data.first(bytes_of(count, type));
     return Submit(
-        static_cast<int64_t>(data.size()), o,
+        "allgather", static_cast<int64_t>(data.size()), o,
         [this, data, count, type, algo, lane = o.lane](TimePoint deadline, uint64_t tag) -> Status {
           if (size() == 1 || count == 0) return OkStatus();
           if (algo == Algorithm::kDirect) {
@@ -466,7 +516,7 @@ class CommunicatorImpl final : public Communicator {
     KC_RETURN_IF_ERROR(CheckRoot("broadcast", root));
     KC_ASSIGN_OR_RETURN(const Algorithm algo, Pick("broadcast", o, Algorithm::kRecursiveDoubling));
     return Submit(
-        static_cast<int64_t>(data.size()), o,
+        "broadcast", static_cast<int64_t>(data.size()), o,
         [this, data, root, algo, lane = o.lane](TimePoint deadline, uint64_t tag) -> Status {
           if (size() == 1 || data.empty()) return OkStatus();
           if (algo == Algorithm::kDirect) {
@@ -484,7 +534,7 @@ class CommunicatorImpl final : public Communicator {
     KC_RETURN_IF_ERROR(CheckRoot("reduce", root));
     KC_ASSIGN_OR_RETURN(const Algorithm algo, Pick("reduce", o, Algorithm::kRecursiveDoubling));
     data = data.first(bytes_of(count, type));
-    return Submit(static_cast<int64_t>(data.size()), o,
+    return Submit("reduce", static_cast<int64_t>(data.size()), o,
                   [this, data, count, type, op, root, algo, lane = o.lane](TimePoint deadline,
                                                                            uint64_t tag) -> Status {
                     if (size() == 1 || count == 0) return OkStatus();
@@ -504,11 +554,12 @@ class CommunicatorImpl final : public Communicator {
 
   Result<std::shared_ptr<Work>> Barrier(const OpOptions& o) override {
     KC_ASSIGN_OR_RETURN(const Algorithm algo, Pick("barrier", o, Algorithm::kRecursiveDoubling));
-    return Submit(0, o, [this, algo, lane = o.lane](TimePoint deadline, uint64_t tag) -> Status {
-      if (size() == 1) return OkStatus();
-      if (algo == Algorithm::kDirect) return links_.direct->Barrier(deadline);
-      return comm::Barrier(*links_.transport, {.deadline = deadline, .tag = tag, .lane = lane});
-    });
+    return Submit(
+        "barrier", 0, o, [this, algo, lane = o.lane](TimePoint deadline, uint64_t tag) -> Status {
+          if (size() == 1) return OkStatus();
+          if (algo == Algorithm::kDirect) return links_.direct->Barrier(deadline);
+          return comm::Barrier(*links_.transport, {.deadline = deadline, .tag = tag, .lane = lane});
+        });
   }
 
   Result<std::shared_ptr<Work>> Send(int peer, std::span<const std::byte> data, uint64_t tag,
@@ -536,7 +587,7 @@ class CommunicatorImpl final : public Communicator {
     // Shared with the operation, which may outlive this call if Wait gives up.
     auto region = std::make_shared<std::shared_ptr<ShmRegion>>();
     KC_ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
-                        Submit(0, {.timeout = root_->options.connect_timeout},
+                        Submit("allocate", 0, {.timeout = root_->options.connect_timeout},
                                [engine, bytes, region](TimePoint deadline, uint64_t) -> Status {
                                  KC_ASSIGN_OR_RETURN(*region, engine->Allocate(bytes, deadline));
                                  return OkStatus();
@@ -567,6 +618,19 @@ class CommunicatorImpl final : public Communicator {
   CommunicatorMetrics metrics() const override {
     MutexLock lock(&mu_);
     return metrics_;
+  }
+
+  std::vector<OpProgress> progress() const override {
+    std::vector<std::shared_ptr<ProgressSlot>> slots;
+    {
+      MutexLock lock(&root_->mu);
+      for (const std::weak_ptr<ProgressSlot>& w : root_->slots) {
+        if (std::shared_ptr<ProgressSlot> s = w.lock()) slots.push_back(std::move(s));
+      }
+    }
+    std::vector<OpProgress> out;
+    for (const auto& s : slots) out.push_back(s->Get());
+    return out;
   }
 
  private:
@@ -676,21 +740,26 @@ class CommunicatorImpl final : public Communicator {
 
   // Queues one collective. The tag comes from the submission order, which every rank
   // shares.
-  Result<std::shared_ptr<Work>> Submit(int64_t bytes, const OpOptions& o, RunFn fn) {
+  Result<std::shared_ptr<Work>> Submit(const char* what, int64_t bytes, const OpOptions& o,
+                                       RunFn fn) {
     const Duration timeout = o.timeout > Duration::zero() ? o.timeout : root_->options.timeout;
     auto op = std::make_shared<Op>();
     op->deadline = clock_->Now() + timeout;
-    uint64_t tag;
+    uint64_t tag, seq;
     {
       MutexLock lock(&mu_);
       if (!failure_.ok()) return std::shared_ptr<Work>(new DoneWork(failure_));
-      tag = kCollectiveTag | (next_seq_++ % kUserTagLimit);
+      seq = next_seq_++;
+      tag = kCollectiveTag | (seq % kUserTagLimit);
     }
-    op->run = [this, fn = std::move(fn), deadline = op->deadline, tag, bytes]() -> Status {
+    op->run = [this, what, fn = std::move(fn), deadline = op->deadline, tag, seq,
+               bytes]() -> Status {
       KC_LAYER_ENTRY(Layer::kComm, "communicator");
       if (Status s = status(); !s.ok()) return s;
+      progress_->Enter(what, seq, bytes);
       Status s = Admit(bytes, deadline);
       if (s.ok()) s = fn(deadline, tag);
+      progress_->Leave();
       Count(bytes, s);
       if (!s.ok()) Fail(s);
       return s;
@@ -751,6 +820,7 @@ class CommunicatorImpl final : public Communicator {
   Status failure_ KC_GUARDED_BY(mu_);
   uint64_t next_seq_ KC_GUARDED_BY(mu_) = 0;
   CommunicatorMetrics metrics_ KC_GUARDED_BY(mu_);
+  const std::shared_ptr<ProgressSlot> progress_;  // its newest operation
   const std::shared_ptr<FailHook> fail_hook_ = std::make_shared<FailHook>(this);
   std::shared_ptr<OpQueue> queue_;  // last: its worker runs ops that use the fields above
 };
@@ -829,7 +899,8 @@ Result<std::unique_ptr<Communicator>> CommunicatorImpl::Split(int color, int key
   std::span<std::byte> bytes = std::as_writable_bytes(std::span(table));
   KC_ASSIGN_OR_RETURN(
       std::shared_ptr<Work> work,
-      Submit(static_cast<int64_t>(bytes.size()), {.timeout = root_->options.connect_timeout},
+      Submit("split", static_cast<int64_t>(bytes.size()),
+             {.timeout = root_->options.connect_timeout},
              [this, bytes, n, shared_table](TimePoint deadline, uint64_t tag) -> Status {
                if (n == 1) return OkStatus();
                return comm::Allgather(*links_.transport, {.data = bytes,

@@ -137,6 +137,21 @@ struct CommunicatorMetrics {
   Duration rate_limit_wait{};  // total time they waited
 };
 
+// Where one rank is in the collectives of one communicator (hang localisation): the newest
+// operation it started, and whether it has finished. Every rank of a communicator runs its
+// collectives in one order, so ranks whose `seq` differ, or that finished one the others are
+// still in, are the ones holding the others up.
+struct OpProgress {
+  std::string group;  // the communicator's name ("job/g0", "job/g0/sub3.0")
+  std::string op;     // "allreduce", "barrier", ...; "" before its first
+  uint64_t seq = 0;   // its place in that communicator's order
+  int64_t bytes = 0;
+  bool done = true;
+  // When it was first seen in this state, started or finished (the real steady clock): late
+  // by at most the time since the previous look, so ask regularly (a heartbeat does).
+  TimePoint since{};
+};
+
 class Communicator {
  public:
   // Publishes this rank's host in the store, learns everyone's, and builds the links (one
@@ -217,6 +232,9 @@ class Communicator {
   // links, so peers fail at once instead of at their deadline. Idempotent.
   virtual void Abort(Status reason) = 0;
   virtual CommunicatorMetrics metrics() const = 0;
+  // This communicator's newest operation and those of every group split from it that is still
+  // alive (safe from any thread: a watchdog or heartbeat thread asks while ops run).
+  virtual std::vector<OpProgress> progress() const = 0;
 };
 
 }  // namespace kc::comm

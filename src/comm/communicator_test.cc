@@ -309,6 +309,43 @@ TEST(CommunicatorTest, RegisteredBuffersGiveTheSameResults) {
   });
 }
 
+// Hang localisation's raw material: each rank's newest operation per communicator of its tree.
+// Rank 1 sees rank 0 inside an all-reduce it has not entered itself; once both are through,
+// both say so, and a group split off appears beside the root.
+TEST(CommunicatorTest, ProgressSaysWhichOperationEachRankIsIn) {
+  std::atomic<Communicator*> first{nullptr};
+  RunRanks({.size = 2}, [&](Communicator& c) {
+    std::vector<float> x(1000, 1);
+    if (c.rank() == 1) {
+      while (first.load() == nullptr || first.load()->progress().at(0).done) {
+        std::this_thread::yield();  // until rank 0 is inside its all-reduce
+      }
+      const OpProgress theirs = first.load()->progress().at(0);
+      EXPECT_EQ(theirs.op, "allreduce");
+      EXPECT_EQ(theirs.seq, 0u);
+      EXPECT_EQ(theirs.bytes, 4000);
+      EXPECT_EQ(theirs.group, c.group());
+      EXPECT_EQ(c.progress().at(0).op, "");  // it has started nothing
+    } else {
+      first = &c;
+    }
+    auto w = c.Allreduce(std::span(x), ReduceOp::kSum);
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE((*w)->Wait().ok());
+    const OpProgress mine = c.progress().at(0);
+    EXPECT_EQ(mine.op, "allreduce");
+    EXPECT_TRUE(mine.done);
+    Result<std::unique_ptr<Communicator>> child = c.Split(0, c.rank());
+    ASSERT_TRUE(child.ok()) << child.status();
+    std::vector<OpProgress> all = c.progress();
+    ASSERT_EQ(all.size(), 2u);
+    EXPECT_EQ(all[0].op, "split");
+    EXPECT_EQ(all[0].seq, 1u);
+    EXPECT_EQ(all[1].group, (*child)->group());
+    EXPECT_EQ(all[1].op, "");
+  });
+}
+
 TEST(CommunicatorTest, AbortFailsThePeersPendingWorkAndStaysFailed) {
   for (TransportKind kind : {TransportKind::kAuto, TransportKind::kTcp}) {
     RunRanks({.size = 3, .transport = kind}, [](Communicator& c) {

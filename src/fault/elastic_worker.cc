@@ -118,8 +118,15 @@ Result<int> ElasticWorker::Run() {
     // Heartbeats first: the supervisor hears from this worker while it rendezvouses and
     // builds its model.
     KC_ASSIGN_OR_RETURN(heartbeat_store_, o_.connect());
-    KC_ASSIGN_OR_RETURN(heartbeat_,
-                        Heartbeat::Start(heartbeat_store_.get(), o_.worker, o_.heartbeat.period));
+    KC_ASSIGN_OR_RETURN(heartbeat_, Heartbeat::Start(heartbeat_store_.get(), o_.worker,
+                                                     o_.heartbeat.period, [this]() -> std::string {
+                                                       // Where it is in its collectives (hang
+                                                       // reports).
+                                                       MutexLock lock(&mu_);
+                                                       if (live_comm_ == nullptr) return "[]";
+                                                       return ProgressToJson(live_comm_->progress(),
+                                                                             Clock::Real()->Now());
+                                                     }));
     if (!o_.runner.checkpoint.dir.empty()) {
       KC_ASSIGN_OR_RETURN(checkpoint_store_, o_.connect());
     }

@@ -1,15 +1,103 @@
 #include "fault/heartbeat.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <algorithm>
+#include <nlohmann/json.hpp>
 
 namespace kc::fault {
 
 std::string HeartbeatKey(int rank) { return std::string(kHeartbeatPrefix) + std::to_string(rank); }
 
-Result<std::unique_ptr<Heartbeat>> Heartbeat::Start(comm::Store* store, int rank, Seconds period) {
+std::string ProgressKey(int rank) {
+  return std::string(kHeartbeatPrefix) + "progress/" + std::to_string(rank);
+}
+
+std::string ProgressToJson(const std::vector<comm::OpProgress>& ops, TimePoint now) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const comm::OpProgress& p : ops) {
+    out.push_back({{"group", p.group},
+                   {"op", p.op},
+                   {"seq", p.seq},
+                   {"bytes", p.bytes},
+                   {"done", p.done},
+                   {"for_s", std::chrono::duration<double>(now - p.since).count()}});
+  }
+  return out.dump();
+}
+
+std::string HangReport(const std::map<int, std::string>& progress) {
+  struct Place {
+    std::string op;
+    uint64_t seq = 0;
+    int64_t bytes = 0;
+    bool done = true;
+    double for_s = 0;
+  };
+  // group -> worker -> its newest operation there.
+  std::map<std::string, std::map<int, Place>> groups;
+  std::vector<int> idle;  // workers with no communicator (yet, or between generations)
+  for (const auto& [worker, text] : progress) {
+    const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+    if (!j.is_array()) continue;
+    if (j.empty()) idle.push_back(worker);
+    for (const nlohmann::json& o : j) {
+      if (!o.is_object()) continue;
+      groups[o.value("group", std::string())][worker] = {.op = o.value("op", std::string()),
+                                                         .seq = o.value("seq", uint64_t{0}),
+                                                         .bytes = o.value("bytes", int64_t{0}),
+                                                         .done = o.value("done", true),
+                                                         .for_s = o.value("for_s", 0.0)};
+    }
+  }
+  auto names = [](const std::vector<int>& ws) {
+    return fmt::format("worker{} {}", ws.size() == 1 ? "" : "s", fmt::join(ws, ", "));
+  };
+  std::vector<std::string> lines;
+  for (const auto& [group, places] : groups) {
+    // The newest operation some worker waits in.
+    const Place* waited = nullptr;
+    for (const auto& [w, p] : places) {
+      if (!p.done && !p.op.empty() && (waited == nullptr || p.seq > waited->seq)) waited = &p;
+    }
+    if (waited == nullptr) continue;
+    std::vector<int> in, behind = idle;
+    double longest = 0;
+    std::string last = idle.empty() ? "" : "no communicator";
+    for (const auto& [w, p] : places) {
+      if (p.seq == waited->seq && !p.done && !p.op.empty()) {
+        in.push_back(w);
+        longest = std::max(longest, p.for_s);
+      } else if (p.op.empty() || p.seq < waited->seq) {
+        behind.push_back(w);
+        if (last.empty() || last == "no communicator") {
+          last = p.op.empty()
+                     ? "nothing on it yet"
+                     : fmt::format("{} #{}, {}", p.op, p.seq, p.done ? "finished" : "not finished");
+        }
+      }
+    }
+    std::sort(behind.begin(), behind.end());
+    std::string what = fmt::format("{} #{} of {} ({:.1f} MB)", waited->op, waited->seq, group,
+                                   static_cast<double>(waited->bytes) / 1e6);
+    if (behind.empty()) {
+      lines.push_back(fmt::format("{}: {} {} in it ({:.1f} s), every worker has entered it", what,
+                                  names(in), in.size() == 1 ? "waits" : "wait", longest));
+    } else {
+      lines.push_back(fmt::format("{}: {} {} not entered it (last: {}); {} {} in it ({:.1f} s)",
+                                  what, names(behind), behind.size() == 1 ? "has" : "have", last,
+                                  names(in), in.size() == 1 ? "waits" : "wait", longest));
+    }
+  }
+  return fmt::format("{}", fmt::join(lines, "; "));
+}
+
+Result<std::unique_ptr<Heartbeat>> Heartbeat::Start(comm::Store* store, int rank, Seconds period,
+                                                    std::function<std::string()> progress) {
   if (store == nullptr) return InvalidArgumentError("heartbeat: no store");
   if (!(period.count() > 0)) return InvalidArgumentError("heartbeat period: must be positive");
-  std::unique_ptr<Heartbeat> h(new Heartbeat(store, rank, period));
+  std::unique_ptr<Heartbeat> h(new Heartbeat(store, rank, period, std::move(progress)));
   KC_RETURN_IF_ERROR(store->Set(HeartbeatKey(rank), "0"));  // at once: the first beat
   h->thread_ = std::thread([p = h.get()] { p->Loop(); });
   return h;
@@ -37,6 +125,7 @@ void Heartbeat::Loop() {
     mu_.Unlock();
     // A failed Set (the store gone) is the supervisor's to notice; keep beating.
     store_->Set(HeartbeatKey(rank_), std::to_string(beat)).IgnoreError();
+    if (progress_) store_->Set(ProgressKey(rank_), progress_()).IgnoreError();
     mu_.Lock();
     const auto until = std::chrono::steady_clock::now() + period;
     while (!stop_ && std::chrono::steady_clock::now() < until) cv_.WaitUntil(&mu_, until);

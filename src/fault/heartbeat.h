@@ -11,6 +11,8 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -19,6 +21,7 @@
 
 #include "base/mutex.h"
 #include "base/status.h"
+#include "comm/communicator.h"
 #include "comm/store.h"
 
 namespace kc::fault {
@@ -29,22 +32,39 @@ using Seconds = std::chrono::duration<double>;
 inline constexpr std::string_view kHeartbeatPrefix = "kc/heartbeat/";
 std::string HeartbeatKey(int rank);
 
+// Hang localisation (docs/user-guide/diagnose.md#a-hung-job). With each beat a rank publishes
+// where it is in its collectives (comm::Communicator::progress) under ProgressKey(rank), as
+// ProgressToJson writes it; when a rank goes silent the supervisor reads every rank's and
+// HangReport names who holds the others up.
+std::string ProgressKey(int rank);
+std::string ProgressToJson(const std::vector<comm::OpProgress>& ops, TimePoint now);
+// From each rank's published progress (rank -> ProgressToJson's text; a rank without one has
+// published nothing), in words: for each communicator whose newest operation some rank is in,
+// the ranks that have not entered it (with what they did last) and those waiting in it, e.g.
+// "allreduce #36 of job/g0/sub0.0 (4.0 MB): worker 1 has not entered it (last: allreduce #35,
+// finished); workers 0, 2 wait in it (2.0 s)". "" when no rank waits.
+std::string HangReport(const std::map<int, std::string>& progress);
+
 // A thread that sets HeartbeatKey(rank) to a counter every `period` until destroyed. The store
 // (not owned) must outlive it and be for it alone (its calls block the thread).
 class Heartbeat {
  public:
-  static Result<std::unique_ptr<Heartbeat>> Start(comm::Store* store, int rank, Seconds period);
+  // `progress`, when set, is asked at each beat for the text to publish under
+  // ProgressKey(rank) (ProgressToJson of the rank's communicator).
+  static Result<std::unique_ptr<Heartbeat>> Start(comm::Store* store, int rank, Seconds period,
+                                                  std::function<std::string()> progress = {});
   ~Heartbeat();
   int64_t beats() const;
 
  private:
-  Heartbeat(comm::Store* store, int rank, Seconds period)
-      : store_(store), rank_(rank), period_(period) {}
+  Heartbeat(comm::Store* store, int rank, Seconds period, std::function<std::string()> progress)
+      : store_(store), rank_(rank), period_(period), progress_(std::move(progress)) {}
   void Loop();
 
   comm::Store* const store_;
   const int rank_;
   const Seconds period_;
+  const std::function<std::string()> progress_;
   mutable Mutex mu_;
   CondVar cv_;
   bool stop_ KC_GUARDED_BY(mu_) = false;

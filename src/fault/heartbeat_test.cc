@@ -110,5 +110,49 @@ TEST(HeartbeatTest, OptionsAreChecked) {
   EXPECT_FALSE(Heartbeat::Start(nullptr, 0, Seconds(1)).ok());
 }
 
+// The hang report from what ranks published: per communicator, who waits in its newest
+// operation and who has not entered it; groups a rank is not in do not count against it, and
+// nothing waited for makes no report.
+TEST(HangReportTest, NamesWhoHasNotEnteredWhatTheOthersWaitIn) {
+  const TimePoint now = kc::Clock::Real()->Now();
+  auto at = [&](const std::string& group, const char* op, uint64_t seq, bool done, double ago) {
+    return comm::OpProgress{.group = group,
+                            .op = op,
+                            .seq = seq,
+                            .bytes = 4000000,
+                            .done = done,
+                            .since = now - std::chrono::duration_cast<Duration>(Seconds(ago))};
+  };
+  // t=2: tp groups j/g0/sub0 (workers 0, 1) and j/g0/sub1 (2, 3); worker 3 stopped before
+  // its tensor-parallel all-reduce #7; worker 1 and 2 are in theirs.
+  const std::map<int, std::string> progress = {
+      {0,
+       ProgressToJson(
+           {at("j/g0", "allreduce", 3, true, 1), at("j/g0/sub0", "allreduce", 7, true, 0.1)}, now)},
+      {1,
+       ProgressToJson(
+           {at("j/g0", "allreduce", 3, true, 1), at("j/g0/sub0", "allreduce", 8, false, 2)}, now)},
+      {2, ProgressToJson(
+              {at("j/g0", "allreduce", 3, true, 1), at("j/g0/sub1", "allreduce", 7, false, 2.5)},
+              now)},
+      {3,
+       ProgressToJson(
+           {at("j/g0", "allreduce", 3, true, 1), at("j/g0/sub1", "allreduce", 6, true, 3)}, now)},
+  };
+  EXPECT_EQ(HangReport(progress),
+            "allreduce #8 of j/g0/sub0 (4.0 MB): worker 0 has not entered it (last: allreduce #7, "
+            "finished); worker 1 waits in it (2.0 s); allreduce #7 of j/g0/sub1 (4.0 MB): worker 3 "
+            "has not entered it (last: allreduce #6, finished); worker 2 waits in it (2.5 s)");
+  // Every one through its last operation: no report.
+  EXPECT_EQ(HangReport({{0, ProgressToJson({at("j/g0", "barrier", 2, true, 0)}, now)},
+                        {1, ProgressToJson({at("j/g0", "barrier", 2, true, 0)}, now)}}),
+            "");
+  // A worker with no communicator (not yet built) has entered nothing.
+  EXPECT_EQ(
+      HangReport({{0, ProgressToJson({at("j/g1", "allreduce", 0, false, 1)}, now)}, {1, "[]"}}),
+      "allreduce #0 of j/g1 (4.0 MB): worker 1 has not entered it (last: no communicator); "
+      "worker 0 waits in it (1.0 s)");
+}
+
 }  // namespace
 }  // namespace kc::fault

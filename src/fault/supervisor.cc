@@ -19,6 +19,7 @@ nlohmann::json FaultEvent::ToJson() const {
   switch (kind) {
     case Kind::kDetected:
       j = {{"event", "detected"}, {"worker", worker}, {"reason", reason}};
+      if (!hang.empty()) j["hang"] = hang;
       if (generation >= 0) {
         j["generation"] = generation;
         j["ranks"] = ranks;
@@ -78,6 +79,7 @@ class Supervisor::Impl final : public RankEvents {
     bool exited = false;
     std::string last_output;  // its last non-empty line
     double silent_s = 0;      // > 0: killed for its silence
+    std::string hang;         // then: the hang report made as it was declared silent
   };
   struct Recovering {
     TimePoint detected;
@@ -145,6 +147,7 @@ class Supervisor::Impl final : public RankEvents {
   void OnRankExit(int id, const RankExit& exit);
   void OnRecovery(const RecoveryReport& r);
   void CheckHeartbeats();
+  std::string HangReportNow();
   void StartReplacements();
   void TakeInReady();
   void ApplyResize();
@@ -328,12 +331,13 @@ void Supervisor::Impl::OnRankExit(int id, const RankExit& exit) {
                .silent_s = w.silent_s,
                .heartbeat_timeout_s = o_.heartbeat.timeout.count(),
                .exit = exit,
-               .last_output = w.last_output};
+               .last_output = w.last_output,
+               .hang = w.hang};
   if (w.silent_s > 0) {
     e.reason = fmt::format(
         "sent no heartbeat for {:.1f} s (heartbeat timeout {} s): declared "
-        "failed and killed",
-        w.silent_s, o_.heartbeat.timeout.count());
+        "failed and killed{}",
+        w.silent_s, o_.heartbeat.timeout.count(), w.hang.empty() ? "" : "; hang report: " + w.hang);
   } else if (w.last_output.empty()) {
     e.reason = exit.description;
   } else {
@@ -437,11 +441,25 @@ void Supervisor::Impl::ApplyResize() {
   }
 }
 
+// Where every live worker was in its collectives, from what their heartbeats published.
+std::string Supervisor::Impl::HangReportNow() {
+  std::map<int, std::string> progress;
+  for (int w : Alive()) {
+    const std::string key = ProgressKey(w);
+    Result<bool> there = o_.store->Check(std::span<const std::string>(&key, 1));
+    if (!there.ok() || !*there) continue;
+    Result<std::string> text = o_.store->Get(key, o_.clock->Now() + std::chrono::seconds(1));
+    if (text.ok()) progress[w] = *std::move(text);
+  }
+  return HangReport(progress);
+}
+
 void Supervisor::Impl::CheckHeartbeats() {
   for (int r : beats_->Check(o_.clock->Now())) {
     Worker& w = workers_[r];
     if (w.exited) continue;
     w.silent_s = std::max(beats_->silent_for(r).count(), 1e-9);
+    w.hang = HangReportNow();
     // A stopped or wedged process does not act on a stop: killed. Its exit is the failure
     // (in an elastic run, the next generation).
     o_.launcher->Signal(r, RankSignal::kKill);

@@ -48,6 +48,9 @@ struct FaultEvent {
   double heartbeat_timeout_s = 0;
   RankExit exit;
   std::string last_output;
+  // kDetected of a silent rank: where every rank was in its collectives (HangReport), "" when
+  // none waited in one.
+  std::string hang;
   // The generation that follows (kDetected in an elastic run, kJoined) or was restored
   // (kRecovered, kStopped); -1: none.
   int64_t generation = -1;

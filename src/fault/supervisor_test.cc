@@ -35,8 +35,9 @@ const TinyCorpus& Corpus() {
 // What a drill does to a worker before one of its steps.
 struct Drill {
   enum class How {
-    kKill,       // kill -9: its connections fail, its communicator aborts
-    kSilence,    // SIGSTOP: its heartbeats stop and it blocks, until the supervisor kills it
+    kKill,              // kill -9: its connections fail, its communicator aborts
+    kSilence,           // SIGSTOP: its heartbeats stop and it blocks, until the supervisor kills it
+    kSilenceAfterBeat,  // kSilence once its heartbeat has published its last step's progress
     kStop,       // a stop request to the supervisor, as SIGTERM to kc train; the worker goes on
                  // once the stop reached it
     kAwaitJoin,  // waits until a replacement has joined (or its generation ends)
@@ -120,69 +121,82 @@ RunResult Train(const RunSpec& spec) {
   RunResult out;
   Recorder recorder(&out);
   std::unique_ptr<Supervisor> supervisor;
-  ThreadLauncher launcher({.store = &store, .body = [&](RankContext& rank) -> Status {
-                             auto device = OneCore(rank.worker());
-                             Notification killed;
-                             ElasticWorkerOptions o;
-                             o.worker = rank.worker();
-                             o.join = rank.join();
-                             o.ranks = spec.ranks;
-                             o.shape = shape;
-                             o.job = job;
-                             if (several) {
-                               o.connect = [&]() -> Result<std::unique_ptr<comm::Store>> {
-                                 return rank.Connect();
-                               };
-                             }
-                             o.timeout = std::chrono::seconds(60);
-                             o.heartbeat = heartbeat;
-                             o.trainer.spec = TinyModel();
-                             o.trainer.data = Corpus().train();
-                             o.trainer.total_steps = spec.steps;
-                             o.trainer.device = device.get();
-                             o.trainer.plan.t = spec.t;
-                             o.runner.steps = spec.steps;
-                             o.runner.checkpoint.dir = spec.checkpoint_dir;
-                             o.runner.checkpoint_every = spec.checkpoint_every;
-                             o.runner.resume_from = spec.resume_from;
-                             o.runner.model = ModelFingerprint(o.trainer.spec);
-                             o.stop_requested = rank.stop_requested();
-                             o.observer = rank.observer();
-                             o.hooks.before_step = [&](int64_t next) {
-                               for (const Drill& d : spec.drills) {
-                                 if (d.worker != rank.worker() || d.step != next) continue;
-                                 switch (d.how) {
-                                   case Drill::How::kKill:
-                                     launcher.Signal(d.worker, RankSignal::kKill);
-                                     break;
-                                   case Drill::How::kSilence:
-                                     launcher.Silence(d.worker);
-                                     killed.WaitForNotification();
-                                     break;
-                                   case Drill::How::kStop:
-                                     supervisor->RequestStop();
-                                     rank.stop_requested()->wait(false);
-                                     break;
-                                   case Drill::How::kAwaitJoin:
-                                     recorder.joined.WaitForNotification();
-                                     break;
-                                   case Drill::How::kResize:
-                                     supervisor->Resize(d.ranks);
-                                     break;
-                                 }
-                               }
-                             };
-                             ElasticWorker worker(o);
-                             auto hook = rank.OnKill([&](Status why) {
-                               worker.Abort(why);
-                               killed.Notify();
-                             });
-                             Result<int> r = worker.Run();
-                             if (r.ok() || r.status().code() == ErrorCode::kCancelled) {
-                               return OkStatus();
-                             }
-                             return r.status();
-                           }});
+  ThreadLauncher launcher(
+      {.store = &store, .body = [&](RankContext& rank) -> Status {
+         auto device = OneCore(rank.worker());
+         Notification killed;
+         ElasticWorkerOptions o;
+         o.worker = rank.worker();
+         o.join = rank.join();
+         o.ranks = spec.ranks;
+         o.shape = shape;
+         o.job = job;
+         if (several) {
+           o.connect = [&]() -> Result<std::unique_ptr<comm::Store>> { return rank.Connect(); };
+         }
+         o.timeout = std::chrono::seconds(60);
+         o.heartbeat = heartbeat;
+         o.trainer.spec = TinyModel();
+         o.trainer.data = Corpus().train();
+         o.trainer.total_steps = spec.steps;
+         o.trainer.device = device.get();
+         o.trainer.plan.t = spec.t;
+         o.runner.steps = spec.steps;
+         o.runner.checkpoint.dir = spec.checkpoint_dir;
+         o.runner.checkpoint_every = spec.checkpoint_every;
+         o.runner.resume_from = spec.resume_from;
+         o.runner.model = ModelFingerprint(o.trainer.spec);
+         o.stop_requested = rank.stop_requested();
+         o.observer = rank.observer();
+         o.hooks.before_step = [&](int64_t next) {
+           for (const Drill& d : spec.drills) {
+             if (d.worker != rank.worker() || d.step != next) continue;
+             switch (d.how) {
+               case Drill::How::kKill:
+                 launcher.Signal(d.worker, RankSignal::kKill);
+                 break;
+               case Drill::How::kSilenceAfterBeat:
+                 // Until a beat has said where it is now: every
+                 // operation of its last step finished.
+                 for (;;) {
+                   Result<std::string> p = store.Get(
+                       ProgressKey(d.worker), Clock::Real()->Now() + std::chrono::seconds(10));
+                   if (!p.ok() || (p->find("\"done\":true") != std::string::npos &&
+                                   p->find("\"done\":false") == std::string::npos &&
+                                   p->find("allreduce") != std::string::npos)) {
+                     break;
+                   }
+                   std::this_thread::yield();
+                 }
+                 [[fallthrough]];
+               case Drill::How::kSilence:
+                 launcher.Silence(d.worker);
+                 killed.WaitForNotification();
+                 break;
+               case Drill::How::kStop:
+                 supervisor->RequestStop();
+                 rank.stop_requested()->wait(false);
+                 break;
+               case Drill::How::kAwaitJoin:
+                 recorder.joined.WaitForNotification();
+                 break;
+               case Drill::How::kResize:
+                 supervisor->Resize(d.ranks);
+                 break;
+             }
+           }
+         };
+         ElasticWorker worker(o);
+         auto hook = rank.OnKill([&](Status why) {
+           worker.Abort(why);
+           killed.Notify();
+         });
+         Result<int> r = worker.Run();
+         if (r.ok() || r.status().code() == ErrorCode::kCancelled) {
+           return OkStatus();
+         }
+         return r.status();
+       }});
   auto created = Supervisor::Create({.ranks = spec.ranks,
                                      .shape = shape,
                                      .max_restarts = spec.max_restarts,
@@ -412,6 +426,25 @@ TEST(SupervisorTest, ASilentRankIsFoundByItsHeartbeatsKilledAndTheOthersGoOn) {
   EXPECT_THAT(detected->reason, HasSubstr("sent no heartbeat"));
   ASSERT_EQ(r.losses.size(), 8u);
   EXPECT_LE(MaxRelativeDifference(r.losses, Uninterrupted()), 1e-5);
+}
+
+// A rank that stops between steps (SIGSTOP) is named by the hang report its silence brings:
+// the others wait in the next all-reduce, which it has not entered.
+TEST(SupervisorTest, TheHangReportNamesTheRankTheOthersWaitFor) {
+  RunResult r =
+      Train({.ranks = 3,
+             .min_ranks = 2,
+             .steps = 40,
+             .drills = {{.worker = 1, .step = 30, .how = Drill::How::kSilenceAfterBeat}}});
+  EXPECT_EQ(r.outcome.end, RunOutcome::End::kCompleted);
+  const FaultEvent* detected = Find(r, FaultEvent::Kind::kDetected);
+  ASSERT_NE(detected, nullptr);
+  EXPECT_EQ(detected->worker, 1);
+  EXPECT_THAT(detected->hang, ::testing::ContainsRegex(
+                                  "allreduce #[0-9]+ of .*: worker 1 has not entered it \\(last: "
+                                  "allreduce #[0-9]+, finished\\); workers 0, 2 wait in it"));
+  EXPECT_THAT(detected->reason, HasSubstr("hang report: "));
+  EXPECT_EQ(detected->ToJson().value("hang", ""), detected->hang);
 }
 
 TEST(SupervisorTest, AStopStopsEveryRankAfterTheSameStepWithACheckpointToResumeFrom) {

@@ -834,7 +834,13 @@ TEST_P(KcElasticTest, TheSurvivorsGoOnWithTheUninterruptedLosses) {
   EXPECT_THAT(run.result.err, HasSubstr("injected fault before step 5 (--inject-fault, " + how));
   EXPECT_THAT(run.result.err, HasSubstr("worker 2 failed"));
   EXPECT_THAT(run.result.err, HasSubstr("generation 1 goes on with 3 ranks (d=3)"));
-  if (how == "stop") EXPECT_THAT(run.result.err, HasSubstr("sent no heartbeat"));
+  if (how == "stop") {
+    EXPECT_THAT(run.result.err, HasSubstr("sent no heartbeat"));
+    // The hang report names the stopped rank: the others wait in an all-reduce it never entered.
+    EXPECT_THAT(run.result.err, ::testing::ContainsRegex("hang report: allreduce #[0-9]+ of [^ ]+ "
+                                                         "\\([0-9.]+ MB\\): worker 2 has not "
+                                                         "entered it"));
+  }
 
   const std::vector<double>& base = UninterruptedElasticLosses();
   ASSERT_EQ(run.losses.size(), base.size());
