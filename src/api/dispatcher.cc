@@ -499,6 +499,22 @@ struct Dispatcher::Impl {
     return JobSpecText(*spec);
   }
 
+  // The pool the roles file gives team `team` (its `pool:` key), when the scheduler has a
+  // pool of that name that takes `job_class`; "" (level 1 chooses) otherwise.
+  std::string TeamPool(const std::string& team, sched::JobClass job_class) const {
+    if (o.roles == nullptr || scheduler == nullptr) return "";
+    for (const TeamSpec& t : o.roles->teams) {
+      if (t.name != team || t.pool.empty()) continue;
+      for (const sched::Pool& p : scheduler->pools()) {
+        if (p.spec.name == t.pool && std::find(p.spec.classes.begin(), p.spec.classes.end(),
+                                               job_class) != p.spec.classes.end()) {
+          return t.pool;
+        }
+      }
+    }
+    return "";
+  }
+
   // Hands job `j` (pending, or queued without a scheduler submission) to the scheduler.
   void Admit(const JobRecord& j, double now) KC_REQUIRES(mu) {
     const std::string where = fmt::format("job/{}", j.id);
@@ -546,15 +562,18 @@ struct Dispatcher::Impl {
       }
     }
     const std::string id = fmt::format("job-{}.{}", j.id, ++submissions);
+    const sched::JobClass job_class =
+        sched::JobClassFromName(spec->job_class).value_or(sched::JobClass::kNormal);
     sched::JobRequest req{
         .id = id,
         .team = j.team,
         .user = j.owner,
-        .job_class = sched::JobClassFromName(spec->job_class).value_or(sched::JobClass::kNormal),
+        .job_class = job_class,
         .min_devices = min,
         .max_devices = spec->ranks,
         .tp = elastic ? group : spec->ranks,  // the scheduler refuses a group that does not divide
         .one_host = true,
+        .pool = TeamPool(j.team, job_class),
         .duration_s = spec->expected_hours * 3600};
     if (Status s = scheduler->Submit(req, now); !s.ok()) {
       Move(j.id, JobPhase::kFailed, fmt::format("the scheduler refused it: {}", s.message()));

@@ -131,6 +131,36 @@ class ClusterTest : public ::testing::Test {
     return agent;
   }
 
+  // The roles file of two tenants: alice (team vision, with `vision` its extra keys) and bob
+  // (team nlp); admin is the system admin.
+  void TwoTenants(const std::string& vision) {
+    dir_.Write("cluster/roles.yaml",
+               fmt::format("cluster: local\nusers:\n  - {{name: admin, role: system_admin}}\n"
+                           "  - {{name: alice, role: submitter, teams: [vision]}}\n"
+                           "  - {{name: bob, role: submitter, teams: [nlp]}}\n"
+                           "teams:\n  - {{name: vision{}}}\n  - {{name: nlp}}\n",
+                           vision.empty() ? "" : ", " + vision));
+  }
+
+  // Tokens for alice and bob (TwoTenants) and their logins to kcd on `port`: user -> the
+  // login file to pass as --login.
+  std::map<std::string, std::string> AliceAndBob(const std::string& port) {
+    const std::string cluster = dir_.Path("cluster");
+    std::map<std::string, std::string> login;
+    for (const char* user : {"alice", "bob"}) {
+      const std::string token = dir_.Path(std::string(user) + ".token");
+      EXPECT_EQ(Kc(fmt::format("token issue {} --dir {} --out {}", user, cluster, token)).exit_code,
+                0);
+      login[user] = dir_.Path(std::string(user) + ".json");
+      KcRun r =
+          Kc(fmt::format("login --server localhost:{} --ca {}/tls/ca.pem --token-file {} "
+                         "--login {}",
+                         port, cluster, token, login[user]));
+      EXPECT_EQ(r.exit_code, 0) << r.err;
+    }
+    return login;
+  }
+
   // The job as `kc job show --json` prints it.
   nlohmann::json Show(int64_t id, const std::string& login = "") {
     KcRun r = Kc(fmt::format("job show {} --json{}", id, login.empty() ? "" : " --login " + login));
@@ -359,6 +389,33 @@ TEST_F(ClusterTest, AWaitingJobSaysWhyItWaitsAsSlurmDoes) {
   j = Await(waiting, [](const nlohmann::json& x) { return Ended(x["phase"]); });
   EXPECT_EQ(j["phase"], "succeeded") << j.dump();
   EXPECT_EQ(up->Stop(SIGTERM), 0);
+}
+
+// The roles file gives team vision pool "mine" (host h2, whose agent is not running); the
+// pools file sends every other job to "all" (h1), which lends nothing. Alice's job goes to her
+// team's pool and waits there, saying so; Bob's runs on h1.
+TEST_F(ClusterTest, AJobGoesToTheTeamPoolTheRolesFileNames) {
+  Init();
+  TwoTenants("pool: mine");
+  dir_.Write("cluster/pools.yaml",
+             "pools:\n"
+             "  - {name: all, classes: [high, normal, preemptible], rest: true, lend: false}\n"
+             "  - {name: mine, classes: [normal], hosts: h2}\n");
+  auto [kcd, port] = Kcd("");
+  const std::map<std::string, std::string> login = AliceAndBob(port);
+  std::unique_ptr<Daemon> agent = AgentOnH1();
+  KcRun hers = Kc("submit " + JobFile("hers", 3) + " --json --login " + login.at("alice"));
+  ASSERT_EQ(hers.exit_code, 0) << hers.err;
+  const int64_t id = Int(nlohmann::json::parse(hers.out), "id");
+  nlohmann::json j = Await(id, [](const nlohmann::json& x) {
+    return x["reason"].get<std::string>().starts_with("pending: reason=Resources (pool mine:");
+  });
+  EXPECT_EQ(j["phase"], "queued");
+  KcRun his = Kc("submit " + JobFile("his", 3) + " --wait --login " + login.at("bob"));
+  EXPECT_EQ(his.exit_code, 0) << his.err << his.out;
+  EXPECT_EQ(Show(id)["phase"], "queued");
+  EXPECT_EQ(agent->Stop(SIGTERM), 0);
+  EXPECT_EQ(kcd->Stop(SIGTERM), 0);
 }
 
 TEST_F(ClusterTest, APlanPastTheApprovalLimitsWaitsForAResourceAdmin) {
@@ -1017,31 +1074,15 @@ TEST_F(ClusterTest, KillNineOfKcdAmidSubmissionsLosesNoAcknowledgedJob) {
 // writes anything there, and her checkpoints stay as they were. Another job's own directory
 // cannot even be named.
 TEST_F(ClusterTest, AJobCannotWriteIntoAnotherTenantsCheckpointDirectory) {
-  const std::string cluster = dir_.Path("cluster");
   Init();
-  dir_.Write("cluster/roles.yaml",
-             "cluster: local\nusers:\n  - {name: admin, role: system_admin}\n"
-             "  - {name: alice, role: submitter, teams: [vision]}\n"
-             "  - {name: bob, role: submitter, teams: [nlp]}\n"
-             "teams:\n  - {name: vision}\n  - {name: nlp}\n");
+  TwoTenants("");
   auto [kcd, port] = Kcd("--check-period 0.2");
-  std::map<std::string, std::string> login;
-  for (const char* user : {"alice", "bob"}) {
-    const std::string token = dir_.Path(std::string(user) + ".token");
-    ASSERT_EQ(Kc(fmt::format("token issue {} --dir {} --out {}", user, cluster, token)).exit_code,
-              0);
-    login[user] = dir_.Path(std::string(user) + ".json");
-    KcRun r =
-        Kc(fmt::format("login --server localhost:{} --ca {}/tls/ca.pem --token-file {} "
-                       "--login {}",
-                       port, cluster, token, login[user]));
-    ASSERT_EQ(r.exit_code, 0) << r.err;
-  }
+  const std::map<std::string, std::string> login = AliceAndBob(port);
   std::unique_ptr<Daemon> agent = AgentOnH1();
 
   KcRun mine =
       Kc("submit " + JobFile("mine", 6, "checkpoint_every: 3\ncheckpoint_dir: shared/a\n") +
-         " --wait --json --login " + login["alice"]);
+         " --wait --json --login " + login.at("alice"));
   ASSERT_EQ(mine.exit_code, 0) << mine.err << mine.out;
   const std::string checkpoints = dir_.Path("work/shared/a");
   const auto listing = [&] {
@@ -1058,7 +1099,7 @@ TEST_F(ClusterTest, AJobCannotWriteIntoAnotherTenantsCheckpointDirectory) {
 
   KcRun theirs =
       Kc("submit " + JobFile("theirs", 100, "checkpoint_every: 1\ncheckpoint_dir: shared/a\n") +
-         " --json --login " + login["bob"]);
+         " --json --login " + login.at("bob"));
   ASSERT_EQ(theirs.exit_code, 0) << theirs.err;
   const int64_t id = Int(nlohmann::json::parse(theirs.out), "id");
   nlohmann::json j = Await(id, [](const nlohmann::json& x) { return x["phase"] == "paused"; });
@@ -1068,7 +1109,7 @@ TEST_F(ClusterTest, AJobCannotWriteIntoAnotherTenantsCheckpointDirectory) {
   EXPECT_EQ(listing(), before);
 
   KcRun named = Kc("submit " + JobFile("named", 3, "checkpoint_dir: jobs/1/checkpoints\n") +
-                   " --login " + login["bob"]);
+                   " --login " + login.at("bob"));
   EXPECT_EQ(named.exit_code, 2);
   EXPECT_THAT(named.err, HasSubstr("checkpoint_dir: expected a directory outside jobs/"));
   EXPECT_EQ(agent->Stop(SIGTERM), 0);
