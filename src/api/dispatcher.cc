@@ -136,7 +136,7 @@ struct Dispatcher::Impl {
   std::unique_ptr<hal::Topology> topology;  // null: no topology yet
   std::unique_ptr<sched::Scheduler> scheduler;
   std::vector<std::vector<int>> host_devices;   // per host index: its devices, in order
-  parallel::planner::ApprovalLimits limits;     // zeros: none
+  parallel::planner::ApprovalLimits limits;     // zeros: none; replaced only under mu
   std::optional<comm::CommLimits> comm_limits;  // DIR/comm-limits.yaml, when there is one
 
   Mutex mu;
@@ -152,6 +152,9 @@ struct Dispatcher::Impl {
   LatencyHistogram pass_seconds;                                // its passes, for the metrics
   // Jobs requeued after a failed run: not placed again before this wall time (the backoff).
   std::map<int64_t, double> not_before KC_GUARDED_BY(mu);
+  // DIR/plan-approval.yaml as `limits` last read it: whether it existed, and its mtime.
+  bool limits_file KC_GUARDED_BY(mu) = false;
+  fs::file_time_type limits_mtime KC_GUARDED_BY(mu){};
   // Per queued job: the pending reason last written to the store, and when.
   std::map<int64_t, std::pair<std::string, double>> shown_reasons KC_GUARDED_BY(mu);
   std::vector<char> up KC_GUARDED_BY(mu);  // per device: up in the scheduler
@@ -737,8 +740,35 @@ struct Dispatcher::Impl {
 
   // One pass: lost agents, new jobs, jobs stopped in the store, the scheduler's decisions,
   // runtimes used up.
+  // Applies DIR/plan-approval.yaml live: the jobs admitted from this pass on are planned
+  // against the file as it is now (none: no limits). Jobs already queued or running are not
+  // affected. A file that does not load keeps the limits in force, logged once per change.
+  void RefreshLimits() KC_REQUIRES(mu) {
+    const fs::path file = fs::path(o.dir) / "plan-approval.yaml";
+    std::error_code ec;
+    const bool exists = fs::exists(file, ec);
+    const fs::file_time_type mtime = exists ? fs::last_write_time(file, ec) : fs::file_time_type{};
+    if (ec || (exists == limits_file && mtime == limits_mtime)) return;
+    limits_file = exists;
+    limits_mtime = mtime;
+    if (!exists) {
+      limits = {};
+      KC_LOG(INFO) << "dispatcher: " << file.string() << " removed: no approval limits";
+      return;
+    }
+    Result<parallel::planner::ApprovalLimits> l =
+        parallel::planner::LoadApprovalLimits(file.string());
+    if (!l.ok()) {
+      KC_LOG(WARNING) << "dispatcher: approval limits unchanged: " << l.status().message();
+      return;
+    }
+    limits = *l;
+    KC_LOG(INFO) << "dispatcher: approval limits from " << file.string() << " apply now";
+  }
+
   void Pass() KC_REQUIRES(mu) {
     const double now = WallSeconds();
+    RefreshLimits();
     // Agents silent too long: their runs are lost; the jobs go back to the queue.
     for (auto& [host, a] : agents) {
       if (now - a.last_seen_s <= o.lost_after_s) continue;
@@ -931,6 +961,10 @@ Result<std::unique_ptr<Dispatcher>> Dispatcher::Start(DispatcherOptions o) {
     if (fs::exists(dir / "plan-approval.yaml")) {
       KC_ASSIGN_OR_RETURN(
           m.limits, parallel::planner::LoadApprovalLimits((dir / "plan-approval.yaml").string()));
+      MutexLock lock(&m.mu);
+      std::error_code ec;  // unknown: the first pass reads the file again
+      m.limits_file = true;
+      m.limits_mtime = fs::last_write_time(dir / "plan-approval.yaml", ec);
     }
     m.host_devices.resize(m.topology->hosts().size());
     for (int d = 0; d < m.topology->num_devices(); ++d) {

@@ -471,6 +471,23 @@ TEST_F(ClusterTest, APlanPastTheApprovalLimitsWaitsForAResourceAdmin) {
                              {"plan.approve override", "plan.deny override", "plan.deny failed"}));
 }
 
+// Approval limits written while kcd runs apply to the next job it admits, and removing them
+// lifts them: no restart.
+TEST_F(ClusterTest, ApprovalLimitsApplyLive) {
+  std::unique_ptr<Daemon> up = Up();
+  EXPECT_EQ(Kc("submit " + JobFile("before", 3) + " --wait").exit_code, 0);
+  dir_.Write("cluster/plan-approval.yaml", "max_devices: 1\n");
+  KcRun held = Kc("submit " + JobFile("held", 3) + " --json");
+  ASSERT_EQ(held.exit_code, 0) << held.err;
+  nlohmann::json j = Await(Int(nlohmann::json::parse(held.out), "id"),
+                           [](const nlohmann::json& x) { return x["phase"] != "pending"; });
+  EXPECT_EQ(j["phase"], "approval_required") << j.dump();
+  EXPECT_THAT(j["reason"].get<std::string>(), HasSubstr("approval required"));
+  std::filesystem::remove(dir_.Path("cluster/plan-approval.yaml"));
+  EXPECT_EQ(Kc("submit " + JobFile("after", 3) + " --wait").exit_code, 0);
+  EXPECT_EQ(up->Stop(SIGTERM), 0);
+}
+
 TEST_F(ClusterTest, AJobNoHostCanHoldFailsWithWhy) {
   std::unique_ptr<Daemon> up = Up();
   KcRun submit =
