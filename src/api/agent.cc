@@ -500,10 +500,15 @@ struct Agent::Impl {
     // A session of its own (setsid), so that its ranks go with it; an empty signal mask (a
     // caller that blocked SIGTERM for sigwait, kc agent or kc up, would leave the job deaf to
     // its stop order until the SIGKILL).
+    std::vector<std::pair<std::string, std::string>> env = j.spec.env;
+    if (!j.order.cuda_visible_devices().empty()) {
+      // The job's GPUs on this host, in rank order: its ranks' LOCAL_RANK indexes them.
+      env.emplace_back("CUDA_VISIBLE_DEVICES", j.order.cuda_visible_devices());
+    }
     Result<Subprocess> process =
         Subprocess::Start({.path = args[0],
                            .argv = args,
-                           .env = j.spec.env,
+                           .env = env,
                            .working_dir = working_dir,
                            .fds = {{.child = 0, .parent = ChildFd::kDevNull},
                                    {.child = 1, .parent = pipefd[1]},

@@ -518,6 +518,24 @@ struct Dispatcher::Impl {
     return "";
   }
 
+  // The CUDA ordinals on their host of `devices` that are GPUs, comma-separated in the order
+  // given: a GPU's ordinal is its place among its host's GPUs (index_on_host order). "" when
+  // none is a GPU.
+  std::string CudaVisibleDevices(const std::vector<int>& devices) const {
+    std::vector<std::string> ordinals;
+    for (int dev : devices) {
+      const hal::DeviceDescriptor& d = topology->device(dev);
+      if (d.kind != hal::DeviceKind::kCuda) continue;
+      int ordinal = 0;
+      for (int other : host_devices[topology->host_of(dev)]) {
+        const hal::DeviceDescriptor& peer = topology->device(other);
+        ordinal += peer.kind == hal::DeviceKind::kCuda && peer.index_on_host < d.index_on_host;
+      }
+      ordinals.push_back(std::to_string(ordinal));
+    }
+    return fmt::format("{}", fmt::join(ordinals, ","));
+  }
+
   // Hands job `j` (pending, or queued without a scheduler submission) to the scheduler.
   void Admit(const JobRecord& j, double now) KC_REQUIRES(mu) {
     const std::string where = fmt::format("job/{}", j.id);
@@ -717,6 +735,7 @@ struct Dispatcher::Impl {
     order.set_job(job);
     order.set_run(run.run);
     order.set_restart(RestartsDone(job));
+    order.set_cuda_visible_devices(CudaVisibleDevices(d.devices));
     std::string layout;
     order.set_spec(SpecForStart(*j, static_cast<int>(d.devices.size()), &layout));
     for (int dev : d.devices) {

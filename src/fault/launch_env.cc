@@ -27,6 +27,8 @@ std::vector<std::pair<std::string, std::string>> LaunchEnvironment(const LaunchC
 
 bool IsLaunchVariable(std::string_view name) {
   if (name.starts_with("TORCHELASTIC_") || name.starts_with("KC_")) return true;
+  // The devices a rank may use are the ones the scheduler gave it (a cluster agent sets it).
+  if (name == "CUDA_VISIBLE_DEVICES") return true;
   // Every name the launch gives, from a contract that sets them all (OMP_NUM_THREADS not).
   static const std::vector<std::pair<std::string, std::string>> given =
       LaunchEnvironment({.local_world_size = 2, .checkpoint_dir = "d"}, 0,

@@ -32,8 +32,9 @@ std::vector<std::pair<std::string, std::string>> LaunchEnvironment(const LaunchC
                                                                    bool omp_num_threads_set);
 
 // Whether the launch sets `name` for each rank (any variable LaunchEnvironment gives but
-// OMP_NUM_THREADS, which is only a default, and every TORCHELASTIC_* and KC_* name): a job may
-// not set it itself.
+// OMP_NUM_THREADS, which is only a default, every TORCHELASTIC_* and KC_* name, and
+// CUDA_VISIBLE_DEVICES, which a cluster agent sets to the job's GPUs): a job may not set it
+// itself.
 bool IsLaunchVariable(std::string_view name);
 
 }  // namespace kc::fault

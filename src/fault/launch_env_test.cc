@@ -48,9 +48,10 @@ TEST(LaunchEnvironmentTest, LeavesOutWhatIsNotAskedFor) {
 }
 
 TEST(LaunchEnvironmentTest, ItsVariablesAreTheLaunchsOwn) {
-  for (const char* name : {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
-                           "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE",
-                           "TORCHELASTIC_RESTART_COUNT", "KC_CHECKPOINT_DIR", "KC_ANYTHING"}) {
+  for (const char* name :
+       {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+        "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT",
+        "KC_CHECKPOINT_DIR", "KC_ANYTHING", "CUDA_VISIBLE_DEVICES"}) {
     EXPECT_TRUE(IsLaunchVariable(name)) << name;
   }
   for (const char* name : {"OMP_NUM_THREADS", "HF_HOME", "RANKS", "PATH"}) {

@@ -19,6 +19,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -90,10 +91,10 @@ class ClusterTest : public ::testing::Test {
     return up;
   }
 
-  // `kc init` of cluster directory `cluster` with the two-host inventory.
-  void Init() {
+  // `kc init` of cluster directory `cluster` with `inventory` (the two-host one of CPU slices).
+  void Init(const char* inventory = kTwoCpuHosts) {
     KcRun init = Kc(fmt::format("init {} --inventory {}", dir_.Path("cluster"),
-                                dir_.Write("inv.yaml", kTwoCpuHosts)));
+                                dir_.Write("inv.yaml", inventory)));
     ASSERT_EQ(init.exit_code, 0) << init.err;
   }
 
@@ -983,6 +984,55 @@ TEST_F(ClusterTest, ACommandJobRunsAnyProgramAndIsRestartedAfterKillNine) {
   EXPECT_FALSE(requeue.empty()) << j.dump();
   EXPECT_TRUE(std::filesystem::exists(checkpoints + "/rank1-restart1"));
   EXPECT_EQ(up->Stop(SIGTERM), 0);
+}
+
+// On GPUs (an inventory of CUDA devices; the program only prints what it is given) each
+// command job's ranks see the job's own GPUs as CUDA_VISIBLE_DEVICES, by their ordinals on the
+// host: two one-rank jobs side by side on h1's two GPUs get one each, not the same.
+TEST_F(ClusterTest, ACommandJobSeesItsOwnGpusAsCudaVisibleDevices) {
+  Init(R"(name: gpus
+models:
+  H: {kind: cuda, memory_gb: 80, peak_tflops_fp32: 60, peak_tflops_bf16: 900,
+      memory_bandwidth_gbs: 3000}
+hosts:
+  - {name: h1, model: H, count: 2, intra_host: {kind: nvlink, bandwidth_gbs: 400, latency_us: 2},
+     network: {bandwidth_gbs: 50, latency_us: 5}}
+)");
+  auto [kcd, port] = Kcd("");
+  std::unique_ptr<Daemon> agent = AgentOnH1();
+  const std::string script = dir_.Write(
+      "gpu.sh", "echo \"visible=$CUDA_VISIBLE_DEVICES local=$LOCAL_RANK\"\nexec sleep 60\n");
+  std::vector<int64_t> ids;
+  for (const char* name : {"first", "second"}) {
+    KcRun submit = Kc(fmt::format(
+        "submit {} --json",
+        dir_.Write(fmt::format("{}.yaml", name),
+                   fmt::format("name: {}\ncommand: [/bin/sh, {}]\nranks: 1\n", name, script))));
+    ASSERT_EQ(submit.exit_code, 0) << submit.err;
+    ids.push_back(Int(nlohmann::json::parse(submit.out), "id"));
+  }
+  std::set<std::string> seen;
+  for (int64_t id : ids) {
+    std::string logs;
+    Await(id, [&](const nlohmann::json& x) {
+      logs = Kc(fmt::format("job logs {}", id)).out;
+      return Ended(x["phase"]) || logs.find("visible=") != std::string::npos;
+    });
+    const size_t at = logs.find("visible=");
+    ASSERT_NE(at, std::string::npos) << logs;
+    seen.insert(logs.substr(at, logs.find(' ', at) - at));
+  }
+  EXPECT_EQ(seen, (std::set<std::string>{"visible=0", "visible=1"}));
+  // A job file may not set it: the devices are the scheduler's to give.
+  KcRun bad =
+      Kc("submit " + dir_.Write("bad.yaml", fmt::format("name: bad\ncommand: [/bin/true]\n"
+                                                        "env: {{CUDA_VISIBLE_DEVICES: \"0\"}}\n")));
+  EXPECT_EQ(bad.exit_code, 2) << bad.out;
+  EXPECT_THAT(bad.err, HasSubstr("CUDA_VISIBLE_DEVICES"));
+  for (int64_t id : ids) Kc(fmt::format("job cancel {}", id));
+  for (int64_t id : ids) Await(id, [](const nlohmann::json& x) { return Ended(x["phase"]); });
+  EXPECT_EQ(agent->Stop(SIGTERM), 0);
+  EXPECT_EQ(kcd->Stop(SIGTERM), 0);
 }
 
 // kc job pause of a command job: SIGTERM reaches every rank, which saves to KC_CHECKPOINT_DIR
