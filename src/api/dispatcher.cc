@@ -460,6 +460,27 @@ struct Dispatcher::Impl {
     return rec;
   }
 
+  // A command job against the approval limits it can be held to: its devices and its expected
+  // hours (the memory and traffic limits need a model's plan).
+  PlanRecord CommandJobRecord(const JobRecord& j, const JobSpec& spec) const {
+    PlanRecord rec{.job = j.id};
+    const double hours = spec.expected_hours;
+    rec.summary = fmt::format("a command job: {} devices, {:.2f} h expected (no model to plan)",
+                              spec.ranks, hours);
+    if (limits.max_devices > 0 && spec.ranks > limits.max_devices) {
+      rec.reasons.push_back(
+          fmt::format("{} devices, above the limit of {}", spec.ranks, limits.max_devices));
+    }
+    if (limits.max_runtime_s > 0 && hours * 3600 > limits.max_runtime_s) {
+      rec.reasons.push_back(
+          fmt::format("{:.2f} h expected (expected_hours), above the limit of "
+                      "{:.2f} h",
+                      hours, limits.max_runtime_s / 3600));
+    }
+    rec.approval_required = !rec.reasons.empty();
+    return rec;
+  }
+
   // Job `j`'s spec as its start order on `n` devices carries it: with the plan kcd decided
   // (and a resource admin approved, if it had to) when the job file gave none, so that every
   // rank runs it. An elastic job started below its max_devices runs that plan at its size: d
@@ -572,9 +593,11 @@ struct Dispatcher::Impl {
         group = p->t * p->p;
       }
     }
-    if (j.phase == JobPhase::kPending && o.plans != nullptr && spec->command.empty()) {
-      // The planner's plan; past the approval limits the job waits for a resource admin.
-      const PlanRecord plan = PlanJob(j, *spec);
+    if (j.phase == JobPhase::kPending && o.plans != nullptr) {
+      // The planner's plan (a command job: its devices and hours, there being no model to
+      // plan); past the approval limits the job waits for a resource admin.
+      const PlanRecord plan =
+          spec->command.empty() ? PlanJob(j, *spec) : CommandJobRecord(j, *spec);
       if (Status s = o.plans->Put(plan); !s.ok()) KC_LOG(WARNING) << s.message();
       if (plan.approval_required) {
         Move(j.id, JobPhase::kApprovalRequired,

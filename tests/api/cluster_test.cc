@@ -1035,6 +1035,36 @@ hosts:
   EXPECT_EQ(kcd->Stop(SIGTERM), 0);
 }
 
+// The approval limits hold command jobs to what can be known without a model: devices and
+// expected hours. One past max_devices waits for a resource admin, then runs once approved.
+TEST_F(ClusterTest, ACommandJobPastTheApprovalLimitsWaitsForAResourceAdmin) {
+  dir_.Write("cluster/plan-approval.yaml", "max_devices: 1\nmax_runtime_hours: 2\n");
+  std::unique_ptr<Daemon> up = Up();
+  KcRun submit = Kc("submit " +
+                    dir_.Write("big.yaml",
+                               "name: big\ncommand: [/bin/true]\nranks: 2\n"
+                               "expected_hours: 3\n") +
+                    " --json");
+  ASSERT_EQ(submit.exit_code, 0) << submit.err;
+  const int64_t id = Int(nlohmann::json::parse(submit.out), "id");
+  nlohmann::json j =
+      Await(id, [](const nlohmann::json& x) { return x["phase"] == "approval_required"; });
+  EXPECT_THAT(j["reason"].get<std::string>(), HasSubstr("2 devices, above the limit of 1"));
+  EXPECT_THAT(j["reason"].get<std::string>(),
+              HasSubstr("3.00 h expected (expected_hours), above the limit of 2.00 h"));
+  KcRun plan = Kc(fmt::format("job plan {}", id));
+  ASSERT_EQ(plan.exit_code, 0) << plan.err;
+  EXPECT_THAT(plan.out, HasSubstr("a command job: 2 devices"));
+  ASSERT_EQ(Kc(fmt::format("job approve {}", id)).exit_code, 0);
+  j = Await(id, [](const nlohmann::json& x) { return Ended(x["phase"]); });
+  EXPECT_EQ(j["phase"], "succeeded") << j.dump();
+  // Within the limits: no wait.
+  KcRun small =
+      Kc("submit " + dir_.Write("small.yaml", "name: small\ncommand: [/bin/true]\n") + " --wait");
+  EXPECT_EQ(small.exit_code, 0) << small.err << small.out;
+  EXPECT_EQ(up->Stop(SIGTERM), 0);
+}
+
 // kc job pause of a command job: SIGTERM reaches every rank, which saves to KC_CHECKPOINT_DIR
 // and exits; kc job resume starts it again, and it goes on from what it saved.
 TEST_F(ClusterTest, ACommandJobPausedSavesAndResumesFromItsOwnCheckpoint) {
