@@ -54,7 +54,8 @@ CREATE TABLE IF NOT EXISTS runs (
 CREATE TABLE IF NOT EXISTS requeues (
   job INTEGER NOT NULL,
   time_s REAL NOT NULL,
-  reason TEXT NOT NULL
+  reason TEXT NOT NULL,
+  not_before_s REAL NOT NULL DEFAULT 0
 );
 )";
 
@@ -309,16 +310,18 @@ struct Dispatcher::Impl {
       Move(job, JobPhase::kFailed, d.reason);
       return;
     }
+    const double not_before_s = now + std::chrono::duration<double>(d.delay).count();
     Result<internal::Statement> st =
-        db.Prepare("INSERT INTO requeues (job, time_s, reason) VALUES (?,?,?)");
+        db.Prepare("INSERT INTO requeues (job, time_s, reason, not_before_s) VALUES (?,?,?,?)");
     if (st.ok()) {
       st->Bind(1, job);
       st->Bind(2, now);
       st->Bind(3, d.reason);
+      st->Bind(4, not_before_s);
       if (st->Step() != SQLITE_DONE)
         KC_LOG(WARNING) << db.Error("cannot record a requeue").message();
     }
-    not_before[job] = now + std::chrono::duration<double>(d.delay).count();
+    not_before[job] = not_before_s;
     Move(job, JobPhase::kQueued, d.reason);
   }
 
@@ -1023,6 +1026,23 @@ Result<std::unique_ptr<Dispatcher>> Dispatcher::Start(DispatcherOptions o) {
     if (has_hash.Step() != SQLITE_ROW) {
       KC_RETURN_IF_ERROR(
           m.db.Exec("ALTER TABLE runs ADD COLUMN token_hash TEXT NOT NULL DEFAULT ''"));
+    }
+    // Requeues recorded before their backoff's end was kept have none (it has passed).
+    KC_ASSIGN_OR_RETURN(internal::Statement has_end,
+                        m.db.Prepare("SELECT 1 FROM pragma_table_info('requeues') "
+                                     "WHERE name = 'not_before_s'"));
+    if (has_end.Step() != SQLITE_ROW) {
+      KC_RETURN_IF_ERROR(
+          m.db.Exec("ALTER TABLE requeues ADD COLUMN not_before_s REAL NOT NULL DEFAULT 0"));
+    }
+    // A requeued job's backoff outlasts a restart of kcd.
+    {
+      const double wall = WallSeconds();
+      KC_ASSIGN_OR_RETURN(internal::Statement ends,
+                          m.db.Prepare("SELECT job, MAX(not_before_s) FROM requeues GROUP BY job"));
+      while (ends.Step() == SQLITE_ROW) {
+        if (ends.Double(1) > wall) m.not_before[ends.Int(0)] = ends.Double(1);
+      }
     }
     if (m.topology != nullptr) {
       // Every device starts down: its agent brings it up by registering.

@@ -612,6 +612,39 @@ TEST_F(ClusterTest, AnAgentKilledWithoutItsStopLeavesNoJobRunningTwice) {
   EXPECT_FALSE(std::filesystem::exists(dir_.Path(fmt::format("cluster/work/agent/{}.pid", id))));
 }
 
+// A job requeued after a failed run waits out its backoff even across a restart of kc up
+// (kcd keeps when it ends): another job submitted after the restart runs and ends first.
+TEST_F(ClusterTest, ARequeuedJobsBackoffOutlastsARestartOfKcd) {
+  std::unique_ptr<Daemon> up = Up();
+  KcRun submit = Kc("submit " + JobFile("flaky", 1000000, "restart_backoff: 3600\n") + " --json");
+  ASSERT_EQ(submit.exit_code, 0) << submit.err;
+  const int64_t id = Int(nlohmann::json::parse(submit.out), "id");
+  Await(id, [](const nlohmann::json& j) { return j["phase"] == "running" && Int(j, "step") >= 2; });
+  const pid_t rank = ARankOf(id);
+  ASSERT_GT(rank, 0);
+  ASSERT_EQ(kill(rank, SIGKILL), 0);  // not elastic: the run fails, the job is requeued
+  Await(id, [](const nlohmann::json& j) {
+    return j["phase"] == "queued" &&
+           j["reason"].get<std::string>().find("requeued") != std::string::npos;
+  });
+  EXPECT_EQ(up->Stop(SIGTERM), 0);
+  up = Up();
+  KcRun other = Kc("submit " + JobFile("other", 3) + " --json");
+  ASSERT_EQ(other.exit_code, 0) << other.err;
+  const nlohmann::json done = Await(Int(nlohmann::json::parse(other.out), "id"),
+                                    [](const nlohmann::json& x) { return Ended(x["phase"]); });
+  EXPECT_EQ(done["phase"], "succeeded") << done.dump();
+  const nlohmann::json j = Show(id);
+  EXPECT_EQ(j["phase"], "queued") << j.dump();
+  int runs = 0;
+  for (const nlohmann::json& e : j["history"]) {
+    runs += e["phase"] == "running" && e.value("reason", "").starts_with("running on");
+  }
+  EXPECT_EQ(runs, 1) << j.dump();  // never started again
+  EXPECT_EQ(Kc(fmt::format("job cancel {}", id)).exit_code, 0);
+  EXPECT_EQ(up->Stop(SIGTERM), 0);
+}
+
 TEST_F(ClusterTest, AnAgentSilentPastLostAfterStopsItsRunBeforeTheNextStarts) {
   Init();
   auto [kcd, port] = Kcd("--agent-lost-after 1");
