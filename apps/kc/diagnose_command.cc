@@ -154,7 +154,36 @@ std::vector<Finding> Diagnose(const RunRecords& r) {
   // A pipeline's stages wait for each other inside their sends and receives: waits its bubble
   // explains are L3's, not the links'.
   const bool bubble_explains = bubble > 0.2 && exposed <= bubble + 0.1;
-  if (exposed > 0.4 && !bubble_explains) {
+  // The admin's rate limit holding the collectives back (rank 0's wait for its token buckets).
+  double limited = 0;  // the share of the step time spent waiting for the rate limiter
+  {
+    double waited = 0, stepped = 0;
+    std::vector<double> per_step;
+    for (const Json& st : r.steps) {
+      const double w = Number(st, "rate_limit_wait_ms", 0), ms = Number(st, "step_ms", 0);
+      waited += w;
+      stepped += ms;
+      per_step.push_back(w);
+    }
+    const double share = stepped > 0 ? waited / stepped : 0;
+    limited = share;
+    if (share > 0.05) {
+      const Json& limits = h.contains("comm_limits") ? h["comm_limits"] : Json();
+      out.push_back(
+          {.layer = 2,
+           .fault = share > 0.2,
+           .what = "the job's comm limits hold its collectives back",
+           .evidence = fmt::format(
+               "{:.0f}% of the step time waiting for the rate limiter ({:.1f} ms a step, "
+               "median); limit {:.0f} operations/s, {:.3g} GB/s",
+               share * 100, Median(per_step), Number(limits, "ops_per_second", 0),
+               Number(limits, "bytes_per_second", 0) / 1e9),
+           .fix = "a cluster admin raises this job's entry (or the default) in the cluster's "
+                  "comm-limits.yaml; or send fewer, larger messages (--bucket-mb)"});
+    }
+  }
+  // Exposure the rate limiter explains is the limiter's finding, above.
+  if (exposed > 0.4 && !bubble_explains && limited < 0.5 * exposed) {
     out.push_back({.layer = 2,
                    .fault = true,
                    .what = "the steps wait for communication",

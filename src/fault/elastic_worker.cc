@@ -324,7 +324,15 @@ Status ElasticWorker::RunGeneration(Generation& g) {
     RunnerCallbacks callbacks;
     callbacks.on_step = [&](const parallel::StepStats& s) {
       loader_after_ = g.trainer->loader().state();
-      Report(ToStepReport(s), leader);
+      StepReport report = ToStepReport(s);
+      if (o_.rate_limiter != nullptr) {
+        // The limiter is the rank's, over every group's collectives: its wait since the last step.
+        const Duration waited = o_.rate_limiter->metrics().total_wait;
+        report.rate_limit_wait_ms =
+            std::chrono::duration<double, std::milli>(waited - rate_limit_waited_).count();
+        rate_limit_waited_ = waited;
+      }
+      Report(report, leader);
       return OkStatus();
     };
     callbacks.after_step = [&](int64_t done) -> Status {

@@ -131,6 +131,7 @@ class ElasticWorker {
       stop_store_;
   std::unique_ptr<Heartbeat> heartbeat_;
   int64_t stop_after_ = -1;             // the agreed step to stop after, once known
+  Duration rate_limit_waited_{};        // the rate limiter's total wait at the last step
   StateSnapshot snapshot_;              // this worker's state when its last generation ended
   parallel::LoaderState loader_after_;  // the loader after the trainer's last step
 

@@ -55,7 +55,8 @@ struct Encoder {
             {"tp_comm_ms", r.tp_comm_ms},
             {"stage_bubble", r.stage_bubble},
             {"tokens", r.tokens},
-            {"tokens_per_s", r.tokens_per_s}};
+            {"tokens_per_s", r.tokens_per_s},
+            {"rate_limit_wait_ms", r.rate_limit_wait_ms}};
   }
   Json operator()(const EvaluationReport& r) const {
     return {{"type", "val"}, {"step", r.step}, {"loss", r.loss}};
@@ -121,7 +122,8 @@ Result<Report> Decode(const Json& j) {  // nlohmann's accessors throw Json::exce
                       .tp_comm_ms = j.at("tp_comm_ms").get<double>(),
                       .stage_bubble = j.at("stage_bubble").get<std::vector<double>>(),
                       .tokens = j.at("tokens").get<int64_t>(),
-                      .tokens_per_s = j.at("tokens_per_s").get<double>()};
+                      .tokens_per_s = j.at("tokens_per_s").get<double>(),
+                      .rate_limit_wait_ms = j.value("rate_limit_wait_ms", 0.0)};
   }
   if (type == "val") {
     return EvaluationReport{.step = j.at("step").get<int64_t>(),

@@ -45,6 +45,9 @@ struct StepReport {
   std::vector<double> stage_bubble;
   int64_t tokens = 0;  // in the global batch
   double tokens_per_s = 0;
+  // This rank's collectives' wait for the job's comm limits (the admin's token buckets) in
+  // the step; 0 without limits.
+  double rate_limit_wait_ms = 0;
 };
 StepReport ToStepReport(const parallel::StepStats& stats);
 

@@ -80,6 +80,15 @@ TEST_F(KcDiagnoseTest, TheGradientLaneNotFirstIsAnL2Fault) {
   EXPECT_EQ(f[0]["layer"], "L2") << f.dump(2);  // the first fault, bottom-up
 }
 
+// A rate limit far below what the job sends: its collectives wait for the token buckets.
+TEST_F(KcDiagnoseTest, ATightRateLimitIsAnL2Fault) {
+  const std::string limits =
+      dir_.Write("tight.yaml", "rate_limits:\n  default: {ops_per_second: 20, burst_ops: 1}\n");
+  ASSERT_EQ(Train(micro_, "tight", "--steps 8 --ranks 2 --comm-limits " + limits).exit_code, 0);
+  const nlohmann::json f = Findings("tight");
+  EXPECT_TRUE(Has(f, "L2", "the job's comm limits hold its collectives back")) << f.dump(2);
+}
+
 TEST_F(KcDiagnoseTest, APipelineWithTooFewMicroBatchesIsAnL3Bubble) {
   const std::string model = dir_.Write(
       "two.yaml",
