@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 #include "api/agent.h"
@@ -612,6 +613,17 @@ void AddUp(CLI::App& app, Action* action) {
       Result<std::string> agent_token = IssueAgentToken(dir, host);
       if (!agent_token.ok()) return Fail("up: agent token", agent_token.status());
       const sigset_t stop = BlockStopSignals();
+      // kcd's metrics page ends with its agent's (one page for the one machine), once the
+      // agent is up and until it stops.
+      struct AgentRef {
+        std::mutex mu;
+        api::Agent* agent = nullptr;
+      };
+      auto agent_ref = std::make_shared<AgentRef>();
+      const std::function<std::string()> agent_metrics = [agent_ref] {
+        std::lock_guard lock(agent_ref->mu);
+        return agent_ref->agent != nullptr ? agent_ref->agent->MetricsText() : std::string();
+      };
       // Port 0 means any free port the first time, then the same one at every restart, so
       // the logins saved for this cluster keep working (a new one only when it is taken).
       const std::string kept_port = (fs::path(dir) / "up.port").string();
@@ -622,15 +634,20 @@ void AddUp(CLI::App& app, Action* action) {
       if (listen.ends_with(":0") && kept.ok() && !kept->empty()) {
         listen = fmt::format("{}:{}", listen_host, kept->substr(0, kept->find_first_of(" \n")));
       }
-      Result<std::unique_ptr<api::Kcd>> kcd =
-          api::Kcd::Start({.dir = dir, .listen = listen, .metrics_listen = a->metrics_listen});
+      Result<std::unique_ptr<api::Kcd>> kcd = api::Kcd::Start({.dir = dir,
+                                                               .listen = listen,
+                                                               .metrics_listen = a->metrics_listen,
+                                                               .more_metrics = agent_metrics});
       if (!kcd.ok() && listen != a->listen) {
         std::cerr << fmt::format(
             "kc up: {} (this cluster's port before) is taken; kcd takes "
             "another, and logins saved for the old one need kc login\n",
             listen);
         listen = a->listen;
-        kcd = api::Kcd::Start({.dir = dir, .listen = listen, .metrics_listen = a->metrics_listen});
+        kcd = api::Kcd::Start({.dir = dir,
+                               .listen = listen,
+                               .metrics_listen = a->metrics_listen,
+                               .more_metrics = agent_metrics});
       }
       if (!kcd.ok()) return Fail("up: kcd", kcd.status());
       if (a->listen.ends_with(":0")) {
@@ -656,6 +673,10 @@ void AddUp(CLI::App& app, Action* action) {
                              .data_root = fs::absolute(a->data_root).string(),
                              .kc_binary = SelfPath()});
       if (!agent.ok()) return Fail("up: agent", agent.status());
+      {
+        std::lock_guard lock(agent_ref->mu);
+        agent_ref->agent = agent->get();
+      }
       std::cout
           << fmt::format(
                  "kc up: kcd on {} (TLS), agent on {} with {} devices; logged in as the "
@@ -670,6 +691,10 @@ void AddUp(CLI::App& app, Action* action) {
           << std::flush;
       int sig = 0;
       sigwait(&stop, &sig);
+      {
+        std::lock_guard lock(agent_ref->mu);
+        agent_ref->agent = nullptr;
+      }
       agent->reset();
       (*kcd)->Shutdown();
       std::cout << fmt::format("kc up: stopped (signal {})\n", sig);

@@ -896,6 +896,8 @@ int Agent::running_jobs() const {
 
 int Agent::metrics_port() const { return impl_->metrics ? impl_->metrics->port() : 0; }
 
+std::string Agent::MetricsText() const { return impl_->Metrics(); }
+
 Result<std::unique_ptr<Agent>> Agent::Start(AgentOptions o) {
   if (o.host.empty()) return InvalidArgumentError("agent: host: must not be empty");
   if (o.devices <= 0) return InvalidArgumentError("agent: devices: must be positive");

@@ -46,6 +46,8 @@ class Agent {
 
   int running_jobs() const;
   int metrics_port() const;  // 0 without metrics_listen
+  // Its metrics page (what metrics_listen serves), for a server that serves it with its own.
+  std::string MetricsText() const;
 
  private:
   struct Impl;

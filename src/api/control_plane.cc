@@ -148,6 +148,7 @@ struct Kcd::Impl {
     dispatcher->AppendMetrics(&out);
     permission->latency().Append(&out, "kc_permission_check_seconds",
                                  "How long PermissionService.Check takes to serve");
+    if (options.more_metrics) out += options.more_metrics();
     return out;
   }
 };

@@ -17,6 +17,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -64,6 +65,9 @@ struct KcdOptions {
   // Prometheus metrics over HTTP (GET /metrics) on HOST:PORT, plaintext and unauthenticated as
   // scrapers expect: keep it on an address only the monitoring can reach. "" = none.
   std::string metrics_listen;
+  // Appended to the metrics page when set (kc up: its agent's page). Called on the metrics
+  // server's thread for each scrape.
+  std::function<std::string()> more_metrics;
 };
 
 // The control-plane server: Health, the permission, job, agent, quota, audit, topology and

@@ -814,6 +814,12 @@ TEST_F(ClusterTest, AnElasticJobStartsOnWhatIsFreeGrowsAndShrinksAsTheSchedulerD
   });
   EXPECT_TRUE(HistoryHas(j, "running: the scheduler grows it from 1 to 2 devices")) << j.dump();
   EXPECT_EQ(ranks_of(elastic), 2);
+  {  // kc up's page has its agent's too: the run's own progress.
+    httplib::Result page = httplib::Client("127.0.0.1", metrics_port).Get("/metrics");
+    ASSERT_TRUE(page);
+    EXPECT_THAT(page->body,
+                HasSubstr(fmt::format("kc_run_tokens_per_second{{job=\"{}\"", elastic)));
+  }
 
   const int64_t high = submit("high", "class: high\nranks: 1\nsteps: 20\n");
   j = Await(high, [](const nlohmann::json& x) { return Ended(x["phase"]); });
