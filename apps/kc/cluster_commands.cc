@@ -562,6 +562,11 @@ Result<std::string> ProbeThisHost(int devices) {
   return hal::InventoryToYaml(spec);
 }
 
+// kc up's agent shares kcd's process: a heartbeat that is late is a machine too busy to run
+// its threads on time, not a lost host, so kcd waits much longer than a cluster's 10 s
+// before it puts the agent's jobs back in the queue.
+constexpr double kUpAgentLostAfterS = 120;
+
 void AddUp(CLI::App& app, Action* action) {
   CLI::App* c = app.add_subcommand(
       "up", "Start kcd and an agent on this machine (making the cluster the first time)");
@@ -634,10 +639,12 @@ void AddUp(CLI::App& app, Action* action) {
       if (listen.ends_with(":0") && kept.ok() && !kept->empty()) {
         listen = fmt::format("{}:{}", listen_host, kept->substr(0, kept->find_first_of(" \n")));
       }
-      Result<std::unique_ptr<api::Kcd>> kcd = api::Kcd::Start({.dir = dir,
-                                                               .listen = listen,
-                                                               .metrics_listen = a->metrics_listen,
-                                                               .more_metrics = agent_metrics});
+      Result<std::unique_ptr<api::Kcd>> kcd =
+          api::Kcd::Start({.dir = dir,
+                           .listen = listen,
+                           .agent_lost_after_s = kUpAgentLostAfterS,
+                           .metrics_listen = a->metrics_listen,
+                           .more_metrics = agent_metrics});
       if (!kcd.ok() && listen != a->listen) {
         std::cerr << fmt::format(
             "kc up: {} (this cluster's port before) is taken; kcd takes "
@@ -646,6 +653,7 @@ void AddUp(CLI::App& app, Action* action) {
         listen = a->listen;
         kcd = api::Kcd::Start({.dir = dir,
                                .listen = listen,
+                               .agent_lost_after_s = kUpAgentLostAfterS,
                                .metrics_listen = a->metrics_listen,
                                .more_metrics = agent_metrics});
       }
