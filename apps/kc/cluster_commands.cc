@@ -492,10 +492,8 @@ void AddAgent(CLI::App& app, Action* action) {
       if (!agent.ok()) return Fail("agent", agent.status());
       std::cout << fmt::format("kc agent: host {} with {} devices, reporting to {}\n", o->host,
                                o->devices, o->kcd.server);
-      if ((*agent)->metrics_port() > 0) {
-        std::cout << fmt::format("kc agent: metrics on http://{}:{}/metrics\n",
-                                 o->metrics_listen.substr(0, o->metrics_listen.rfind(':')),
-                                 (*agent)->metrics_port());
+      if (const std::string url = (*agent)->metrics_url(); !url.empty()) {
+        std::cout << "kc agent: metrics on " << url << "\n";
       }
       std::cout << std::flush;
       int sig = 0;
@@ -618,8 +616,7 @@ void AddUp(CLI::App& app, Action* action) {
       Result<std::string> agent_token = IssueAgentToken(dir, host);
       if (!agent_token.ok()) return Fail("up: agent token", agent_token.status());
       const sigset_t stop = BlockStopSignals();
-      // kcd's metrics page ends with its agent's (one page for the one machine), once the
-      // agent is up and until it stops.
+      // kcd's metrics page ends with its agent's, once the agent is up and until it stops.
       struct AgentRef {
         std::mutex mu;
         api::Agent* agent = nullptr;
@@ -691,11 +688,7 @@ void AddUp(CLI::App& app, Action* action) {
                  "admin ({})\n"
                  "  submit a job: kc submit examples/jobs/gpt-tiny.yaml; follow it: kc jobs\n",
                  cfg.server, host, devices, login)
-          << ((*kcd)->metrics_port() > 0
-                  ? fmt::format("  metrics: http://{}:{}/metrics\n",
-                                a->metrics_listen.substr(0, a->metrics_listen.rfind(':')),
-                                (*kcd)->metrics_port())
-                  : "")
+          << ((*kcd)->metrics_url().empty() ? "" : "  metrics: " + (*kcd)->metrics_url() + "\n")
           << std::flush;
       int sig = 0;
       sigwait(&stop, &sig);

@@ -16,7 +16,6 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
-#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -25,9 +24,9 @@
 #include <vector>
 
 #include "apps/kc/train_output.h"
+#include "apps/kc/train_resize.h"
 #include "apps/kc/train_setup.h"
 #include "base/clock.h"
-#include "base/mutex.h"
 #include "base/subprocess.h"
 #include "comm/tcp_store.h"
 #include "fault/local_launcher.h"
@@ -101,58 +100,6 @@ class StopRequests {
   const int fd_;
   std::atomic<bool> done_{false};
   std::thread thread_;
-};
-
-// Follows --resize-file, a JSON file {"ranks": N} that kc agent rewrites (by rename) with
-// the scheduler's grow and shrink: each new N is passed to `on_resize`, from a thread of its
-// own that looks at the file four times a second. A file that is missing or does not parse
-// is passed over (with one warning for each content that does not parse).
-class ResizeFollower {
- public:
-  ResizeFollower(std::string path, std::function<void(int)> on_resize)
-      : path_(std::move(path)), on_resize_(std::move(on_resize)), thread_([this] { Loop(); }) {}
-  ~ResizeFollower() {
-    {
-      MutexLock lock(&mu_);
-      done_ = true;
-      cv_.SignalAll();
-    }
-    thread_.join();
-  }
-
- private:
-  void Loop() {
-    std::string seen;
-    int asked = -1;
-    MutexLock lock(&mu_);
-    while (!done_) {
-      std::ifstream in(path_);
-      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      if (in && text != seen) {
-        seen = text;
-        const Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-        const Json* ranks = j.is_object() && j.contains("ranks") ? &j["ranks"] : nullptr;
-        if (ranks == nullptr || !ranks->is_number_integer() || ranks->get<int64_t>() < 1 ||
-            ranks->get<int64_t>() > std::numeric_limits<int>::max()) {
-          std::cerr << "kc train: warning: --resize-file " << path_
-                    << ": expected {\"ranks\": N} with N at least 1; ignored\n";
-        } else if (ranks->get<int>() != asked) {
-          asked = ranks->get<int>();
-          on_resize_(asked);
-        }
-      }
-      AwaitWithDeadline(Clock::Real(), &cv_, &mu_,
-                        Clock::Real()->Now() + std::chrono::milliseconds(250),
-                        [this]() KC_REQUIRES(mu_) { return done_; });
-    }
-  }
-
-  const std::string path_;
-  const std::function<void(int)> on_resize_;
-  Mutex mu_;
-  CondVar cv_;
-  bool done_ KC_GUARDED_BY(mu_) = false;
-  std::thread thread_;  // last: started once the rest is
 };
 
 int RunLauncher(TrainArgs a) {

@@ -60,9 +60,8 @@ int main(int argc, char** argv) {
   const std::string host = o.listen.substr(0, o.listen.rfind(':'));
   std::printf("kcd: listening on %s:%d (%s)\n", host.c_str(), (*kcd)->port(),
               o.insecure_loopback ? "plaintext, loopback only" : "TLS");
-  if ((*kcd)->metrics_port() > 0) {
-    const std::string mhost = o.metrics_listen.substr(0, o.metrics_listen.rfind(':'));
-    std::printf("kcd: metrics on http://%s:%d/metrics\n", mhost.c_str(), (*kcd)->metrics_port());
+  if (const std::string url = (*kcd)->metrics_url(); !url.empty()) {
+    std::printf("kcd: metrics on %s\n", url.c_str());
   }
   std::fflush(stdout);
   int sig = 0;

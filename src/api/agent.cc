@@ -896,6 +896,8 @@ int Agent::running_jobs() const {
 
 int Agent::metrics_port() const { return impl_->metrics ? impl_->metrics->port() : 0; }
 
+std::string Agent::metrics_url() const { return impl_->metrics ? impl_->metrics->url() : ""; }
+
 std::string Agent::MetricsText() const { return impl_->Metrics(); }
 
 Result<std::unique_ptr<Agent>> Agent::Start(AgentOptions o) {

@@ -45,7 +45,8 @@ class Agent {
   Agent& operator=(const Agent&) = delete;
 
   int running_jobs() const;
-  int metrics_port() const;  // 0 without metrics_listen
+  int metrics_port() const;         // 0 without metrics_listen
+  std::string metrics_url() const;  // "" without metrics_listen
   // Its metrics page (what metrics_listen serves), for a server that serves it with its own.
   std::string MetricsText() const;
 

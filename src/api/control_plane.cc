@@ -278,6 +278,8 @@ int Kcd::port() const { return impl_->port; }
 
 int Kcd::metrics_port() const { return impl_->metrics ? impl_->metrics->port() : 0; }
 
+std::string Kcd::metrics_url() const { return impl_->metrics ? impl_->metrics->url() : ""; }
+
 void Kcd::Shutdown() {
   if (impl_ == nullptr || impl_->stopped) return;
   impl_->stopped = true;

@@ -84,7 +84,8 @@ class Kcd {
   ~Kcd();
 
   int port() const;
-  int metrics_port() const;  // 0 without --metrics-listen
+  int metrics_port() const;         // 0 without --metrics-listen
+  std::string metrics_url() const;  // "" without --metrics-listen
   // Stops serving (in-flight calls get half a second to finish, then are cancelled) and
   // records the stop. Idempotent.
   void Shutdown();

@@ -67,6 +67,7 @@ void AppendMetric(std::string* out, std::string_view name, std::string_view type
 struct MetricsServer::Impl {
   httplib::Server server;
   std::thread thread;
+  std::string host;
   int port = 0;
 };
 
@@ -82,6 +83,7 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& l
   }
   const std::string host = listen.substr(0, colon);
   auto impl = std::make_unique<Impl>();
+  impl->host = host;
   impl->server.Get("/metrics",
                    [render = std::move(render)](const httplib::Request&, httplib::Response& res) {
                      res.set_content(render(), "text/plain; version=0.0.4; charset=utf-8");
@@ -106,5 +108,9 @@ MetricsServer::~MetricsServer() {
 }
 
 int MetricsServer::port() const { return impl_->port; }
+
+std::string MetricsServer::url() const {
+  return fmt::format("http://{}:{}/metrics", impl_->host, impl_->port);
+}
 
 }  // namespace kc::api

@@ -56,6 +56,7 @@ class MetricsServer {
                                                       std::function<std::string()> render);
   ~MetricsServer();  // stops serving
   int port() const;
+  std::string url() const;  // "http://HOST:PORT/metrics", as scrapers are given it
 
  private:
   struct Impl;
