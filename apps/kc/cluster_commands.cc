@@ -22,6 +22,7 @@
 #include "api/roles_file.h"
 #include "api/rpc_guard.h"
 #include "api/tokens.h"
+#include "api/train_job.h"
 #include "apps/kc/kcd_client.h"
 #include "base/file.h"
 #include "hal/cpu_devices.h"
@@ -190,7 +191,7 @@ void AddSubmit(CLI::App& app, Action* action) {
       kc::v1::SubmitJobRequest req;
       req.set_name(spec->name);
       req.set_team(spec->team);
-      req.set_spec(api::JobSpecText(*spec));
+      *req.mutable_job() = api::ToTrainJob(*spec);  // the job file, read once
       req.set_devices(spec->ranks);
       req.set_expected_hours(spec->expected_hours);
       req.set_storage_gb(spec->storage_gb);

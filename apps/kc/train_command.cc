@@ -12,6 +12,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -23,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "api/train_job.h"
 #include "apps/kc/train_output.h"
 #include "apps/kc/train_resize.h"
 #include "apps/kc/train_setup.h"
@@ -174,9 +178,29 @@ int RunLauncher(TrainArgs a) {
                  .dump()
           << "\n"
           << std::flush;
+  // The typed reports, for kc agent: appended, as a run's earlier attempts left them.
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> reports(nullptr, &std::fclose);
+  if (!a.reports.empty()) {
+    reports.reset(std::fopen(a.reports.c_str(), "ab"));
+    if (!reports) {
+      std::cerr << "kc train: --reports " << a.reports << ": " << std::strerror(errno) << "\n";
+      return kExitBadInput;
+    }
+  }
   if (done_at >= 0) {  // said by ResolveResume
     metrics << Json{{"type", "done"}, {"step", done_at}, {"checkpoint_step", done_at}}.dump()
             << "\n";
+    if (reports) {
+      // Its checkpoint holds every step asked for: the run is there already.
+      kc::v1::TrainReport r;
+      r.set_run_id(a.run_id);
+      r.mutable_step()->set_step(done_at);
+      kc::v1::TrainReport c = r;
+      c.mutable_checkpoint()->set_step(done_at);
+      if (!api::AppendReport(reports.get(), r) || !api::AppendReport(reports.get(), c)) {
+        return kExitFailure;
+      }
+    }
     return metrics ? kExitOk : kExitFailure;
   }
 
@@ -228,7 +252,7 @@ int RunLauncher(TrainArgs a) {
   LauncherView view(
       a, &metrics,
       a.fault_log.empty() ? metrics_path.parent_path() / "faults.jsonl" : fs::path(a.fault_log),
-      group, &progress);
+      group, &progress, reports.get());
   Result<std::unique_ptr<fault::Supervisor>> supervisor =
       fault::Supervisor::Create({.ranks = a.ranks,
                                  .shape = ShapeOf(a, p),
@@ -325,6 +349,14 @@ int RunLauncher(TrainArgs a) {
 }
 
 int RunTrain(TrainArgs a) {
+  if (a.config.empty() && a.job_file.empty()) {
+    std::cerr << "kc train: expected a model file (kc train MODEL.yaml) or --job RUN_FILE\n";
+    return kExitBadInput;
+  }
+  if (Status s = ApplyTrainRun(&a); !s.ok()) {
+    std::cerr << "kc train: " << s.message() << "\n";
+    return kExitBadInput;
+  }
   if (a.worker_rank >= 0) {
     Result<TrainSetup> setup = CheckTrainArgs(&a);
     if (!setup.ok()) {
@@ -344,8 +376,15 @@ void AddTrainCommand(CLI::App& app, Action* action) {
       "Train a model on this machine: N worker processes, data parallel, with a live progress "
       "bar, a summary, metrics (JSON Lines) and a loss plot (SVG)");
   auto a = std::make_shared<TrainArgs>();
-  c->add_option("config", a->config, "Model file (YAML), e.g. examples/models/gpt-tiny.yaml")
-      ->required();
+  c->add_option("config", a->config,
+                "Model file (YAML), e.g. examples/models/gpt-tiny.yaml (or --job)");
+  c->add_option("--job", a->job_file,
+                "A run file (kc.v1.TrainRun) kc agent writes for a job it runs: the job as "
+                "submitted and this run's assignment (model, size, plan, steps, global batch, "
+                "elasticity, checkpoint policy, heartbeats, comm limits), instead of those flags");
+  c->add_option("--reports", a->reports,
+                "Append the run's typed reports here (kc.v1.TrainReport, length-delimited: "
+                "steps, checkpoints, faults), for kc agent to follow");
   c->add_option("--ranks", a->ranks,
                 "Worker processes (data-parallel ranks; default: the plan's t*p*d, else 1)");
   c->add_option("--plan", a->plan,
@@ -446,7 +485,18 @@ void AddTrainCommand(CLI::App& app, Action* action) {
   c->add_option("--store", a->store)->group("");                    // internal
   c->add_option("--group", a->group)->group("");                    // internal
   c->add_option("--has-validation", a->has_validation)->group("");  // internal
-  c->callback([action, a] { *action = [a] { return RunTrain(*a); }; });
+  c->callback([action, a, c] {
+    // What a run file sets, given as well: refused (ApplyTrainRun).
+    a->job_flags_given.clear();
+    if (!a->config.empty()) a->job_flags_given.push_back("the model file");
+    for (const char* flag :
+         {"--ranks", "--plan", "--steps", "--global-batch", "--checkpoint-every", "--mtbf",
+          "--checkpoint-keep", "--checkpoint-compress", "--comm-limits", "--heartbeat-period",
+          "--heartbeat-timeout", "--min-ranks", "--max-ranks", "--max-restarts"}) {
+      if (c->count(flag) > 0) a->job_flags_given.push_back(flag);
+    }
+    *action = [a] { return RunTrain(*a); };
+  });
 }
 
 }  // namespace kc::app

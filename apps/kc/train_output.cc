@@ -5,11 +5,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <variant>
 
+#include "api/train_job.h"
 #include "hal/compute.h"
 #include "hal/measure.h"
 
@@ -109,20 +113,57 @@ void TrainProgress::ClearBar() {
 }
 
 LauncherView::LauncherView(const TrainArgs& a, std::ofstream* metrics, fs::path fault_log,
-                           std::string job, TrainProgress* progress)
+                           std::string job, TrainProgress* progress, std::FILE* reports)
     : a_(a),
       metrics_(metrics),
       fault_log_path_(std::move(fault_log)),
       job_(std::move(job)),
-      progress_(progress) {}
+      progress_(progress),
+      reports_(reports),
+      interval_steps_(a.checkpoint_every == "auto" ? 0 : std::atoll(a.checkpoint_every.c_str())),
+      ranks_(a.ranks) {}
+
+void LauncherView::Append(kc::v1::TrainReport report) {
+  if (reports_ == nullptr) return;
+  report.set_run_id(a_.run_id);
+  if (!api::AppendReport(reports_, report)) {
+    progress_->OnLine(
+        fmt::format("kc train: warning: --reports {}: {}", a_.reports, std::strerror(errno)));
+  }
+}
 
 void LauncherView::OnReport(int, const fault::Report& report) {
-  // A line at a time: whoever follows the file (kc agent reports a job's progress from it)
-  // sees each record as it happens, with when the launcher had it (as the fault log's).
+  // A line at a time: whoever follows the file sees each record as it happens, with when the
+  // launcher had it (as the fault log's).
   Json record = fault::ReportToJson(report);
   record["time_unix"] = UnixSeconds();
   *metrics_ << record.dump() << "\n" << std::flush;
   progress_->OnReport(report);
+  // And as typed reports, for kc agent.
+  kc::v1::TrainReport out;
+  if (const auto* r = std::get_if<fault::StepReport>(&report)) {
+    kc::v1::StepReport* step = out.mutable_step();
+    step->set_step(r->step);
+    step->set_loss(r->loss);
+    step->set_tokens_per_s(r->tokens_per_s);
+    step->set_step_s(r->step_ms / 1e3);
+    step->set_compute_s(r->compute_ms / 1e3);
+    step->set_comm_exposed_s(r->comm_exposed_ms / 1e3);
+    step->set_ranks(ranks_);
+    Append(std::move(out));
+  } else if (const auto* c = std::get_if<fault::CheckpointReport>(&report)) {
+    kc::v1::CheckpointReport* ck = out.mutable_checkpoint();
+    ck->set_step(c->step);
+    ck->set_stall_s(c->stall_ms / 1e3);
+    ck->set_persist_s(c->persist_ms / 1e3);
+    ck->set_interval_steps(interval_steps_);
+    ck->set_interval_reason(interval_reason_);
+    Append(std::move(out));
+  } else if (const auto* i = std::get_if<fault::IntervalReport>(&report)) {
+    interval_steps_ = i->every_steps;
+    interval_reason_ = fmt::format("Young/Daly: cost {:.2f} s, MTBF {:.0f} s ({})", i->cost_s,
+                                   i->mtbf_s, i->source);
+  }
 }
 
 void LauncherView::OnFault(const fault::FaultEvent& e) {
@@ -131,7 +172,12 @@ void LauncherView::OnFault(const fault::FaultEvent& e) {
   event["job"] = job_;
   if (!fault_log_.is_open()) fault_log_.open(fault_log_path_, std::ios::app);
   fault_log_ << event.dump() << "\n" << std::flush;
+  kc::v1::TrainReport out;
+  *out.mutable_fault() = api::ToFaultReport(e);
+  out.set_generation(e.generation);
+  Append(std::move(out));
   using Kind = fault::FaultEvent::Kind;
+  if (e.kind != Kind::kDetected && e.ranks > 0) ranks_ = e.ranks;
   if (e.kind == Kind::kRecovered || e.kind == Kind::kStopped) recoveries_.push_back(e);
   if (e.kind == Kind::kDetected && e.generation >= 0 && !e.below_minimum) {
     progress_->OnLine(

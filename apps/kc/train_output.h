@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -14,6 +15,7 @@
 #include "base/status.h"
 #include "fault/reports.h"
 #include "fault/supervisor.h"
+#include "kc/v1/train_job.pb.h"
 
 namespace kc::app {
 
@@ -56,9 +58,10 @@ class TrainProgress {
 // stderr. Called from the supervisor's thread only.
 class LauncherView final : public fault::SupervisorObserver {
  public:
-  // `metrics` (not owned) stays open while the supervisor runs.
+  // `metrics` (not owned) stays open while the supervisor runs; so does `reports` (not owned;
+  // null: none), where the run's typed reports are appended (--reports).
   LauncherView(const TrainArgs& a, std::ofstream* metrics, std::filesystem::path fault_log,
-               std::string job, TrainProgress* progress);
+               std::string job, TrainProgress* progress, std::FILE* reports = nullptr);
 
   void OnReport(int worker, const fault::Report& report) override;
   void OnFault(const fault::FaultEvent& e) override;
@@ -75,7 +78,14 @@ class LauncherView final : public fault::SupervisorObserver {
   const std::string job_;
   TrainProgress* const progress_;  // not owned
   std::ofstream fault_log_;        // opened at the first event
+  std::FILE* const reports_;
+  // The checkpoint interval in force and why, for the checkpoint reports.
+  int64_t interval_steps_ = 0;
+  std::string interval_reason_;
+  int ranks_ = 0;  // of the generation running
   std::vector<fault::FaultEvent> recoveries_;
+
+  void Append(kc::v1::TrainReport report);
 };
 
 // The line a failed run ends with ("rank 1 failed: ...; the other ranks were stopped").

@@ -7,7 +7,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <set>
+#include <string_view>
 
+#include "api/train_job.h"
 #include "apps/kc/command.h"
 #include "apps/kc/plan_command.h"
 #include "fault/checkpoint.h"
@@ -52,6 +55,68 @@ parallel::LoaderOptions DataOptions(const TrainArgs& a, const std::string& split
   o.manifest = a.data;
   o.split = split;
   return o;
+}
+
+Status ApplyTrainRun(TrainArgs* args) {
+  TrainArgs& a = *args;
+  if (a.job_file.empty()) return OkStatus();
+  if (!a.job_flags_given.empty()) {
+    return InvalidArgumentError(
+        fmt::format("{}: set by the run file --job {}; give one or the other",
+                    fmt::join(a.job_flags_given, ", "), a.job_file));
+  }
+  Result<kc::v1::TrainRun> run = api::ReadTrainRun(a.job_file);
+  if (!run.ok()) return run.status().WithContext("--job");
+  const kc::v1::TrainJob& job = run->job();
+  const kc::v1::RunAssignment& as = run->assignment();
+  if (!job.command().empty() || job.model_yaml().empty()) {
+    return InvalidArgumentError("--job " + a.job_file +
+                                ": a command job (kc run runs it), not a model to train");
+  }
+  const std::string where = "--job " + a.job_file;
+  a.config = a.job_file + ": model_yaml";
+  a.model_yaml = job.model_yaml();
+  a.run_id = as.run_id();
+  a.ranks = as.ranks_size();
+  if (a.ranks < 1) return InvalidArgumentError(where + ": the assignment names no rank");
+  a.steps = job.steps();
+  a.global_batch = as.global_batch();
+  if (as.has_plan()) {
+    Result<parallel::ParallelPlan> plan = api::FromTrainPlan(as.plan());
+    if (!plan.ok()) return plan.status().WithContext(where);
+    a.plan = parallel::PlanToString(*plan);
+    std::replace(a.plan.begin(), a.plan.end(), ' ', ',');
+  }
+  // Elastic within [min_devices, max_devices]: the survivors of a loss go on, a replacement
+  // starts for each loss, and the run grows and shrinks as asked (--resize-file).
+  const kc::v1::ElasticPolicy& e = job.elastic();
+  if (e.elastic() && e.min_devices() < e.max_devices()) {
+    a.min_ranks = e.min_devices();
+    a.max_ranks = std::max(e.max_devices(), a.ranks);
+    a.max_restarts = e.max_replacements() > 0 ? e.max_replacements() : e.max_devices();
+  }
+  const kc::v1::CheckpointPolicy& c = job.checkpoint();
+  if (c.scheduler_advised()) {
+    a.checkpoint_every = "auto";
+  } else {
+    a.checkpoint_every = std::to_string(c.every_steps());
+  }
+  if (c.keep() > 0) a.checkpoint_keep = c.keep();
+  a.checkpoint_compress = c.compress();
+  if (job.heartbeat().period_s() > 0) a.heartbeat_period_s = job.heartbeat().period_s();
+  if (job.heartbeat().timeout_s() > 0) a.heartbeat_timeout_s = job.heartbeat().timeout_s();
+  if (as.has_comm_limits()) {
+    comm::RateLimit limit;
+    KC_RETURN_IF_ERROR(
+        api::FromCommLimits(as.comm_limits(), &limit, &a.job_lanes).WithContext(where));
+    a.job_rate_limit = limit;
+  }
+  return OkStatus();
+}
+
+Result<parallel::ModelSpec> LoadTrainModel(const TrainArgs& a) {
+  return a.model_yaml.empty() ? parallel::LoadModelSpec(a.config)
+                              : parallel::LoadModelSpecFromString(a.model_yaml, a.config);
 }
 
 Result<TrainSetup> CheckTrainArgs(TrainArgs* args) {
@@ -160,8 +225,11 @@ Result<TrainSetup> CheckTrainArgs(TrainArgs* args) {
       !s.ok()) {
     return InvalidArgumentError("--heartbeat-period/--heartbeat-timeout: " + s.message());
   }
-  KC_ASSIGN_OR_RETURN(p.spec, parallel::LoadModelSpec(a.config));
-  if (!a.comm_limits.empty()) {
+  KC_ASSIGN_OR_RETURN(p.spec, LoadTrainModel(a));
+  if (a.job_rate_limit) {
+    p.rate_limit = a.job_rate_limit;
+    p.lanes = a.job_lanes;
+  } else if (!a.comm_limits.empty()) {
     Result<comm::CommLimits> limits = comm::LoadCommLimits(a.comm_limits);
     if (!limits.ok()) return limits.status().WithContext("--comm-limits");
     p.rate_limit = limits->ForJob(p.spec.name);
@@ -406,12 +474,36 @@ std::vector<std::string> WorkerArgv(const TrainArgs& a, const TrainSetup& p, int
   }
   v.push_back("--resume");  // the launcher's choice: never, or a checkpoint
   v.push_back(a.resume);
+  if (!a.job_file.empty()) {
+    // The run file says the same to every worker: what it sets is not repeated as flags.
+    static const std::set<std::string_view> kSetByRunFile = {"--ranks",
+                                                             "--steps",
+                                                             "--global-batch",
+                                                             "--plan",
+                                                             "--min-ranks",
+                                                             "--max-ranks",
+                                                             "--heartbeat-period",
+                                                             "--heartbeat-timeout",
+                                                             "--checkpoint-every",
+                                                             "--mtbf",
+                                                             "--checkpoint-keep",
+                                                             "--comm-limits"};
+    std::vector<std::string> w = {v[0], v[1], "--job", a.job_file};
+    for (size_t i = 3; i < v.size(); ++i) {  // v[2] is the model file
+      if (kSetByRunFile.count(v[i]) != 0) {
+        ++i;  // and its value
+      } else if (v[i] != "--checkpoint-compress") {
+        w.push_back(std::move(v[i]));
+      }
+    }
+    return w;
+  }
   return v;
 }
 
 Result<double> ResolveAutoPlan(TrainArgs* args) {
   TrainArgs& a = *args;
-  KC_ASSIGN_OR_RETURN(parallel::ModelSpec spec, parallel::LoadModelSpec(a.config));
+  KC_ASSIGN_OR_RETURN(parallel::ModelSpec spec, LoadTrainModel(a));
   const int ncpu = static_cast<int>(AllowedCpus().size());
   if (a.ranks == 0)
     a.ranks = std::max(1, a.threads_per_rank > 0 ? ncpu / a.threads_per_rank : ncpu);

@@ -70,6 +70,20 @@ struct TrainArgs {
   int max_ranks = 0;
   std::string resize_file;
   std::string fault_log;  // fault events, JSONL; default <out>/faults.jsonl
+  // A run file (kc.v1.TrainRun, as kc agent writes it): the job and this run's assignment set
+  // the model, the size, the plan, steps, global batch, elasticity, checkpoint policy,
+  // heartbeats and comm limits (ApplyTrainRun); the flags for those are refused with it.
+  std::string job_file;
+  std::vector<std::string> job_flags_given;  // those flags, as given on the command line
+  // Typed reports (kc.v1.TrainReport, length-delimited) appended here for whoever follows the
+  // run: kc agent.
+  std::string reports;
+  // From the run file: the model's text (config names it in errors), the run's id and its
+  // comm limits.
+  std::string model_yaml;
+  std::string run_id;
+  std::optional<comm::RateLimit> job_rate_limit;
+  comm::LaneOptions job_lanes;
   // Internal: set by the launcher for its workers.
   bool elastic_join = false;  // a replacement: joins a later generation
   int worker_rank = -1;
@@ -122,6 +136,14 @@ struct TrainSetup {
   // The plan of these fields for `ranks` ranks (d = ranks / (t * p)).
   parallel::ParallelPlan ParallelPlanFor(int ranks) const;
 };
+
+// Fills `args` from its run file (--job), the launcher's and each worker's alike. Errors:
+// the file unreadable or not a run, a flag the run file sets given as well, a job that is not
+// a model job.
+Status ApplyTrainRun(TrainArgs* args);
+
+// The model `args` trains: its file, or the run file's text.
+Result<parallel::ModelSpec> LoadTrainModel(const TrainArgs& args);
 
 // The checks of `kc train` that need no worker: the model file, the layout, the data. Fills
 // in args->ranks from the plan when --ranks is not given.

@@ -25,6 +25,7 @@
 #include "api/internal/digest.h"
 #include "api/job_spec.h"
 #include "api/metrics.h"
+#include "api/train_job.h"
 #include "base/file.h"
 #include "base/log.h"
 #include "base/mutex.h"
@@ -50,13 +51,12 @@ struct Job {
   int out_fd = -1;                    // its stdout and stderr
   std::string log;                    // output not yet delivered to kcd
   std::string last_line;
-  std::string metrics_path;
-  int64_t metrics_offset = 0;
   std::string advice_path;  // checkpoint_every: auto: the scheduler's advice, for kc train
   std::string resize_path;  // an elastic train job: the size kc train follows (--resize-file)
-  std::string faults_path;  // kc train's fault log
-  int64_t faults_offset = 0;
-  std::vector<std::string> faults;  // its events not yet delivered to kcd
+  // A train job's typed reports (kc train --reports), and how far they were read.
+  std::string reports_path;
+  int64_t reports_offset = 0;
+  std::vector<kc::v1::FaultReport> faults;  // its fault events not yet delivered to kcd
   int64_t step = 0;
   int64_t checkpoint_step = 0;
   // Its last step record, for the metrics: how fast it trains and where the time goes.
@@ -70,22 +70,6 @@ struct Job {
   int exit_code = 0;
   std::string end_reason;
 };
-
-// Calls `f` with each whole line of file `path` past `*offset` (one still being written waits
-// for the next call) and moves `*offset` past them. A file not there yet has no lines.
-void ReadNewLines(const std::string& path, int64_t* offset,
-                  const std::function<void(const std::string&)>& f) {
-  if (path.empty()) return;
-  std::ifstream in(path);
-  if (!in) return;
-  in.seekg(*offset);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (in.eof()) break;  // a line still being written
-    *offset += static_cast<int64_t>(line.size()) + 1;
-    f(line);
-  }
-}
 
 std::string LastLine(const std::string& text) {
   size_t end = text.find_last_not_of('\n');
@@ -384,9 +368,19 @@ struct Agent::Impl {
       j.end_state = Report::STATE_FAILED_TO_START;
       j.end_reason = std::move(why);
     };
-    Result<JobSpec> spec = ParseJobSpec(j.order.spec(), fmt::format("job {} spec", j.order.job()));
-    if (!spec.ok()) return fail(std::string(spec.status().message()));
-    j.spec = *std::move(spec);
+    // The job as kcd checked it at submission: nothing to parse again. Its paths, though,
+    // are this host's business: checked here too, so that a job reads and writes only under
+    // the roots this agent chose, whatever kcd sent.
+    j.spec = JobSpecOf(j.order.train_job());
+    for (auto [key, path] : {std::pair{"data", j.spec.data},
+                             {"checkpoint_dir", j.spec.checkpoint_dir},
+                             {"workdir", j.spec.workdir}}) {
+      if (path.empty()) continue;
+      if (Status s = CheckRelativePath(key, path); !s.ok()) return fail(std::string(s.message()));
+    }
+    if (IsReservedCheckpointDir(j.spec.checkpoint_dir)) {
+      return fail("checkpoint_dir: " + j.spec.checkpoint_dir + ": the agent's own directory");
+    }
     // A train job with min_devices runs at any size in [min_devices, ranks]; others at ranks.
     const int ranks = j.order.devices_size();
     const bool elastic = j.spec.command.empty() && j.spec.min_devices > 0;
@@ -431,57 +425,43 @@ struct Agent::Impl {
               "--"};
       args.insert(args.end(), j.spec.command.begin(), j.spec.command.end());
     } else {
-      const std::string model = (fs::path(dir) / "model.yaml").string();
-      if (Status s = WriteFileDurably(model, j.spec.model_yaml); !s.ok()) {
-        return fail(std::string(s.message()));
-      }
+      // The job unchanged and this run's assignment, in one file the launcher and each of its
+      // ranks read (docs/design/job-contract.md); what is this host's (its directories, the
+      // files this agent keeps current) on the command line.
+      const std::string run_file = (fs::path(out) / "job.binpb").string();
+      kc::v1::TrainRun run;
+      *run.mutable_job() = j.order.train_job();
+      *run.mutable_assignment() = j.order.assignment();
+      if (Status s = WriteTrainRun(run_file, run); !s.ok()) return fail(std::string(s.message()));
+      j.reports_path = (fs::path(out) / "reports.binpb").string();
       args = {o.kc_binary,
               "train",
-              model,
-              "--ranks",
-              std::to_string(ranks),
-              "--steps",
-              std::to_string(j.spec.steps),
+              "--job",
+              run_file,
               "--out",
               out,
-              "--checkpoint-dir",
-              CheckpointDir(j.order, j.spec),
+              "--reports",
+              j.reports_path,
               "--progress",
-              "lines"};
+              "lines",
+              "--checkpoint-dir",
+              CheckpointDir(j.order, j.spec)};
       if (j.spec.checkpoint_auto) {
         // The interval from the scheduler's advice, which kc train reads again at each of its
         // re-estimates from a file this agent keeps current.
         j.advice_path = (fs::path(out) / "advice.json").string();
         if (Status s = WriteAdvice(j, j.order.advice()); !s.ok())
           return fail(std::string(s.message()));
-        args.insert(args.end(), {"--checkpoint-every", "auto", "--advice-file", j.advice_path});
-      } else if (j.spec.checkpoint_every > 0) {
-        args.insert(args.end(), {"--checkpoint-every", std::to_string(j.spec.checkpoint_every)});
+        args.insert(args.end(), {"--advice-file", j.advice_path});
       }
-      // The plan kcd decided or the job file gave, as it is: what every rank runs.
-      if (!j.spec.plan.empty()) args.insert(args.end(), {"--plan", j.spec.plan});
-      // Elastic within [min_devices, ranks]: the survivors of a loss go on, a replacement
-      // starts on the lost rank's device for each loss, and the run grows and shrinks as the
-      // scheduler decides (a file this agent keeps current with its resize orders).
+      // Elastic within [min_devices, max_devices]: the run grows and shrinks as the scheduler
+      // decides (a file this agent keeps current with its resize orders).
       if (elastic && j.spec.min_devices < j.spec.ranks) {
         j.resize_path = (fs::path(out) / "resize.json").string();
         if (Status s = WriteResize(j.resize_path, ranks); !s.ok()) {
           return fail(std::string(s.message()));
         }
-        args.insert(args.end(), {"--min-ranks", std::to_string(j.spec.min_devices), "--max-ranks",
-                                 std::to_string(j.spec.ranks), "--max-restarts",
-                                 std::to_string(j.spec.ranks), "--resize-file", j.resize_path});
-      }
-      if (j.spec.global_batch > 0) {
-        args.insert(args.end(), {"--global-batch", std::to_string(j.spec.global_batch)});
-      }
-      if (!j.order.comm_limits().empty()) {
-        // The admin's limits for this job, as kcd resolved them: every rank's communicator.
-        const std::string limits = (fs::path(out) / "comm-limits.yaml").string();
-        if (Status s = WriteFileDurably(limits, j.order.comm_limits()); !s.ok()) {
-          return fail(std::string(s.message()));
-        }
-        args.insert(args.end(), {"--comm-limits", limits});
+        args.insert(args.end(), {"--resize-file", j.resize_path});
       }
       {
         // As kc train's own default (data/fortunes/manifest.json), with the data root for data/.
@@ -493,8 +473,6 @@ struct Agent::Impl {
              (root / (j.spec.data.empty() ? "fortunes/manifest.json" : j.spec.data)).string()});
       }
     }
-    j.metrics_path = (fs::path(out) / "metrics.jsonl").string();
-    j.faults_path = (fs::path(out) / "faults.jsonl").string();
     int pipefd[2];
     if (pipe2(pipefd, O_CLOEXEC) != 0) return fail(fmt::format("pipe: {}", strerror(errno)));
     // A session of its own (setsid), so that its ranks go with it; an empty signal mask (a
@@ -552,27 +530,29 @@ struct Agent::Impl {
         if (!line.empty()) j.last_line = std::move(line);
       }
     }
-    ReadNewLines(j.metrics_path, &j.metrics_offset, [&](const std::string& line) {
-      nlohmann::json m = nlohmann::json::parse(line, nullptr, false);
-      if (!m.is_object()) return;
-      const std::string type = m.value("type", "");
-      if (type == "step") {
-        j.step = m.value("step", j.step);
-        j.loss = m.value("loss", j.loss);
-        j.tokens_per_s = m.value("tokens_per_s", j.tokens_per_s);
-        j.step_s = m.value("step_ms", j.step_s * 1e3) / 1e3;
-        j.compute_s = m.value("compute_ms", j.compute_s * 1e3) / 1e3;
-        j.comm_exposed_s = m.value("comm_exposed_ms", j.comm_exposed_s * 1e3) / 1e3;
-      }
-      if (type == "checkpoint") j.checkpoint_step = m.value("step", j.checkpoint_step);
-      if (type == "done") {  // its checkpoint already held every step asked for
-        j.step = m.value("step", j.step);
-        j.checkpoint_step = m.value("checkpoint_step", j.checkpoint_step);
-      }
-    });
-    ReadNewLines(j.faults_path, &j.faults_offset, [&](const std::string& line) {
-      if (j.faults.size() < 1000) j.faults.push_back(line);  // a storm is cut, not kept whole
-    });
+    // The run's supervisor's reports: progress, checkpoints, faults.
+    Status read =
+        j.reports_path.empty()
+            ? OkStatus()
+            : ReadNewReports(j.reports_path, &j.reports_offset, [&](const auto& r) {
+                if (r.has_step()) {
+                  j.step = r.step().step();
+                  j.loss = r.step().loss();
+                  j.tokens_per_s = r.step().tokens_per_s();
+                  j.step_s = r.step().step_s();
+                  j.compute_s = r.step().compute_s();
+                  j.comm_exposed_s = r.step().comm_exposed_s();
+                }
+                if (r.has_checkpoint())
+                  j.checkpoint_step = std::max(j.checkpoint_step, r.checkpoint().step());
+                if (r.has_fault() && j.faults.size() < 1000) {  // a storm is cut, not kept whole
+                  j.faults.push_back(r.fault());
+                }
+              });
+    if (!read.ok() && !j.reports_path.empty()) {
+      KC_LOG(WARNING) << "agent: job " << j.order.job() << ": " << read.message();
+      j.reports_path.clear();  // not followed any further
+    }
     if (!j.process || j.ended) return;
     const std::optional<int> exited = j.process->TryWait();
     if (!exited) return;
@@ -707,7 +687,7 @@ struct Agent::Impl {
       const size_t n = std::min(j.log.size(), kMaxLogPerReport);
       r->set_log(j.log.substr(0, n));
       sent_log[id] = n;
-      for (const std::string& f : j.faults) r->add_faults(f);
+      for (const kc::v1::FaultReport& f : j.faults) *r->add_fault_reports() = f;
       if (j.ended && j.log.size() <= n) {
         r->set_state(j.end_state);
         r->set_exit_code(j.exit_code);
@@ -743,7 +723,7 @@ struct Agent::Impl {
       const Report& r = req.jobs(i);
       Job& j = jobs[r.job()];
       j.log.erase(0, sent_log[r.job()]);
-      j.faults.erase(j.faults.begin(), j.faults.begin() + r.faults_size());
+      j.faults.erase(j.faults.begin(), j.faults.begin() + r.fault_reports_size());
       if (r.state() != Report::STATE_RUNNING) {
         Close(j);
         jobs.erase(r.job());

@@ -12,6 +12,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <csignal>
+#include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "api/job_spec.h"
+#include "api/train_job.h"
 #include "kc/v1/agent.grpc.pb.h"
 #include "kc/v1/permission.grpc.pb.h"
 #include "tests/support/temp_dir.h"
@@ -113,6 +116,7 @@ class FakeKcd final : public kc::v1::AgentService::Service,
   int heartbeats_ = 0;
   int checks_waiting_ = 0;
   std::vector<Report> reports_;
+  const kc::v1::StartOrder& start() const { return start_; }
 
  private:
   const kc::v1::StartOrder start_;
@@ -126,17 +130,23 @@ class FakeKcd final : public kc::v1::AgentService::Service,
 
 class AgentTest : public ::testing::Test {
  protected:
-  explicit AgentTest(int ranks = 1, int min_devices = 0) : dir_("kc_agent") {
+  explicit AgentTest(int ranks = 1, int min_devices = 0, std::string checkpoint_dir = "")
+      : dir_("kc_agent") {
     JobSpec spec{.name = "x",
                  .model_yaml =
                      "name: m\nlayers: 1\nhidden: 64\nheads: 2\nvocab: 257\n"
                      "seq_len: 32\nbatch_per_rank: 4\n",
                  .ranks = ranks,
                  .min_devices = min_devices};
+    spec.checkpoint_dir = std::move(checkpoint_dir);
     kc::v1::StartOrder start;
     start.set_job(7);
     start.set_run(1);
-    start.set_spec(JobSpecText(spec));
+    *start.mutable_train_job() = ToTrainJob(spec);
+    // A run of one rank, on device 0.
+    start.mutable_assignment()->set_job(7);
+    start.mutable_assignment()->set_run_id("job-7-run-1");
+    start.mutable_assignment()->add_ranks()->set_device("h1/cpu0");
     start.add_devices(0);
     start.set_owner("ann");
     start.set_team("vision");
@@ -249,21 +259,83 @@ TEST_F(ElasticAgentTest, AResizeOrderReachesTheFileTheRunFollows) {
   })) << "the resize never reached "
       << size;
   const std::string argv = read(args);
-  EXPECT_NE(argv.find("--ranks 1 "), std::string::npos) << argv;
-  EXPECT_NE(argv.find("--min-ranks 1 --max-ranks 2"), std::string::npos) << argv;
+  const std::string run_file = dir_.Path("work/jobs/7/run-1/job.binpb");
+  EXPECT_NE(argv.find("--job " + run_file + " "), std::string::npos) << argv;
   EXPECT_NE(argv.find("--resize-file " + size), std::string::npos) << argv;
+  // The run file holds the job as kcd sent it, its range included, and the run's assignment.
+  Result<kc::v1::TrainRun> run = ReadTrainRun(run_file);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->job().SerializeAsString(), kcd_->start().train_job().SerializeAsString());
+  EXPECT_EQ(run->assignment().SerializeAsString(), kcd_->start().assignment().SerializeAsString());
+  EXPECT_EQ(run->job().elastic().min_devices(), 1);
+  EXPECT_EQ(run->job().elastic().max_devices(), 2);
 }
 
-// The agent's metrics page has each running job's last step record, scraped over HTTP.
+// A run's typed reports as `kc train --reports` appends them: a step, a fault, a checkpoint.
+std::string WriteReports(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  kc::v1::TrainReport step;
+  *step.mutable_step() = [] {
+    kc::v1::StepReport s;
+    s.set_step(5);
+    s.set_loss(2.5);
+    s.set_tokens_per_s(1000);
+    s.set_step_s(0.02);
+    s.set_compute_s(0.015);
+    s.set_comm_exposed_s(0.002);
+    return s;
+  }();
+  kc::v1::TrainReport fault;
+  fault.mutable_fault()->set_event("detected");
+  fault.mutable_fault()->set_worker(1);
+  fault.mutable_fault()->set_reason("exit 9");
+  kc::v1::TrainReport checkpoint;
+  checkpoint.mutable_checkpoint()->set_step(4);
+  for (const kc::v1::TrainReport& r : {step, fault, checkpoint}) AppendReport(f, r);
+  std::fclose(f);
+  return path;
+}
+
+// A start order whose job names a path out of the agent's roots (kcd checked it at
+// submission; a kcd that did not, or one impersonated, still cannot make the agent write there).
+class EscapingAgentTest : public AgentTest {
+ protected:
+  EscapingAgentTest() : AgentTest(1, 0, "../../outside") {}
+};
+
+TEST_F(EscapingAgentTest, AJobPathOutOfTheAgentsRootsIsNotStarted) {
+  ASSERT_GT(port_, 0);
+  const std::string ran = dir_.Path("ran");
+  const std::string program = dir_.Write("job.sh", "#!/bin/sh\ntouch " + ran + "\n");
+  ASSERT_EQ(chmod(program.c_str(), 0755), 0);
+  kcd_->OpenChecks();
+  std::unique_ptr<Agent> agent = StartAgent(program);
+  ASSERT_NE(agent, nullptr);
+  ASSERT_TRUE(kcd_->Await([&] {
+    for (const Report& r : kcd_->reports_) {
+      if (r.state() == Report::STATE_FAILED_TO_START &&
+          r.reason().find("checkpoint_dir") != std::string::npos) {
+        return true;
+      }
+    }
+    return false;
+  }));
+  EXPECT_FALSE(std::filesystem::exists(ran));
+}
+
+// The agent's metrics page has each running job's last step record, scraped over HTTP; kcd
+// hears its faults and its checkpoint's step, all from the run's typed reports.
 TEST_F(AgentTest, ItsMetricsGiveEachRunsLastStep) {
   ASSERT_GT(port_, 0);
-  const std::string program = dir_.Write(
-      "job.sh",
-      "#!/bin/sh\n"
-      "while [ $# -gt 0 ]; do if [ \"$1\" = --out ]; then out=$2; fi; shift; done\n"
-      "echo '{\"type\":\"step\",\"step\":5,\"loss\":2.5,\"tokens_per_s\":1000,"
-      "\"step_ms\":20,\"compute_ms\":15,\"comm_exposed_ms\":2}' > \"$out/metrics.jsonl\"\n"
-      "exec sleep 60\n");
+  const std::string reports = WriteReports(dir_.Path("reports.binpb"));
+  const std::string program =
+      dir_.Write("job.sh",
+                 "#!/bin/sh\n"
+                 "while [ $# -gt 0 ]; do if [ \"$1\" = --reports ]; then to=$2; fi; shift; done\n"
+                 "cp " +
+                     reports +
+                     " \"$to\"\n"
+                     "exec sleep 60\n");
   ASSERT_EQ(chmod(program.c_str(), 0755), 0);
   kcd_->OpenChecks();
   std::unique_ptr<Agent> agent = StartAgent(program, 1, "127.0.0.1:0");
@@ -285,6 +357,16 @@ TEST_F(AgentTest, ItsMetricsGiveEachRunsLastStep) {
   EXPECT_NE(page.find("kc_run_comm_exposed_seconds{job=\"7\",name=\"x\",host=\"h1\"} 0.002\n"),
             std::string::npos)
       << page;
+  ASSERT_TRUE(kcd_->Await([&] {
+    bool fault = false, checkpoint = false;
+    for (const Report& r : kcd_->reports_) {
+      for (const kc::v1::FaultReport& f : r.fault_reports()) {
+        fault = fault || (f.event() == "detected" && f.worker() == 1 && f.reason() == "exit 9");
+      }
+      checkpoint = checkpoint || r.checkpoint_step() == 4;
+    }
+    return fault && checkpoint;
+  })) << "kcd never heard of the run's fault and checkpoint";
 }
 
 }  // namespace

@@ -8,7 +8,6 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <thread>
@@ -20,6 +19,7 @@
 #include "api/metrics.h"
 #include "api/permissions.h"
 #include "api/rpc_guard.h"
+#include "api/train_job.h"
 #include "base/log.h"
 #include "base/mutex.h"
 #include "comm/comm_limits_config.h"
@@ -292,7 +292,7 @@ struct Dispatcher::Impl {
       KC_REQUIRES(mu) {
     fault::RestartPolicy policy;
     if (Result<JobRecord> j = o.jobs->Get(job); j.ok()) {
-      if (Result<JobSpec> spec = ParseJobSpec(j->spec, "spec"); spec.ok()) {
+      if (Result<JobSpec> spec = ReadStoredJob(j->spec, "spec"); spec.ok()) {
         policy.max_restarts = spec->max_restarts;
         policy.backoff = std::chrono::duration_cast<Duration>(
             std::chrono::duration<double>(spec->restart_backoff_s));
@@ -327,23 +327,23 @@ struct Dispatcher::Impl {
 
   // The fault layer's event `e` of job `job`'s run: a loss, and the size the run went on at
   // (it shrank after a loss, or grew as a replacement joined), into the job's history.
-  void NoteFault(Run& run, const nlohmann::json& e, double now) KC_REQUIRES(mu) {
-    const std::string event = e.value("event", "");
+  void NoteFault(Run& run, const kc::v1::FaultReport& e, double now) KC_REQUIRES(mu) {
+    const std::string& event = e.event();
     std::string note;
     if (event == "detected") {
-      note = fmt::format("worker {} failed: {}", e.value("worker", -1), e.value("reason", ""));
+      note = fmt::format("worker {} failed: {}", e.worker(), e.reason());
     } else if (event == "recovered") {
-      const int ranks = e.value("ranks", 0);
+      const int ranks = e.ranks();
       const char* how = ranks < run.ranks   ? "shrank to"
                         : ranks > run.ranks ? "grew to"
                                             : "went on at";
       note = fmt::format("{} {} rank{} (generation {}), restored from {} at step {}", how, ranks,
-                         ranks == 1 ? "" : "s", e.value("generation", int64_t{-1}),
-                         e.value("source", std::string("?")), e.value("step", int64_t{0}));
+                         ranks == 1 ? "" : "s", e.generation(),
+                         e.source().empty() ? "?" : e.source(), e.step());
       run.ranks = ranks;
     } else if (event == "joined") {
-      note = fmt::format("worker {} joined: {} ranks from generation {}", e.value("worker", -1),
-                         e.value("ranks", 0), e.value("generation", int64_t{-1}));
+      note = fmt::format("worker {} joined: {} ranks from generation {}", e.worker(), e.ranks(),
+                         e.generation());
     } else {
       return;
     }
@@ -484,46 +484,73 @@ struct Dispatcher::Impl {
     return rec;
   }
 
-  // Job `j`'s spec as its start order on `n` devices carries it: with the plan kcd decided
-  // (and a resource admin approved, if it had to) when the job file gave none, so that every
-  // rank runs it. An elastic job started below its max_devices runs that plan at its size: d
-  // for n devices, the same global batch (written into the spec, as every size of its runs
-  // keeps it), its micro-batching refitted; where that does not fit, kc train's data-parallel
-  // layout of the global batch, uneven shares and all. `what` says which, for the audit log.
-  std::string SpecForStart(const JobRecord& j, int n, std::string* what) const {
-    Result<JobSpec> spec = ParseJobSpec(j.spec, fmt::format("job {} spec", j.id));
-    if (!spec.ok() || !spec->command.empty()) return j.spec;
-    if (spec->plan.empty() && o.plans != nullptr) {
+  // Run `run` of job `j` on `devices`: with the plan kcd decided (and a resource admin
+  // approved, if it had to) when the job file gave none, so that every rank runs it. An
+  // elastic job started below its max_devices runs that plan at its size: d for its devices,
+  // the same global batch (every size of its runs keeps it), its micro-batching refitted;
+  // where that does not fit, kc train's data-parallel layout of the global batch, uneven
+  // shares and all. `what` says which, for the audit log.
+  kc::v1::RunAssignment AssignmentFor(const JobRecord& j, const JobSpec& spec, int64_t run,
+                                      const std::vector<int>& devices, std::string* what) const {
+    kc::v1::RunAssignment a;
+    a.set_job(j.id);
+    a.set_run_id(fmt::format("job-{}-run-{}", j.id, run));
+    for (size_t i = 0; i < devices.size(); ++i) {
+      kc::v1::RunAssignment::Rank* r = a.add_ranks();
+      r->set_rank(static_cast<int>(i));
+      r->set_worker(static_cast<int>(i));
+      r->set_host(topology->device(devices[i]).host);
+      r->set_device(topology->device(devices[i]).id);
+    }
+    const int n = static_cast<int>(devices.size());
+    if (!spec.command.empty()) {
+      *what = fmt::format("command on {} rank{}", n, n == 1 ? "" : "s");
+      return a;
+    }
+    Result<parallel::ModelSpec> model = parallel::LoadModelSpecFromString(spec.model_yaml, "model");
+    parallel::PlanKeys stated{.micro_batch_size = true, .micro_batches = true};
+    Result<parallel::ParallelPlan> plan = NotFoundError("no plan");
+    if (!spec.plan.empty()) {
+      plan = parallel::ParsePlanFlag(spec.plan, &stated);
+    } else if (o.plans != nullptr) {
       Result<PlanRecord> rec = o.plans->Get(j.id);
-      Result<parallel::ParallelPlan> plan =
-          rec.ok() && !rec->plan_yaml.empty()
-              ? parallel::LoadPlanFromString(rec->plan_yaml, fmt::format("job {} plan", j.id))
-              : Result<parallel::ParallelPlan>(NotFoundError("no plan"));
-      if (plan.ok()) spec->plan = parallel::PlanToString(*plan);
-    }
-    if (n != spec->ranks) {
-      Result<parallel::ModelSpec> model =
-          parallel::LoadModelSpecFromString(spec->model_yaml, "model");
-      Result<parallel::ParallelPlan> plan = spec->plan.empty()
-                                                ? Result<parallel::ParallelPlan>(NotFoundError(""))
-                                                : parallel::ParsePlanFlag(spec->plan);
-      if (spec->global_batch == 0 && model.ok()) {
-        spec->global_batch =
-            plan.ok() ? plan->global_batch() : model->batch_per_rank * int64_t{spec->ranks};
-      }
-      spec->plan.clear();
-      if (plan.ok() && model.ok() && n % (plan->t * plan->p) == 0) {
-        parallel::ParallelPlan at_n = *plan;
-        at_n.d = n / (plan->t * plan->p);
-        at_n = parallel::FillBatchDefaults(at_n, {.micro_batches = true}, spec->global_batch);
-        if (parallel::ValidatePlan(at_n, *model, n, spec->global_batch).ok()) {
-          spec->plan = parallel::PlanToString(at_n);
-        }
+      if (rec.ok() && !rec->plan_yaml.empty()) {
+        plan = parallel::LoadPlanFromString(rec->plan_yaml, fmt::format("job {} plan", j.id));
       }
     }
-    *what = spec->plan.empty() ? fmt::format("data parallel over {} rank{}", n, n == 1 ? "" : "s")
-                               : "plan " + spec->plan;
-    return JobSpecText(*spec);
+    // The global batch of every size, as kc train reads a plan at max_devices: the job's, or
+    // the plan's when it states its micro-batch size, else the model's per rank.
+    int64_t global = spec.global_batch;
+    if (global == 0 && model.ok()) {
+      global = plan.ok() && stated.micro_batch_size ? plan->global_batch()
+                                                    : model->batch_per_rank * int64_t{spec.ranks};
+    }
+    std::optional<parallel::ParallelPlan> at_n;
+    if (plan.ok() && model.ok() && n % (plan->t * plan->p) == 0) {
+      parallel::ParallelPlan p = *plan;
+      p.d = n / (plan->t * plan->p);
+      // At max_devices the job's own micro-batching; at another size it is refitted.
+      p = parallel::FillBatchDefaults(
+          p, n == spec.ranks ? stated : parallel::PlanKeys{.micro_batches = true}, global);
+      // One the engine runs on these devices, as every rank will ask before it builds.
+      if (parallel::ValidatePlan(p, *model, n, global).ok() &&
+          parallel::EngineSupports(p, topology->device(devices.front()).kind).ok()) {
+        at_n = p;
+      }
+    }
+    if (at_n) *a.mutable_plan() = ToTrainPlan(*at_n);
+    a.set_global_batch(global);
+    *what = at_n ? "plan " + parallel::PlanToString(*at_n)
+                 : fmt::format("data parallel over {} rank{}", n, n == 1 ? "" : "s");
+    a.set_checkpoint_every(spec.checkpoint_every);
+    a.set_checkpoint_reason(spec.checkpoint_auto        ? "advised by kcd's scheduler"
+                            : spec.checkpoint_every > 0 ? "the job's checkpoint_every"
+                                                        : "after the last step only");
+    if (comm_limits) {
+      // The admin's limits as they apply to this job: its entry (or the default) and the lanes.
+      *a.mutable_comm_limits() = ToCommLimits(comm_limits->ForJob(CommName(j)), comm_limits->lanes);
+    }
+    return a;
   }
 
   // The pool the roles file gives team `team` (its `pool:` key), when the scheduler has a
@@ -569,7 +596,7 @@ struct Dispatcher::Impl {
       return;
     }
     if (scheduler == nullptr) return;  // waits: there are no devices (no topology) yet
-    Result<JobSpec> spec = ParseJobSpec(j.spec, fmt::format("job {} spec", j.id));
+    Result<JobSpec> spec = ReadStoredJob(j.spec, fmt::format("job {} spec", j.id));
     if (!spec.ok()) {
       Move(j.id, JobPhase::kFailed, fmt::format("cannot run: {}", spec.status().message()));
       return;
@@ -718,7 +745,7 @@ struct Dispatcher::Impl {
     Result<std::vector<JobEvent>> history = o.jobs->History(job);
     // The owner's run token for the execution-time checks, valid for the job's runtime and a
     // day (at most kMaxRunTokenS), revoked when the run ends.
-    Result<JobSpec> spec = ParseJobSpec(j->spec, "spec");
+    Result<JobSpec> spec = ReadStoredJob(j->spec, "spec");
     const double ttl =
         std::min((spec.ok() ? spec->expected_hours * 3600 : 0) + 86400, kMaxRunTokenS);
     Result<IssuedToken> token = o.tokens->Issue(j->owner, ttl, WallSeconds(), TokenKind::kRun);
@@ -763,7 +790,11 @@ struct Dispatcher::Impl {
     order.set_restart(RestartsDone(job));
     order.set_cuda_visible_devices(CudaVisibleDevices(d.devices));
     std::string layout;
-    order.set_spec(SpecForStart(*j, static_cast<int>(d.devices.size()), &layout));
+    if (Result<kc::v1::TrainJob> stored = ReadStoredTrainJob(j->spec, fmt::format("job {}", job));
+        stored.ok() && spec.ok()) {
+      *order.mutable_train_job() = *std::move(stored);  // as submitted
+      *order.mutable_assignment() = AssignmentFor(*j, *spec, run.run, d.devices, &layout);
+    }
     for (int dev : d.devices) {
       const auto& mine = host_devices[h];
       order.add_devices(static_cast<int>(std::find(mine.begin(), mine.end(), dev) - mine.begin()));
@@ -771,11 +802,6 @@ struct Dispatcher::Impl {
     order.set_token(token->token);
     order.set_owner(j->owner);
     order.set_team(j->team);
-    if (comm_limits) {
-      // The admin's limits as they apply to this job: its entry (or the default) and the lanes.
-      order.set_comm_limits(comm::FormatCommLimits(
-          {.default_limit = comm_limits->ForJob(CommName(*j)), .lanes = comm_limits->lanes}));
-    }
     agents[host].starts.push_back(std::move(order));
     Audit("kcd", "job.start", fmt::format("job/{}", job), "ok",
           fmt::format("run {} on {} devices {} ({}): {}", run.run, host, DevicesText(d.devices),
@@ -1177,19 +1203,16 @@ Result<kc::v1::AgentHeartbeatResponse> Dispatcher::Heartbeat(
   bool changed = false;
   for (const kc::v1::AgentJobReport& r : req.jobs()) {
     if (!r.log().empty()) m.o.jobs->AppendLog(r.job(), r.log()).IgnoreError();  // unknown: no log
-    std::vector<nlohmann::json> events;
-    for (const std::string& f : r.faults()) {  // the fault layer's events, into the audit log
-      nlohmann::json e = nlohmann::json::parse(f, nullptr, false);
-      const std::string event = e.is_object() ? e.value("event", "") : "";
-      m.Audit("kcd", "fault." + (event.empty() ? std::string("unknown") : event),
-              fmt::format("job/{}", r.job()), "ok", fmt::format("on {}: {}", req.host(), f));
-      if (!event.empty()) events.push_back(std::move(e));
+    for (const kc::v1::FaultReport& f : r.fault_reports()) {  // the run's faults, audited
+      m.Audit("kcd", "fault." + (f.event().empty() ? std::string("unknown") : f.event()),
+              fmt::format("job/{}", r.job()), "ok",
+              fmt::format("on {}: {}", req.host(), FaultReportJson(f)));
     }
     if (m.StopIfUnknown(a, r)) continue;
     Run& run = m.runs[r.job()];
     int detected = 0;
-    for (const nlohmann::json& e : events) {
-      if (e["event"] == "detected") ++detected;
+    for (const kc::v1::FaultReport& e : r.fault_reports()) {
+      if (e.event() == "detected") ++detected;
       if (!run.stopping) m.NoteFault(run, e, now);
     }
     // A rank's failure counts toward the job's fault rate (demotion of flaky jobs) and its

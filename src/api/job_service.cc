@@ -9,6 +9,7 @@
 #include "api/internal/digest.h"
 #include "api/job_spec.h"
 #include "api/quota_usage.h"
+#include "api/train_job.h"
 
 namespace kc::api {
 namespace {
@@ -86,19 +87,26 @@ grpc::Status JobServiceImpl::Submit(grpc::ServerContext* context,
           "and {} GB",
           kMaxExpectedHours, kMaxStorageGb));
     }
-    if (!req->spec().empty()) {
-      // A job to run: its spec must hold, and says what it uses.
-      KC_ASSIGN_OR_RETURN(JobSpec spec, ParseJobSpec(req->spec(), "spec"));
+    if (req->has_job() && !req->spec().empty()) {
+      return InvalidArgumentError("job, spec: give one (the typed job, or its JSON form)");
+    }
+    // A job to run: it must hold as a job file does, and says what it uses. kcd keeps it as
+    // it came, in the typed job's JSON form.
+    std::string job_text;
+    if (req->has_job() || !req->spec().empty()) {
+      KC_ASSIGN_OR_RETURN(JobSpec spec, req->has_job() ? CheckedJobSpec(req->job())
+                                                       : ParseJobSpec(req->spec(), "spec"));
       if (req->devices() != spec.ranks) {
-        return InvalidArgumentError(fmt::format("devices: {} differs from the spec's ranks ({})",
-                                                req->devices(), spec.ranks));
+        return InvalidArgumentError(fmt::format(
+            "devices: {} differs from the job's max_devices ({})", req->devices(), spec.ranks));
       }
+      job_text = StoredJobText(spec);
     }
     JobRecord j{.id = 0,
                 .name = req->name(),
                 .owner = caller.user,
                 .team = req->team(),
-                .spec = req->spec(),
+                .spec = job_text,
                 .devices = req->devices(),
                 .device_hours = req->expected_hours() * static_cast<double>(req->devices()),
                 .storage_gb = req->storage_gb(),

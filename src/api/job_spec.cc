@@ -93,6 +93,16 @@ JobSpec ReadCommon(config::Map root) {
       if (std::optional<std::string> why = PathProblem(*out)) root.Reject(key, *why);
     }
   }
+  s.checkpoint_keep =
+      static_cast<int>(root.OptionalInt("checkpoint_keep", 3, config::InRange(1, 1000)));
+  s.checkpoint_compress = root.OptionalBool("checkpoint_compress", false);
+  s.heartbeat_period_s =
+      root.OptionalDouble("heartbeat_period", 1, {.min = 0, .max = 60, .min_exclusive = true});
+  s.heartbeat_timeout_s = root.OptionalDouble("heartbeat_timeout", 30, config::InRange(0, 3600));
+  if (s.heartbeat_timeout_s < 2 * s.heartbeat_period_s) {
+    root.Reject("heartbeat_timeout", fmt::format("{} s is less than two heartbeat periods ({} s)",
+                                                 s.heartbeat_timeout_s, 2 * s.heartbeat_period_s));
+  }
   if (root.Has("command")) {
     s.command = root.StringList("command");
     if (s.command.empty() || s.command[0].empty()) {
@@ -114,7 +124,8 @@ JobSpec ReadCommon(config::Map root) {
       }
     }
     // What only a model job has.
-    for (const char* key : {"plan", "global_batch", "data", "steps"}) {
+    for (const char* key : {"plan", "global_batch", "data", "steps", "checkpoint_keep",
+                            "checkpoint_compress", "heartbeat_period", "heartbeat_timeout"}) {
       if (root.Has(key)) {
         root.Reject(key, "only for a model job (a command job's program trains as it will)");
       }
@@ -241,11 +252,19 @@ std::string JobSpecText(const JobSpec& s) {
                               {"storage_gb", s.storage_gb},
                               {"data", s.data},
                               {"checkpoint_dir", s.checkpoint_dir},
+                              {"checkpoint_keep", s.checkpoint_keep},
+                              {"checkpoint_compress", s.checkpoint_compress},
+                              {"heartbeat_period", s.heartbeat_period_s},
+                              {"heartbeat_timeout", s.heartbeat_timeout_s},
                               {"model_yaml", s.model_yaml}};
   if (s.checkpoint_auto) j["checkpoint_every"] = "auto";
   if (!s.command.empty()) {
     // A command job: no model, nor what only a model job has.
-    for (const char* key : {"plan", "steps", "global_batch", "data", "model_yaml"}) j.erase(key);
+    for (const char* key :
+         {"plan", "steps", "global_batch", "data", "model_yaml", "checkpoint_keep",
+          "checkpoint_compress", "heartbeat_period", "heartbeat_timeout"}) {
+      j.erase(key);
+    }
     j["command"] = s.command;
     if (!s.workdir.empty()) j["workdir"] = s.workdir;
     if (!s.env.empty()) {

@@ -61,6 +61,11 @@ struct JobSpec {
   double storage_gb = 0;       // [0, 1e9]
   std::string data;            // a manifest under the agent's data root; "" = its default
   std::string checkpoint_dir;  // under the agent's work root; "" = the job's own directory
+  int checkpoint_keep = 3;     // checkpoints kept (the newest)
+  bool checkpoint_compress = false;
+  // A rank silent for heartbeat_timeout_s (no heartbeat) is declared failed.
+  double heartbeat_period_s = 1;
+  double heartbeat_timeout_s = 30;
 };
 
 // Reads a job file. Errors are `FILE:LINE: key: ...`; a model file that is missing or
