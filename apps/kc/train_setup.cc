@@ -84,8 +84,7 @@ Status ApplyTrainRun(TrainArgs* args) {
   if (as.has_plan()) {
     Result<parallel::ParallelPlan> plan = api::FromTrainPlan(as.plan());
     if (!plan.ok()) return plan.status().WithContext(where);
-    a.plan = parallel::PlanToString(*plan);
-    std::replace(a.plan.begin(), a.plan.end(), ' ', ',');
+    a.plan = parallel::PlanToString(*plan);  // as kcd shows it (kc job show)
   }
   // Elastic within [min_devices, max_devices]: the survivors of a loss go on, a replacement
   // starts for each loss, and the run grows and shrinks as asked (--resize-file).

@@ -538,7 +538,7 @@ TEST_F(AdminServicesTest, ATopologyIsReplacedOnlyWhenItLoads) {
   kc::v1::PutTopologyResponse done;
   ASSERT_TRUE(
       As("root", topology_stub_.get(), &kc::v1::TopologyService::Stub::Put, put, &done).ok());
-  EXPECT_THAT(done.note(), HasSubstr("when kcd next starts"));
+  EXPECT_THAT(done.note(), HasSubstr("applies it at its next pass"));
   EXPECT_EQ(done.topology().devices(), 32);
   EXPECT_EQ(File("topology.yaml"), Inventory());
   ASSERT_TRUE(As("ann", topology_stub_.get(), &kc::v1::TopologyService::Stub::Get,
@@ -596,7 +596,7 @@ TEST_F(AdminServicesTest, PoolsAreListedOverTheTopologyAndReplacedWhenTheyFit) {
       "  - {name: rest, classes: [normal, preemptible], rest: true}\n";
   kc::v1::PutPoolsResponse put;
   ASSERT_TRUE(PutPools("root", pools, &put).ok());
-  EXPECT_THAT(put.note(), HasSubstr("when kcd next starts"));
+  EXPECT_THAT(put.note(), HasSubstr("applies it at its next pass"));
   EXPECT_EQ(File("pools.yaml"), pools);
   ASSERT_TRUE(List("olga").ok());
   EXPECT_FALSE(list.defaults());

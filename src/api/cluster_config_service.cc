@@ -149,7 +149,7 @@ grpc::Status TopologyServiceImpl::Put(grpc::ServerContext* context,
             AuditNow(audit_, caller.user, "topology.write", "topology", "ok",
                      fmt::format("sha256 {}: {} hosts, {} devices", response->topology().sha256(),
                                  topology->hosts().size(), topology->num_devices())));
-        response->set_note(kEffectiveAtRestart);
+        response->set_note(kEffectiveNow);
         return OkStatus();
       });
 }
@@ -198,7 +198,7 @@ grpc::Status PoolServiceImpl::Put(grpc::ServerContext* context, const kc::v1::Pu
     KC_RETURN_IF_ERROR(AuditNow(
         audit_, caller.user, "pool.modify", "pool", "ok",
         fmt::format("sha256 {}: {} pools", internal::Sha256Hex(req->pools()), pools->size())));
-    response->set_note(kEffectiveAtRestart);
+    response->set_note(kEffectiveNow);
     return OkStatus();
   });
 }

@@ -26,8 +26,9 @@ struct ClusterDir {
 };
 
 // The note a replacement returns: when it takes effect.
-inline constexpr char kEffectiveAtRestart[] =
-    "saved; kcd's scheduler reads it when kcd next starts (restart kcd to apply it)";
+inline constexpr char kEffectiveNow[] =
+    "saved; kcd's scheduler applies it at its next pass (within seconds): running jobs keep "
+    "their devices until they end, and one that no longer fits is flagged in its history";
 
 // Safe for concurrent use.
 class TopologyServiceImpl final : public kc::v1::TopologyService::Service {

@@ -130,6 +130,25 @@ double RunningSeconds(const std::vector<JobEvent>& history) {
   return total;
 }
 
+// The cluster of DIR's files: its topology (none without topology.yaml) and a scheduler over it
+// with DIR/pools.yaml's pools (one pool of every device without it).
+Status LoadCluster(const fs::path& dir, std::unique_ptr<hal::Topology>* topology,
+                   std::unique_ptr<sched::Scheduler>* scheduler) {
+  if (!fs::exists(dir / "topology.yaml")) return OkStatus();
+  KC_ASSIGN_OR_RETURN(hal::TopologySpec spec, hal::LoadInventory((dir / "topology.yaml").string()));
+  KC_ASSIGN_OR_RETURN(hal::Topology built, hal::Topology::Build(std::move(spec)));
+  auto topo = std::make_unique<hal::Topology>(std::move(built));
+  sched::PoolConfig pools = sched::AllDevicesPoolConfig();
+  if (fs::exists(dir / "pools.yaml")) {
+    KC_ASSIGN_OR_RETURN(pools, sched::LoadPoolConfig((dir / "pools.yaml").string()));
+  }
+  KC_ASSIGN_OR_RETURN(std::unique_ptr<sched::Scheduler> sched,
+                      sched::Scheduler::Create(topo.get(), pools, {}));
+  *scheduler = std::move(sched);
+  *topology = std::move(topo);
+  return OkStatus();
+}
+
 }  // namespace
 
 struct Dispatcher::Impl {
@@ -153,6 +172,9 @@ struct Dispatcher::Impl {
   LatencyHistogram pass_seconds;                                // its passes, for the metrics
   // Jobs requeued after a failed run: not placed again before this wall time (the backoff).
   std::map<int64_t, double> not_before KC_GUARDED_BY(mu);
+  // DIR/topology.yaml and DIR/pools.yaml as the scheduler was last built from them.
+  std::pair<std::pair<bool, fs::file_time_type>, std::pair<bool, fs::file_time_type>> config_applied
+      KC_GUARDED_BY(mu);
   // DIR/plan-approval.yaml as `limits` last read it: whether it existed, and its mtime.
   bool limits_file KC_GUARDED_BY(mu) = false;
   fs::file_time_type limits_mtime KC_GUARDED_BY(mu){};
@@ -837,9 +859,125 @@ struct Dispatcher::Impl {
     KC_LOG(INFO) << "dispatcher: approval limits from " << file.string() << " apply now";
   }
 
+  // Whether DIR/topology.yaml and DIR/pools.yaml exist, and their mtimes.
+  using ConfigStamp = std::pair<bool, fs::file_time_type>;
+  std::pair<ConfigStamp, ConfigStamp> ConfigStamps() const {
+    auto stamp = [&](const char* name) {
+      const fs::path file = fs::path(o.dir) / name;
+      std::error_code ec;
+      const bool exists = fs::exists(file, ec);
+      return ConfigStamp{exists, exists ? fs::last_write_time(file, ec) : fs::file_time_type{}};
+    };
+    return {stamp("topology.yaml"), stamp("pools.yaml")};
+  }
+
+  // host_devices for the topology.
+  void IndexHosts() KC_REQUIRES(mu) {
+    host_devices.clear();
+    if (topology == nullptr) return;
+    host_devices.resize(topology->hosts().size());
+    for (int d = 0; d < topology->num_devices(); ++d) {
+      host_devices[topology->host_of(d)].push_back(d);
+    }
+  }
+
+  // Applies DIR/topology.yaml and DIR/pools.yaml live, when either changed (a system admin's
+  // TopologyService.Put or PoolService.Put, or an edit): the scheduler is rebuilt for them as a
+  // start of kcd builds it. Running jobs are not stopped: each keeps its devices until it ends,
+  // as a restart of kcd adopts it (the scheduler places around them), and one whose devices
+  // left the topology, or whose pool no longer takes it, is flagged in its history and the
+  // audit log. Queued jobs go to the new scheduler. Files that do not load keep what is in
+  // force, logged once per change.
+  void RefreshConfig(double now) KC_REQUIRES(mu) {
+    const std::pair<ConfigStamp, ConfigStamp> stamps = ConfigStamps();
+    if (stamps == config_applied) return;
+    config_applied = stamps;
+    std::unique_ptr<hal::Topology> topo;
+    std::unique_ptr<sched::Scheduler> sched;
+    if (Status s = LoadCluster(fs::path(o.dir), &topo, &sched); !s.ok() || topo == nullptr) {
+      const std::string why = s.ok() ? "no topology.yaml" : std::string(s.message());
+      KC_LOG(WARNING) << "dispatcher: topology and pools unchanged: " << why;
+      Audit("kcd", "cluster.apply", "cluster", "failed", why);
+      return;
+    }
+    // The running jobs' devices in the new topology, by their ids.
+    std::map<std::string, int> index;
+    for (int d = 0; d < topo->num_devices(); ++d) index[topo->device(d).id] = d;
+    std::vector<sched::Pool> pools = sched->pools();
+    int flagged = 0;
+    for (auto& [job, run] : runs) {
+      std::vector<int> moved;
+      std::vector<std::string> gone;
+      for (int d : run.devices) {
+        const std::string id = topology != nullptr && d >= 0 && d < topology->num_devices()
+                                   ? topology->device(d).id
+                                   : "?";
+        auto it = index.find(id);
+        if (it == index.end() || topo->device(it->second).host != run.host) {
+          gone.push_back(id);
+        } else {
+          moved.push_back(it->second);
+        }
+      }
+      std::string flag;
+      if (!gone.empty()) {
+        flag = fmt::format("its devices {} are no longer in the topology", fmt::join(gone, ", "));
+      } else {
+        Result<JobRecord> j = o.jobs->Get(job);
+        Result<JobSpec> spec = j.ok() ? ReadStoredJob(j->spec, "spec") : j.status();
+        const std::optional<sched::JobClass> job_class =
+            spec.ok() ? sched::JobClassFromName(spec->job_class) : std::nullopt;
+        const bool fits = std::any_of(pools.begin(), pools.end(), [&](const sched::Pool& p) {
+          const auto& c = p.spec.classes;
+          const auto& t = p.spec.teams;
+          return job_class && std::find(c.begin(), c.end(), *job_class) != c.end() &&
+                 (t.empty() || std::find(t.begin(), t.end(), j->team) != t.end()) &&
+                 std::all_of(moved.begin(), moved.end(), [&](int d) {
+                   return std::find(p.devices.begin(), p.devices.end(), d) != p.devices.end();
+                 });
+        });
+        if (!fits) flag = "no pool takes it on its devices any more";
+      }
+      run.devices = std::move(moved);
+      run.sched_id.clear();
+      run.adopted = true;  // the new scheduler does not know it: it places around it
+      if (!flag.empty()) {
+        ++flagged;
+        const std::string note =
+            "flagged: " + flag + "; it keeps running on what it holds until it ends";
+        o.jobs->Note(job, note, now).IgnoreError();  // ended meanwhile: nothing to note
+        Audit("kcd", "job.flag", fmt::format("job/{}", job), "ok", note);
+      }
+    }
+    // Queued jobs are handed to the new scheduler at this pass (queued without a submission).
+    const size_t requeued = queued.size();
+    queued.clear();
+    sched_jobs.clear();
+    deferred.clear();
+    scheduler.reset();  // before the topology it points to
+    topology = std::move(topo);
+    scheduler = std::move(sched);
+    IndexHosts();
+    // An agent whose host left, or whose device count changed, registers again (and is
+    // checked against the new topology then).
+    for (auto& [host, a] : agents) {
+      std::optional<int> h = HostIndex(host);
+      if (!h) a.registered = false;
+    }
+    up.assign(topology->num_devices(), 1);  // every device starts up in a new scheduler
+    const std::string what = fmt::format(
+        "{} hosts, {} devices, {} pools; {} running jobs kept their devices ({} flagged), {} "
+        "queued jobs requeued",
+        topology->hosts().size(), topology->num_devices(), scheduler->pools().size(), runs.size(),
+        flagged, requeued);
+    KC_LOG(INFO) << "dispatcher: topology and pools apply now: " << what;
+    Audit("kcd", "cluster.apply", "cluster", "ok", what);
+  }
+
   void Pass() KC_REQUIRES(mu) {
     const double now = WallSeconds();
     RefreshLimits();
+    RefreshConfig(now);
     // Agents silent too long: their runs are lost; the jobs go back to the queue.
     for (auto& [host, a] : agents) {
       if (now - a.last_seen_s <= o.lost_after_s) continue;
@@ -1014,18 +1152,13 @@ Result<std::unique_ptr<Dispatcher>> Dispatcher::Start(DispatcherOptions o) {
   Impl& m = *impl;
   m.o = o;
   const fs::path dir(o.dir);
-  if (fs::exists(dir / "topology.yaml")) {
-    KC_ASSIGN_OR_RETURN(hal::TopologySpec spec,
-                        hal::LoadInventory((dir / "topology.yaml").string()));
-    KC_ASSIGN_OR_RETURN(hal::Topology topo, hal::Topology::Build(std::move(spec)));
-    m.topology = std::make_unique<hal::Topology>(std::move(topo));
-    sched::PoolConfig pools;
-    if (fs::exists(dir / "pools.yaml")) {
-      KC_ASSIGN_OR_RETURN(pools, sched::LoadPoolConfig((dir / "pools.yaml").string()));
-    } else {
-      pools = sched::AllDevicesPoolConfig();
-    }
-    KC_ASSIGN_OR_RETURN(m.scheduler, sched::Scheduler::Create(m.topology.get(), pools, {}));
+  {
+    MutexLock lock(&m.mu);
+    m.config_applied = m.ConfigStamps();
+    KC_RETURN_IF_ERROR(LoadCluster(dir, &m.topology, &m.scheduler));
+    m.IndexHosts();
+  }
+  if (m.topology != nullptr) {
     if (fs::exists(dir / "comm-limits.yaml")) {
       KC_ASSIGN_OR_RETURN(m.comm_limits, comm::LoadCommLimits((dir / "comm-limits.yaml").string()));
     }
@@ -1036,10 +1169,6 @@ Result<std::unique_ptr<Dispatcher>> Dispatcher::Start(DispatcherOptions o) {
       std::error_code ec;  // unknown: the first pass reads the file again
       m.limits_file = true;
       m.limits_mtime = fs::last_write_time(dir / "plan-approval.yaml", ec);
-    }
-    m.host_devices.resize(m.topology->hosts().size());
-    for (int d = 0; d < m.topology->num_devices(); ++d) {
-      m.host_devices[m.topology->host_of(d)].push_back(d);
     }
   }
   {
@@ -1126,6 +1255,7 @@ void Dispatcher::Wake() {
 Result<kc::v1::RegisterAgentResponse> Dispatcher::Register(
     const kc::v1::RegisterAgentRequest& req) {
   Impl& m = *impl_;
+  MutexLock lock(&m.mu);  // the topology may be replaced live (RefreshConfig)
   if (m.topology == nullptr) {
     return NotFoundError(fmt::format(
         "host {}: the cluster has no topology yet ({}/topology.yaml); kc init --inventory "
@@ -1144,7 +1274,6 @@ Result<kc::v1::RegisterAgentResponse> Dispatcher::Register(
         fmt::format("host {}: devices: the agent found {}, the topology has {}", req.host(),
                     req.devices(), want));
   }
-  MutexLock lock(&m.mu);
   Agent& a = m.agents[req.host()];
   const bool again = a.registered;
   a.registered = true;

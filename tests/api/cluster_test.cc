@@ -489,6 +489,103 @@ TEST_F(ClusterTest, ApprovalLimitsApplyLive) {
   EXPECT_EQ(up->Stop(SIGTERM), 0);
 }
 
+// A system admin's new pools apply while kcd runs: the running job whose pool no longer takes
+// it keeps running (flagged in its history and the audit log), and a job submitted after is
+// placed by the new pools, on the devices once the running job leaves them.
+TEST_F(ClusterTest, NewPoolsApplyLiveAndARunningJobKeepsItsDevices) {
+  std::unique_ptr<Daemon> up = Up();
+  KcRun first = Kc("submit " + JobFile("first", 1000000) + " --json");
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  const int64_t running = Int(nlohmann::json::parse(first.out), "id");
+  Await(running,
+        [](const nlohmann::json& j) { return j["phase"] == "running" && Int(j, "step") >= 1; });
+  // From now on one pool, for high-priority jobs only: no pool takes the running normal job.
+  KcRun put = Kc("pools put " + dir_.Write("pools.yaml",
+                                           "pools:\n  - {name: urgent, classes: [high], "
+                                           "rest: true}\n"));
+  ASSERT_EQ(put.exit_code, 0) << put.err;
+  EXPECT_THAT(put.out, HasSubstr("applies it at its next pass")) << put.out;
+  nlohmann::json j = Await(running, [](const nlohmann::json& x) {
+    for (const nlohmann::json& e : x["history"]) {
+      if (e.value("reason", std::string()).starts_with("flagged: no pool takes it")) return true;
+    }
+    return Ended(x["phase"]);
+  });
+  ASSERT_EQ(j["phase"], "running") << j.dump();
+  const int64_t step = Int(j, "step");
+  EXPECT_THAT(Kc("pools").out, HasSubstr("urgent"));
+  // A high-priority job waits in pool urgent for the devices the running job keeps.
+  KcRun high = Kc("submit " + JobFile("urgent", 3, "class: high\n") + " --json");
+  ASSERT_EQ(high.exit_code, 0) << high.err;
+  const int64_t waiting = Int(nlohmann::json::parse(high.out), "id");
+  j = Await(waiting, [](const nlohmann::json& x) {
+    return x["reason"].get<std::string>().starts_with("pending: reason=");
+  });
+  EXPECT_EQ(j["phase"], "queued") << j.dump();
+  // The running job trains on meanwhile; once it leaves, the new pool runs the waiting one.
+  Await(running, [&](const nlohmann::json& x) { return Int(x, "step") >= step + 3; });
+  ASSERT_EQ(Kc(fmt::format("job cancel {}", running)).exit_code, 0);
+  j = Await(waiting, [](const nlohmann::json& x) { return Ended(x["phase"]); });
+  EXPECT_EQ(j["phase"], "succeeded") << j.dump();
+  EXPECT_EQ(up->Stop(SIGTERM), 0);
+
+  Result<std::unique_ptr<AuditLog>> audit = AuditLog::Open(dir_.Path("cluster/audit.db"));
+  ASSERT_TRUE(audit.ok());
+  Result<std::vector<AuditRecord>> applied =
+      (*audit)->Query({.action = "cluster.apply", .limit = 10});
+  ASSERT_TRUE(applied.ok());
+  ASSERT_EQ(applied->size(), 1u);
+  EXPECT_EQ((*applied)[0].outcome, "ok");
+  EXPECT_THAT((*applied)[0].reason, HasSubstr("1 running jobs kept their devices (1 flagged)"));
+  Result<std::vector<AuditRecord>> flagged = (*audit)->Query({.action = "job.flag", .limit = 10});
+  ASSERT_TRUE(flagged.ok());
+  ASSERT_EQ(flagged->size(), 1u);
+  EXPECT_EQ((*flagged)[0].resource, fmt::format("job/{}", running));
+}
+
+// A new topology applies while kcd runs: the job running on h1 keeps its devices (the same
+// ids in the new topology: not flagged) and trains on; the scheduler runs on the new hosts.
+TEST_F(ClusterTest, ANewTopologyAppliesLiveAndTheRunningJobTrainsOn) {
+  Init();
+  auto [kcd, port] = Kcd("");
+  std::unique_ptr<Daemon> agent = AgentOnH1();
+  KcRun submit = Kc("submit " + JobFile("long", 1000000) + " --json");
+  ASSERT_EQ(submit.exit_code, 0) << submit.err;
+  const int64_t id = Int(nlohmann::json::parse(submit.out), "id");
+  Await(id, [](const nlohmann::json& j) { return j["phase"] == "running"; });
+  // h2 leaves the cluster.
+  const std::string one_host = dir_.Write(
+      "one-host.yaml",
+      "name: test\nmodels:\n  cpu-slice: {kind: cpu, memory_gb: 4, peak_tflops_fp32: 0.1, "
+      "peak_tflops_bf16: 0,\n              memory_bandwidth_gbs: 10}\nhosts:\n  - {name: h1, "
+      "model: cpu-slice, count: 2, network: {bandwidth_gbs: 1, latency_us: 50}}\n");
+  KcRun put = Kc("cluster topology put " + one_host);
+  ASSERT_EQ(put.exit_code, 0) << put.err;
+  // Applied (the audit says so), and the job trains on past that.
+  std::string applied;
+  for (int i = 0; i < 1200 && applied.find("cluster.apply") == std::string::npos; ++i) {
+    applied = Kc("audit query --action cluster.apply").out;
+    if (applied.find("cluster.apply") == std::string::npos) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+  EXPECT_THAT(applied, HasSubstr("1 hosts, 2 devices, 1 pools; 1 running jobs kept their devices "
+                                 "(0 flagged)"));
+  const int64_t step = Int(Show(id), "step");
+  nlohmann::json j = Await(
+      id, [&](const nlohmann::json& x) { return Ended(x["phase"]) || Int(x, "step") >= step + 5; });
+  EXPECT_EQ(j["phase"], "running") << j.dump();
+  for (const nlohmann::json& e : j["history"]) {
+    EXPECT_THAT(e.value("reason", std::string()), Not(HasSubstr("flagged"))) << j.dump();
+  }
+  ASSERT_EQ(Kc(fmt::format("job cancel {}", id)).exit_code, 0);
+  Await(id, [](const nlohmann::json& x) { return Ended(x["phase"]); });
+  // The next job runs on h1 of the new topology.
+  EXPECT_EQ(Kc("submit " + JobFile("next", 3) + " --wait").exit_code, 0);
+  EXPECT_EQ(agent->Stop(SIGTERM), 0);
+  EXPECT_EQ(kcd->Stop(SIGTERM), 0);
+}
+
 TEST_F(ClusterTest, AJobNoHostCanHoldFailsWithWhy) {
   std::unique_ptr<Daemon> up = Up();
   KcRun submit =
