@@ -16,7 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "apps/kc/kcd_client.h"
 #include "apps/kc/train_setup.h"
+#include "kc/v1/jobs.grpc.pb.h"
 #include "parallel/plan.h"
 
 namespace kc::app {
@@ -28,6 +30,7 @@ using Json = nlohmann::json;
 struct DiagnoseArgs {
   std::string run;
   bool json = false;
+  std::string login;
 };
 
 struct Finding {
@@ -44,7 +47,88 @@ struct RunRecords {
   Json summary;              // the "summary" record, or null (the run did not finish)
   std::vector<Json> steps;   // "step" records, the last of each step
   std::vector<Json> faults;  // faults.jsonl
+  // A kcd job's: its history (phase changes and notes), and whether it ran on this machine
+  // (else the cores here say nothing of its ranks').
+  std::vector<Json> history;
+  bool here = true;
 };
+
+// A step record, keeping the last of each step: after a recovery the steps since the
+// restored state come again, and the later ones count.
+void AddStep(RunRecords* r, Json step) {
+  const int64_t n = step["step"];
+  while (!r->steps.empty() && r->steps.back()["step"].get<int64_t>() >= n) r->steps.pop_back();
+  r->steps.push_back(std::move(step));
+}
+
+// What kcd keeps of job `id`: its history and its runs' typed reports (JobService.Records), as
+// the records a local run writes; the newest run that reported its start is the one looked at.
+Result<RunRecords> ReadJob(int64_t id, const std::string& login) {
+  KC_ASSIGN_OR_RETURN(Session s, Session::Open(login));
+  kc::v1::GetJobRequest get;
+  get.set_id(id);
+  kc::v1::JobInfo job;
+  KC_RETURN_IF_ERROR(s.Call(&kc::v1::JobService::Stub::Get, get, &job));
+  kc::v1::JobRecordsRequest req;
+  req.set_id(id);
+  kc::v1::JobRecordsResponse resp;
+  KC_RETURN_IF_ERROR(s.Call(&kc::v1::JobService::Stub::Records, req, &resp));
+  std::string run_id;
+  for (const kc::v1::TrainReport& t : resp.reports()) {
+    if (t.has_run()) run_id = t.run_id();
+  }
+  if (run_id.empty()) {
+    return NotFoundError(fmt::format(
+        "job {}: no run of it has reported yet (phase {}: {}); a command job reports none", id,
+        job.phase(), job.reason()));
+  }
+  RunRecords r;
+  r.here = false;
+  for (const kc::v1::JobEvent& e : job.history()) {
+    r.history.push_back({{"phase", e.phase()}, {"reason", e.reason()}});
+  }
+  for (const kc::v1::TrainReport& t : resp.reports()) {
+    if (t.has_fault()) {
+      r.faults.push_back({{"event", t.fault().event()},
+                          {"worker", t.fault().worker()},
+                          {"reason", t.fault().reason()}});
+    }
+    if (t.run_id() != run_id) continue;
+    if (t.has_run()) {
+      const kc::v1::RunReport& h = t.run();
+      r.header = {{"type", "run"},
+                  {"model", h.model()},
+                  {"ranks", h.ranks()},
+                  {"threads_per_rank", h.threads_per_rank()},
+                  {"steps", h.steps()}};
+      if (!h.plan().empty()) r.header["plan"] = h.plan();
+      if (h.predicted_step_s() > 0) r.header["predicted_step_s"] = h.predicted_step_s();
+      if (h.has_comm_limits()) {
+        const kc::v1::CommLimits& c = h.comm_limits();
+        r.header["comm_limits"] = {
+            {"ops_per_second", c.ops_per_second()},
+            {"bytes_per_second", c.bytes_per_second()},
+            {"lanes",
+             {{"priority",
+               std::vector<std::string>(c.lane_priority().begin(), c.lane_priority().end())}}}};
+      }
+    } else if (t.has_step()) {
+      AddStep(&r, {{"step", t.step().step()},
+                   {"step_ms", t.step().step_s() * 1e3},
+                   {"rate_limit_wait_ms", t.step().rate_limit_wait_s() * 1e3}});
+    } else if (t.has_summary()) {
+      const kc::v1::SummaryReport& m = t.summary();
+      r.summary = {{"type", "summary"},
+                   {"step_ms", m.median_step_s() * 1e3},
+                   {"exposed_comm_share", m.exposed_comm_share()}};
+      if (m.bubble() > 0) {
+        r.summary["bubble"] = m.bubble();
+        r.summary["bubble_ideal"] = m.bubble_ideal();
+      }
+    }
+  }
+  return r;
+}
 
 Result<RunRecords> ReadRun(const std::string& run) {
   const fs::path metrics = fs::is_directory(run) ? fs::path(run) / "metrics.jsonl" : fs::path(run);
@@ -69,10 +153,7 @@ Result<RunRecords> ReadRun(const std::string& run) {
     if (type == "run") r.header = std::move(j);
     if (type == "summary") r.summary = std::move(j);
     if (type == "step" && j.contains("step") && j["step"].is_number_integer()) {
-      // After a recovery the steps since the restored state come again: the later ones count.
-      const int64_t step = j["step"];
-      while (!r.steps.empty() && r.steps.back()["step"].get<int64_t>() >= step) r.steps.pop_back();
-      r.steps.push_back(std::move(j));
+      AddStep(&r, std::move(j));
     }
   }
   if (!r.header.is_object()) {
@@ -116,7 +197,7 @@ std::vector<Finding> Diagnose(const RunRecords& r) {
   }
   const int threads = static_cast<int>(Number(h, "threads_per_rank", 1));
   const int cores = static_cast<int>(AllowedCpus().size());
-  if (ranks * threads > cores) {
+  if (r.here && ranks * threads > cores) {
     out.push_back(
         {.layer = 1,
          .fault = false,
@@ -253,8 +334,52 @@ std::vector<Finding> Diagnose(const RunRecords& r) {
          .evidence = fmt::format("first: {}; {} recover{}{}", first, recovered,
                                  recovered == 1 ? "y" : "ies",
                                  stopped > 0 ? "; stopped below the minimum" : ""),
-         .fix = "read faults.jsonl; a rank killed from outside (OOM killer, "
-                "preemption) is in the host's logs"});
+         .fix = r.here ? "read faults.jsonl; a rank killed from outside (OOM killer, "
+                         "preemption) is in the host's logs"
+                       : "kc audit query --action fault. has every event; a rank killed from "
+                         "outside (OOM killer) is in its host's logs"});
+  }
+  // L4: what kcd's scheduler and its users did to the job (a kcd job's history).
+  int preempted = 0, paused = 0, requeued = 0;
+  std::string first_preempt, flagged;
+  for (size_t i = 1; i < r.history.size(); ++i) {
+    const std::string from = r.history[i - 1].value("phase", ""),
+                      to = r.history[i].value("phase", ""), why = r.history[i].value("reason", "");
+    if (why.starts_with("flagged:")) flagged = why;
+    if (from != "running") continue;
+    if (to == "paused") ++paused;
+    if (to != "queued") continue;
+    if (why.find("preempt") != std::string::npos) {
+      if (preempted++ == 0) first_preempt = why;
+    } else {
+      ++requeued;
+    }
+  }
+  if (preempted > 0) {
+    out.push_back(
+        {.layer = 4,
+         .fault = true,
+         .what = fmt::format("the scheduler stopped the job {} time{} for other work (preempted)",
+                             preempted, preempted == 1 ? "" : "s"),
+         .evidence = "first: " + first_preempt,
+         .fix = "submit it in a higher class, or to a pool that does not lend its devices (kc "
+                "pools); checkpoint_every: auto keeps what each preemption costs small"});
+  }
+  if (paused > 0 || requeued > 0) {
+    out.push_back(
+        {.layer = 4,
+         .fault = false,
+         .what = fmt::format("the job was paused {} time{} and requeued {} time{}", paused,
+                             paused == 1 ? "" : "s", requeued, requeued == 1 ? "" : "s"),
+         .evidence = "its history (kc job show)",
+         .fix = "each resumes from its newest checkpoint: steps since it are done again"});
+  }
+  if (!flagged.empty()) {
+    out.push_back({.layer = 4,
+                   .fault = false,
+                   .what = "the cluster's pools or topology changed under the job",
+                   .evidence = flagged,
+                   .fix = "nothing while it runs; its next run is placed by the new pools"});
   }
   if (r.summary.is_null()) {
     out.push_back({.layer = 4,
@@ -262,8 +387,9 @@ std::vector<Finding> Diagnose(const RunRecords& r) {
                    .what = "the run did not finish",
                    .evidence = fmt::format("{} steps recorded of {}", r.steps.size(),
                                            static_cast<int64_t>(Number(h, "steps", 0))),
-                   .fix = "kc train's output says why; with --checkpoint-dir the same command "
-                          "resumes"});
+                   .fix = r.here ? "kc train's output says why; with --checkpoint-dir the same "
+                                   "command resumes"
+                                 : "its history (kc job show) and output (kc job logs) say why"});
   }
   std::stable_sort(out.begin(), out.end(), [](const Finding& a, const Finding& b) {
     return a.fault != b.fault ? a.fault : a.layer < b.layer;
@@ -272,7 +398,14 @@ std::vector<Finding> Diagnose(const RunRecords& r) {
 }
 
 int RunDiagnose(const DiagnoseArgs& a) {
-  Result<RunRecords> r = ReadRun(a.run);
+  // A job's id (digits, and no such file here), or a run's directory or metrics file.
+  const bool job = !a.run.empty() && a.run.find_first_not_of("0123456789") == std::string::npos &&
+                   !fs::exists(a.run);
+  Result<RunRecords> r =
+      job ? (a.run.size() > 18 ? Result<RunRecords>(InvalidArgumentError(
+                                     "job " + a.run + ": not a job id (too large)"))
+                               : ReadJob(std::stoll(a.run), a.login))
+          : ReadRun(a.run);
   if (!r.ok()) {
     std::cerr << "kc diagnose: " << r.status().message() << "\n";
     return kExitBadInput;
@@ -313,8 +446,11 @@ void AddDiagnoseCommand(CLI::App& app, Action* action) {
       "diagnose",
       "Look at a run bottom-up (L1 devices, L2 communication, L3 the plan, L4 faults) and say "
       "what is wrong, with the evidence and the fix");
-  c->add_option("run", a->run, "A kc train run: its --out directory, or its metrics.jsonl")
+  c->add_option("target", a->run,
+                "A kcd job's id (what its runs reported to kcd), or a kc train run: its --out "
+                "directory, or its metrics.jsonl")
       ->required();
+  c->add_option("--login", a->login, "For a job: the login file (default CONFIG/kc/login.json)");
   c->add_flag("--json", a->json, "The findings as JSON");
   c->callback([action, a] { *action = [a] { return RunDiagnose(*a); }; });
 }

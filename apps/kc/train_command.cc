@@ -26,7 +26,6 @@
 #include <thread>
 #include <vector>
 
-#include "api/train_job.h"
 #include "apps/kc/train_output.h"
 #include "apps/kc/train_resize.h"
 #include "apps/kc/train_setup.h"
@@ -56,23 +55,6 @@ extern "C" void OnStopSignal(int) {
   if (write(g_stop_fd.load(), &one, sizeof one) < 0) {
     // The counter is full: a wake-up is pending anyway.
   }
-}
-
-// What --comm-limits applies to every rank's communicators, for the metrics' header; null
-// without it.
-Json CommLimitsJson(const TrainSetup& p) {
-  if (!p.rate_limit) return Json();
-  Json priority = Json::array();
-  for (comm::Lane lane : p.lanes.priority) priority.push_back(std::string(comm::LaneName(lane)));
-  return {{"ops_per_second", p.rate_limit->ops_per_second},
-          {"bytes_per_second", p.rate_limit->bytes_per_second},
-          {"burst_ops", p.rate_limit->burst_ops},
-          {"burst_bytes", p.rate_limit->burst_bytes},
-          {"lanes",
-           {{"chunk_bytes", p.lanes.chunk_bytes},
-            {"queue_chunks", p.lanes.queue_chunks},
-            {"low_lane_min_share", p.lanes.low_lane_min_share},
-            {"priority", priority}}}};
 }
 
 class StopRequests {
@@ -186,21 +168,12 @@ int RunLauncher(TrainArgs a) {
       std::cerr << "kc train: --reports " << a.reports << ": " << std::strerror(errno) << "\n";
       return kExitBadInput;
     }
+    if (!AppendRunReport(reports.get(), a, p)) return kExitFailure;
   }
   if (done_at >= 0) {  // said by ResolveResume
     metrics << Json{{"type", "done"}, {"step", done_at}, {"checkpoint_step", done_at}}.dump()
             << "\n";
-    if (reports) {
-      // Its checkpoint holds every step asked for: the run is there already.
-      kc::v1::TrainReport r;
-      r.set_run_id(a.run_id);
-      r.mutable_step()->set_step(done_at);
-      kc::v1::TrainReport c = r;
-      c.mutable_checkpoint()->set_step(done_at);
-      if (!api::AppendReport(reports.get(), r) || !api::AppendReport(reports.get(), c)) {
-        return kExitFailure;
-      }
-    }
+    if (reports && !AppendDoneReports(reports.get(), a.run_id, done_at)) return kExitFailure;
     return metrics ? kExitOk : kExitFailure;
   }
 
@@ -335,6 +308,7 @@ int RunLauncher(TrainArgs a) {
                metrics_path, plot_path, &summary);
   metrics << summary.dump() << "\n";
   metrics.close();
+  if (reports && !AppendSummaryReport(reports.get(), a.run_id, summary)) return kExitFailure;
   std::ofstream plot(plot_path, std::ios::trunc);
   plot << LossCurveSvg(fmt::format("{}: {} rank{}, global batch {}", p.spec.name, a.ranks,
                                    a.ranks == 1 ? "" : "s", p.global_batch),

@@ -112,6 +112,64 @@ void TrainProgress::ClearBar() {
   bar_shown_ = false;
 }
 
+Json CommLimitsJson(const TrainSetup& p) {
+  if (!p.rate_limit) return Json();
+  Json priority = Json::array();
+  for (comm::Lane lane : p.lanes.priority) priority.push_back(std::string(comm::LaneName(lane)));
+  return {{"ops_per_second", p.rate_limit->ops_per_second},
+          {"bytes_per_second", p.rate_limit->bytes_per_second},
+          {"burst_ops", p.rate_limit->burst_ops},
+          {"burst_bytes", p.rate_limit->burst_bytes},
+          {"lanes",
+           {{"chunk_bytes", p.lanes.chunk_bytes},
+            {"queue_chunks", p.lanes.queue_chunks},
+            {"low_lane_min_share", p.lanes.low_lane_min_share},
+            {"priority", priority}}}};
+}
+
+bool AppendDoneReports(std::FILE* reports, const std::string& run_id, int64_t step) {
+  kc::v1::TrainReport r;
+  r.set_run_id(run_id);
+  r.mutable_step()->set_step(step);
+  kc::v1::TrainReport c = r;
+  c.mutable_checkpoint()->set_step(step);
+  return api::AppendReport(reports, r) && api::AppendReport(reports, c);
+}
+
+bool AppendRunReport(std::FILE* reports, const TrainArgs& a, const TrainSetup& p) {
+  kc::v1::TrainReport r;
+  r.set_run_id(a.run_id);
+  kc::v1::RunReport* run = r.mutable_run();
+  run->set_model(p.spec.name);
+  run->set_ranks(a.ranks);
+  run->set_threads_per_rank(p.threads);
+  run->set_steps(a.steps);
+  run->set_global_batch(p.global_batch);
+  run->set_plan(a.plan);
+  run->set_predicted_step_s(p.predicted_step_s.value_or(0));
+  if (p.rate_limit) *run->mutable_comm_limits() = api::ToCommLimits(*p.rate_limit, p.lanes);
+  run->set_device(a.device);
+  return api::AppendReport(reports, r);
+}
+
+bool AppendSummaryReport(std::FILE* reports, const std::string& run_id, const Json& summary) {
+  auto number = [&](const char* key, double fallback) {
+    return summary.contains(key) && summary[key].is_number() ? summary[key].get<double>()
+                                                             : fallback;
+  };
+  kc::v1::TrainReport r;
+  r.set_run_id(run_id);
+  kc::v1::SummaryReport* s = r.mutable_summary();
+  s->set_steps(static_cast<int64_t>(number("steps", 0)));
+  s->set_median_step_s(number("step_ms", 0) / 1e3);
+  s->set_tokens_per_s(number("tokens_per_s", 0));
+  s->set_exposed_comm_share(number("exposed_comm_share", 0));
+  s->set_bubble(number("bubble", 0));
+  s->set_bubble_ideal(number("bubble_ideal", -1));
+  s->set_mfu(number("mfu", 0));
+  return api::AppendReport(reports, r);
+}
+
 LauncherView::LauncherView(const TrainArgs& a, std::ofstream* metrics, fs::path fault_log,
                            std::string job, TrainProgress* progress, std::FILE* reports)
     : a_(a),
@@ -149,6 +207,7 @@ void LauncherView::OnReport(int, const fault::Report& report) {
     step->set_step_s(r->step_ms / 1e3);
     step->set_compute_s(r->compute_ms / 1e3);
     step->set_comm_exposed_s(r->comm_exposed_ms / 1e3);
+    step->set_rate_limit_wait_s(r->rate_limit_wait_ms / 1e3);
     step->set_ranks(ranks_);
     Append(std::move(out));
   } else if (const auto* c = std::get_if<fault::CheckpointReport>(&report)) {

@@ -88,6 +88,18 @@ class LauncherView final : public fault::SupervisorObserver {
   void Append(kc::v1::TrainReport report);
 };
 
+// What --comm-limits (or a run file's limits) applies to every rank's communicators, for the
+// metrics' header; null without any.
+nlohmann::json CommLimitsJson(const TrainSetup& p);
+
+// The typed reports of a run whose checkpoint already holds every step asked for (a step and
+// a checkpoint at `step`), appended to `reports`; false when the write failed.
+bool AppendDoneReports(std::FILE* reports, const std::string& run_id, int64_t step);
+// The run's start (what it runs: its metrics' "run" record) and its summary as typed reports.
+bool AppendRunReport(std::FILE* reports, const TrainArgs& a, const TrainSetup& p);
+bool AppendSummaryReport(std::FILE* reports, const std::string& run_id,
+                         const nlohmann::json& summary);
+
 // The line a failed run ends with ("rank 1 failed: ...; the other ranks were stopped").
 std::string DescribeFailure(const TrainArgs& a, const TrainSetup& p, const fault::RunOutcome& o);
 

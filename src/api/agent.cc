@@ -41,6 +41,10 @@ using internal::WallSeconds;
 using Report = kc::v1::AgentJobReport;
 
 constexpr size_t kMaxLogPerReport = 64 << 10;
+// A run's typed reports: sent at most this many a heartbeat, and kept at most this many while
+// kcd has not taken them (the newest).
+constexpr size_t kMaxReportsPerHeartbeat = 1000;
+constexpr size_t kMaxReportsKept = 5000;
 
 // One job's processes on this host.
 struct Job {
@@ -56,7 +60,7 @@ struct Job {
   // A train job's typed reports (kc train --reports), and how far they were read.
   std::string reports_path;
   int64_t reports_offset = 0;
-  std::vector<kc::v1::FaultReport> faults;  // its fault events not yet delivered to kcd
+  std::deque<kc::v1::TrainReport> reports;  // those not yet delivered to kcd
   int64_t step = 0;
   int64_t checkpoint_step = 0;
   // Its last step record, for the metrics: how fast it trains and where the time goes.
@@ -531,34 +535,36 @@ struct Agent::Impl {
       }
     }
     // The run's supervisor's reports: progress, checkpoints, faults.
-    Status read =
-        j.reports_path.empty()
-            ? OkStatus()
-            : ReadNewReports(j.reports_path, &j.reports_offset, [&](const auto& r) {
-                if (r.has_step()) {
-                  j.step = r.step().step();
-                  j.loss = r.step().loss();
-                  j.tokens_per_s = r.step().tokens_per_s();
-                  j.step_s = r.step().step_s();
-                  j.compute_s = r.step().compute_s();
-                  j.comm_exposed_s = r.step().comm_exposed_s();
-                }
-                if (r.has_checkpoint())
-                  j.checkpoint_step = std::max(j.checkpoint_step, r.checkpoint().step());
-                if (r.has_fault() && j.faults.size() < 1000) {  // a storm is cut, not kept whole
-                  j.faults.push_back(r.fault());
-                }
-              });
-    if (!read.ok() && !j.reports_path.empty()) {
-      KC_LOG(WARNING) << "agent: job " << j.order.job() << ": " << read.message();
-      j.reports_path.clear();  // not followed any further
-    }
+    auto take = [&](const kc::v1::TrainReport& r) {
+      if (r.has_step()) {
+        j.step = r.step().step();
+        j.loss = r.step().loss();
+        j.tokens_per_s = r.step().tokens_per_s();
+        j.step_s = r.step().step_s();
+        j.compute_s = r.step().compute_s();
+        j.comm_exposed_s = r.step().comm_exposed_s();
+      }
+      if (r.has_checkpoint())
+        j.checkpoint_step = std::max(j.checkpoint_step, r.checkpoint().step());
+      // For kcd, which keeps them with the job. A backlog (kcd out of reach) keeps its newest.
+      if (j.reports.size() >= kMaxReportsKept) j.reports.pop_front();
+      j.reports.push_back(r);
+    };
+    auto read_reports = [&] {
+      if (j.reports_path.empty()) return;
+      if (Status read = ReadNewReports(j.reports_path, &j.reports_offset, take); !read.ok()) {
+        KC_LOG(WARNING) << "agent: job " << j.order.job() << ": " << read.message();
+        j.reports_path.clear();  // not followed any further
+      }
+    };
+    read_reports();
     if (!j.process || j.ended) return;
     const std::optional<int> exited = j.process->TryWait();
     if (!exited) return;
     const int status = *exited;
     // Its group may still hold ranks: they go with it.
     j.process->SignalGroup(SIGKILL);
+    read_reports();  // what it wrote last (its summary)
     ForgetProcess(j.order.job());
     j.ended = true;
     if (j.end_state == Report::STATE_REVOKED) return;
@@ -687,8 +693,9 @@ struct Agent::Impl {
       const size_t n = std::min(j.log.size(), kMaxLogPerReport);
       r->set_log(j.log.substr(0, n));
       sent_log[id] = n;
-      for (const kc::v1::FaultReport& f : j.faults) *r->add_fault_reports() = f;
-      if (j.ended && j.log.size() <= n) {
+      const size_t n_reports = std::min(j.reports.size(), kMaxReportsPerHeartbeat);
+      for (size_t i = 0; i < n_reports; ++i) *r->add_reports() = j.reports[i];
+      if (j.ended && j.log.size() <= n && j.reports.size() <= n_reports) {
         r->set_state(j.end_state);
         r->set_exit_code(j.exit_code);
         r->set_reason(j.end_reason);
@@ -723,7 +730,7 @@ struct Agent::Impl {
       const Report& r = req.jobs(i);
       Job& j = jobs[r.job()];
       j.log.erase(0, sent_log[r.job()]);
-      j.faults.erase(j.faults.begin(), j.faults.begin() + r.fault_reports_size());
+      j.reports.erase(j.reports.begin(), j.reports.begin() + r.reports_size());
       if (r.state() != Report::STATE_RUNNING) {
         Close(j);
         jobs.erase(r.job());

@@ -360,7 +360,8 @@ TEST_F(AgentTest, ItsMetricsGiveEachRunsLastStep) {
   ASSERT_TRUE(kcd_->Await([&] {
     bool fault = false, checkpoint = false;
     for (const Report& r : kcd_->reports_) {
-      for (const kc::v1::FaultReport& f : r.fault_reports()) {
+      for (const kc::v1::TrainReport& t : r.reports()) {
+        const kc::v1::FaultReport& f = t.fault();
         fault = fault || (f.event() == "detected" && f.worker() == 1 && f.reason() == "exit 9");
       }
       checkpoint = checkpoint || r.checkpoint_step() == 4;

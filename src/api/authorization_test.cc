@@ -109,6 +109,13 @@ TEST_F(AuthorizationTest, EveryRoleMayActOnTheJobsAndPlansTheTableSaysAndNoOther
          kc::v1::JobLogsResponse out;
          return As(u, jobs_.get(), &kc::v1::JobService::Stub::Logs, r, &out);
        }},
+      {"kc.v1.JobService.Records",
+       [&](const std::string& u, int64_t id) {
+         kc::v1::JobRecordsRequest r;
+         r.set_id(id);
+         kc::v1::JobRecordsResponse out;
+         return As(u, jobs_.get(), &kc::v1::JobService::Stub::Records, r, &out);
+       }},
       {"kc.v1.JobService.Modify",
        [&](const std::string& u, int64_t id) {
          kc::v1::ModifyJobRequest r;

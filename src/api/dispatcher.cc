@@ -1332,17 +1332,24 @@ Result<kc::v1::AgentHeartbeatResponse> Dispatcher::Heartbeat(
   bool changed = false;
   for (const kc::v1::AgentJobReport& r : req.jobs()) {
     if (!r.log().empty()) m.o.jobs->AppendLog(r.job(), r.log()).IgnoreError();  // unknown: no log
-    for (const kc::v1::FaultReport& f : r.fault_reports()) {  // the run's faults, audited
+    std::vector<std::string> kept;
+    for (const kc::v1::TrainReport& t : r.reports()) {
+      kept.push_back(t.SerializeAsString());
+      if (!t.has_fault()) continue;
+      const kc::v1::FaultReport& f = t.fault();  // the run's faults, audited
       m.Audit("kcd", "fault." + (f.event().empty() ? std::string("unknown") : f.event()),
               fmt::format("job/{}", r.job()), "ok",
               fmt::format("on {}: {}", req.host(), FaultReportJson(f)));
     }
+    // Kept with the job for kc diagnose (an unknown job has none to keep).
+    m.o.jobs->AppendReports(r.job(), kept).IgnoreError();
     if (m.StopIfUnknown(a, r)) continue;
     Run& run = m.runs[r.job()];
     int detected = 0;
-    for (const kc::v1::FaultReport& e : r.fault_reports()) {
-      if (e.event() == "detected") ++detected;
-      if (!run.stopping) m.NoteFault(run, e, now);
+    for (const kc::v1::TrainReport& t : r.reports()) {
+      if (!t.has_fault()) continue;
+      if (t.fault().event() == "detected") ++detected;
+      if (!run.stopping) m.NoteFault(run, t.fault(), now);
     }
     // A rank's failure counts toward the job's fault rate (demotion of flaky jobs) and its
     // pool's interruptions (checkpoint advice), as in kc sim.

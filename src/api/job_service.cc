@@ -287,4 +287,18 @@ grpc::Status JobServiceImpl::Logs(grpc::ServerContext* context, const kc::v1::Jo
   });
 }
 
+grpc::Status JobServiceImpl::Records(grpc::ServerContext* context,
+                                     const kc::v1::JobRecordsRequest* req,
+                                     kc::v1::JobRecordsResponse* response) {
+  return guard_->Serve(context, "kc.v1.JobService.Records", [&](const Principal& caller) -> Status {
+    KC_ASSIGN_OR_RETURN(JobRecord j, jobs_->Get(req->id()));
+    KC_RETURN_IF_ERROR(Allowed(caller, Action::kJobLogs, j));  // the run's output, as Logs
+    KC_ASSIGN_OR_RETURN(std::vector<std::string> reports, jobs_->Reports(j.id));
+    for (const std::string& r : reports) {
+      if (!response->add_reports()->ParseFromString(r)) response->mutable_reports()->RemoveLast();
+    }
+    return OkStatus();
+  });
+}
+
 }  // namespace kc::api

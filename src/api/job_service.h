@@ -53,6 +53,8 @@ class JobServiceImpl final : public kc::v1::JobService::Service {
                       kc::v1::JobInfo* response) override;
   grpc::Status Logs(grpc::ServerContext* context, const kc::v1::JobLogsRequest* request,
                     kc::v1::JobLogsResponse* response) override;
+  grpc::Status Records(grpc::ServerContext* context, const kc::v1::JobRecordsRequest* request,
+                       kc::v1::JobRecordsResponse* response) override;
 
  private:
   // The permission check for `action` on job `j`; a denial is audited and returned.

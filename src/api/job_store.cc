@@ -7,6 +7,7 @@
 #include <functional>
 
 #include "api/internal/sqlite.h"
+#include "base/log.h"
 #include "base/mutex.h"
 
 namespace kc::api {
@@ -52,6 +53,12 @@ CREATE TABLE IF NOT EXISTS job_logs (
   data BLOB NOT NULL,
   PRIMARY KEY (job, start)
 );
+CREATE TABLE IF NOT EXISTS job_reports (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  job INTEGER NOT NULL,
+  report BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS job_reports_job ON job_reports (job, seq);
 )";
 
 // The columns of a JobRecord, the last its running time: each "running" event's span to the
@@ -430,6 +437,54 @@ Result<LogSlice> JobStore::ReadLog(int64_t id, int64_t offset, int64_t max_bytes
     const int64_t from = std::max<int64_t>(0, offset - start);
     const int64_t take = std::min(n - from, max_bytes - static_cast<int64_t>(out.data.size()));
     out.data.append(data + from, static_cast<size_t>(take));
+  }
+  return out;
+}
+
+Status JobStore::AppendReports(int64_t id, const std::vector<std::string>& reports) {
+  if (reports.empty()) return OkStatus();
+  Impl& m = *impl_;
+  MutexLock lock(&m.mu);
+  KC_RETURN_IF_ERROR(m.GetLocked(id).status());
+  KC_RETURN_IF_ERROR(m.db.Exec("BEGIN"));
+  for (const std::string& r : reports) {
+    Result<internal::Statement> st =
+        m.db.Prepare("INSERT INTO job_reports (job, report) VALUES (?,?)");
+    if (!st.ok()) {
+      m.db.Exec("ROLLBACK").IgnoreError();  // the prepare's error says why
+      return st.status();
+    }
+    st->Bind(1, id);
+    sqlite3_bind_blob(st->get(), 2, r.data(), static_cast<int>(r.size()), SQLITE_TRANSIENT);
+    if (st->Step() != SQLITE_DONE) {
+      const Status e = m.db.Error("cannot record the job's reports");
+      m.db.Exec("ROLLBACK").IgnoreError();
+      return e;
+    }
+  }
+  // The oldest go once the job has more than it keeps.
+  Result<internal::Statement> drop = m.db.Prepare(
+      "DELETE FROM job_reports WHERE job = ?1 AND seq <= (SELECT seq FROM job_reports WHERE "
+      "job = ?1 ORDER BY seq DESC LIMIT 1 OFFSET ?2)");
+  if (drop.ok()) {
+    drop->Bind(1, id);
+    drop->Bind(2, kMaxJobReports);
+    if (drop->Step() != SQLITE_DONE) KC_LOG(WARNING) << m.db.Error("job reports").message();
+  }
+  return m.db.Exec("COMMIT");
+}
+
+Result<std::vector<std::string>> JobStore::Reports(int64_t id) const {
+  Impl& m = *impl_;
+  MutexLock lock(&m.mu);
+  KC_RETURN_IF_ERROR(m.GetLocked(id).status());
+  KC_ASSIGN_OR_RETURN(internal::Statement st,
+                      m.db.Prepare("SELECT report FROM job_reports WHERE job = ? ORDER BY seq"));
+  st.Bind(1, id);
+  std::vector<std::string> out;
+  while (st.Step() == SQLITE_ROW) {
+    const char* data = static_cast<const char*>(sqlite3_column_blob(st.get(), 0));
+    out.emplace_back(data, static_cast<size_t>(sqlite3_column_bytes(st.get(), 0)));
   }
   return out;
 }

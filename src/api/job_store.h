@@ -138,6 +138,12 @@ class JobStore {
   Status AppendLog(int64_t id, std::string_view data);
   Result<LogSlice> ReadLog(int64_t id, int64_t offset, int64_t max_bytes) const;
 
+  // Appends what job `id`'s runs reported (each a serialized kc.v1.TrainReport), keeping its
+  // newest kMaxJobReports; reads them back, oldest first. kNotFound for an unknown id.
+  static constexpr int64_t kMaxJobReports = 5000;
+  Status AppendReports(int64_t id, const std::vector<std::string>& reports);
+  Result<std::vector<std::string>> Reports(int64_t id) const;
+
  private:
   struct Impl;
   explicit JobStore(std::unique_ptr<Impl> impl);

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iostream>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -1072,6 +1073,47 @@ TEST_F(ClusterTest, TheAdminsCommLimitsReachTheJobsRanksAndShowInJobShow) {
   EXPECT_EQ(limits["bytes_per_second"], 2.5e9);
   EXPECT_EQ(limits["lanes"]["priority"],
             nlohmann::json({"activation", "gradient", "control", "telemetry"}));
+}
+
+// kc diagnose of a kcd job, from what its runs reported to kcd: the seed's misconfiguration
+// (the gradient lane not first, from the admin's comm limits) at L2, and its pause at L4.
+TEST_F(ClusterTest, KcDiagnoseOfAJobNamesItsLaneMisconfigurationAndItsPause) {
+  KcRun init = Kc("init " + dir_.Path("cluster"));
+  ASSERT_EQ(init.exit_code, 0) << init.err;
+  dir_.Write("cluster/comm-limits.yaml",
+             "lanes:\n  priority: [activation, gradient, control, telemetry]\n");
+  std::unique_ptr<Daemon> up = Up();
+  KcRun submit = Kc("submit " + JobFile("long", 1000000, "checkpoint_every: 100000\n") + " --json");
+  ASSERT_EQ(submit.exit_code, 0) << submit.err;
+  const int64_t id = Int(nlohmann::json::parse(submit.out), "id");
+  Await(id, [](const nlohmann::json& j) { return j["phase"] == "running" && Int(j, "step") >= 5; });
+  ASSERT_EQ(Kc(fmt::format("job pause {}", id)).exit_code, 0);
+  const int64_t paused_at =
+      Int(Await(id, [](const nlohmann::json& j) { return j["phase"] == "paused"; }), "step");
+  ASSERT_EQ(Kc(fmt::format("job resume {}", id)).exit_code, 0);
+  Await(id, [&](const nlohmann::json& j) {
+    return j["phase"] == "running" && Int(j, "step") >= paused_at + 5;
+  });
+  ASSERT_EQ(Kc(fmt::format("job cancel {}", id)).exit_code, 0);
+  Await(id, [](const nlohmann::json& j) { return Ended(j["phase"]); });
+
+  KcRun diagnose = Kc(fmt::format("diagnose {}", id));
+  ASSERT_EQ(diagnose.exit_code, 0) << diagnose.err;
+  std::cout << diagnose.out;  // in the test's log: what a user sees
+  EXPECT_THAT(diagnose.out, HasSubstr("micro (2 ranks")) << diagnose.out;
+  EXPECT_THAT(diagnose.out, HasSubstr("L2 fault   the gradient lane is not first")) << diagnose.out;
+  EXPECT_THAT(diagnose.out, HasSubstr("the job was paused 1 time and requeued 0 times"))
+      << diagnose.out;
+  KcRun json = Kc(fmt::format("diagnose {} --json", id));
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  const nlohmann::json findings = nlohmann::json::parse(json.out)["findings"];
+  ASSERT_TRUE(findings.is_array()) << json.out;
+  EXPECT_EQ(findings[0]["layer"], "L2") << json.out;
+  // A job kcd does not have is named.
+  KcRun unknown = Kc("diagnose 9999");
+  EXPECT_NE(unknown.exit_code, 0);
+  EXPECT_THAT(unknown.err, HasSubstr("9999"));
+  EXPECT_EQ(up->Stop(SIGTERM), 0);
 }
 
 // A command job: any program on every rank with torchrun's launch environment, its own
