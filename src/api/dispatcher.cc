@@ -576,14 +576,17 @@ struct Dispatcher::Impl {
   }
 
   // The pool the roles file gives team `team` (its `pool:` key), when the scheduler has a
-  // pool of that name that takes `job_class`; "" (level 1 chooses) otherwise.
+  // pool of that name that takes `job_class` and the team; "" (level 1 chooses) otherwise.
   std::string TeamPool(const std::string& team, sched::JobClass job_class) const {
     if (o.roles == nullptr || scheduler == nullptr) return "";
     for (const TeamSpec& t : o.roles->teams) {
       if (t.name != team || t.pool.empty()) continue;
       for (const sched::Pool& p : scheduler->pools()) {
-        if (p.spec.name == t.pool && std::find(p.spec.classes.begin(), p.spec.classes.end(),
-                                               job_class) != p.spec.classes.end()) {
+        const auto& teams = p.spec.teams;
+        if (p.spec.name == t.pool &&
+            std::find(p.spec.classes.begin(), p.spec.classes.end(), job_class) !=
+                p.spec.classes.end() &&
+            (teams.empty() || std::find(teams.begin(), teams.end(), team) != teams.end())) {
           return t.pool;
         }
       }
@@ -1332,9 +1335,10 @@ Result<kc::v1::AgentHeartbeatResponse> Dispatcher::Heartbeat(
   bool changed = false;
   for (const kc::v1::AgentJobReport& r : req.jobs()) {
     if (!r.log().empty()) m.o.jobs->AppendLog(r.job(), r.log()).IgnoreError();  // unknown: no log
-    std::vector<std::string> kept;
+    std::vector<JobReport> kept;
     for (const kc::v1::TrainReport& t : r.reports()) {
-      kept.push_back(t.SerializeAsString());
+      kept.push_back({.bytes = t.SerializeAsString(),
+                      .event = t.has_run() || t.has_summary() || t.has_fault()});
       if (!t.has_fault()) continue;
       const kc::v1::FaultReport& f = t.fault();  // the run's faults, audited
       m.Audit("kcd", "fault." + (f.event().empty() ? std::string("unknown") : f.event()),

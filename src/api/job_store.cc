@@ -56,9 +56,10 @@ CREATE TABLE IF NOT EXISTS job_logs (
 CREATE TABLE IF NOT EXISTS job_reports (
   seq INTEGER PRIMARY KEY AUTOINCREMENT,
   job INTEGER NOT NULL,
+  event INTEGER NOT NULL,
   report BLOB NOT NULL
 );
-CREATE INDEX IF NOT EXISTS job_reports_job ON job_reports (job, seq);
+CREATE INDEX IF NOT EXISTS job_reports_job ON job_reports (job, event, seq);
 )";
 
 // The columns of a JobRecord, the last its running time: each "running" event's span to the
@@ -441,34 +442,38 @@ Result<LogSlice> JobStore::ReadLog(int64_t id, int64_t offset, int64_t max_bytes
   return out;
 }
 
-Status JobStore::AppendReports(int64_t id, const std::vector<std::string>& reports) {
+Status JobStore::AppendReports(int64_t id, const std::vector<JobReport>& reports) {
   if (reports.empty()) return OkStatus();
   Impl& m = *impl_;
   MutexLock lock(&m.mu);
   KC_RETURN_IF_ERROR(m.GetLocked(id).status());
   KC_RETURN_IF_ERROR(m.db.Exec("BEGIN"));
-  for (const std::string& r : reports) {
+  for (const JobReport& r : reports) {
     Result<internal::Statement> st =
-        m.db.Prepare("INSERT INTO job_reports (job, report) VALUES (?,?)");
+        m.db.Prepare("INSERT INTO job_reports (job, event, report) VALUES (?,?,?)");
     if (!st.ok()) {
       m.db.Exec("ROLLBACK").IgnoreError();  // the prepare's error says why
       return st.status();
     }
     st->Bind(1, id);
-    sqlite3_bind_blob(st->get(), 2, r.data(), static_cast<int>(r.size()), SQLITE_TRANSIENT);
+    st->Bind(2, int64_t{r.event});
+    sqlite3_bind_blob(st->get(), 3, r.bytes.data(), static_cast<int>(r.bytes.size()),
+                      SQLITE_TRANSIENT);
     if (st->Step() != SQLITE_DONE) {
       const Status e = m.db.Error("cannot record the job's reports");
       m.db.Exec("ROLLBACK").IgnoreError();
       return e;
     }
   }
-  // The oldest go once the job has more than it keeps.
-  Result<internal::Statement> drop = m.db.Prepare(
-      "DELETE FROM job_reports WHERE job = ?1 AND seq <= (SELECT seq FROM job_reports WHERE "
-      "job = ?1 ORDER BY seq DESC LIMIT 1 OFFSET ?2)");
-  if (drop.ok()) {
+  // The oldest of each kind go once the job has more of it than it keeps.
+  for (auto [event, keep] : {std::pair{0, kMaxJobReports}, {1, kMaxJobEvents}}) {
+    Result<internal::Statement> drop = m.db.Prepare(
+        "DELETE FROM job_reports WHERE job = ?1 AND event = ?2 AND seq <= (SELECT seq FROM "
+        "job_reports WHERE job = ?1 AND event = ?2 ORDER BY seq DESC LIMIT 1 OFFSET ?3)");
+    if (!drop.ok()) continue;
     drop->Bind(1, id);
-    drop->Bind(2, kMaxJobReports);
+    drop->Bind(2, int64_t{event});
+    drop->Bind(3, keep);
     if (drop->Step() != SQLITE_DONE) KC_LOG(WARNING) << m.db.Error("job reports").message();
   }
   return m.db.Exec("COMMIT");

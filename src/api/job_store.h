@@ -90,6 +90,13 @@ struct LogSlice {
   std::string data;
 };
 
+// One report of a job's run: a serialized kc.v1.TrainReport, and whether it is an event (the
+// run's start or summary, a fault), kept apart from the steps and checkpoints.
+struct JobReport {
+  std::string bytes;
+  bool event = false;
+};
+
 // Safe for concurrent use (one connection, serialised by a mutex).
 class JobStore {
  public:
@@ -138,10 +145,13 @@ class JobStore {
   Status AppendLog(int64_t id, std::string_view data);
   Result<LogSlice> ReadLog(int64_t id, int64_t offset, int64_t max_bytes) const;
 
-  // Appends what job `id`'s runs reported (each a serialized kc.v1.TrainReport), keeping its
-  // newest kMaxJobReports; reads them back, oldest first. kNotFound for an unknown id.
+  // Appends what job `id`'s runs reported, keeping its newest kMaxJobReports steps and
+  // checkpoints and its newest kMaxJobEvents events (runs' starts and summaries, faults), so
+  // that a long run's start outlasts its steps; reads them back, oldest first. kNotFound for
+  // an unknown id.
   static constexpr int64_t kMaxJobReports = 5000;
-  Status AppendReports(int64_t id, const std::vector<std::string>& reports);
+  static constexpr int64_t kMaxJobEvents = 1000;
+  Status AppendReports(int64_t id, const std::vector<JobReport>& reports);
   Result<std::vector<std::string>> Reports(int64_t id) const;
 
  private:

@@ -274,8 +274,8 @@ TEST(JobStoreTest, TheActiveJobsAreListedAndCountedWithoutTheEndedOnes) {
   EXPECT_EQ(*s.CountActive("bob"), 0);
 }
 
-// A job's run reports (kc diagnose's): in order, its newest kMaxJobReports kept, an unknown
-// job refused.
+// A job's run reports (kc diagnose's): in order, its newest kMaxJobReports steps kept and
+// its events (a run's start) apart from them, an unknown job refused.
 TEST(JobStoreTest, ReportsAreKeptInOrderTheNewestOnly) {
   testing::TempDir dir("kc_jobs");
   Result<std::unique_ptr<JobStore>> store = JobStore::Open(dir.Path("kcd.db"));
@@ -285,11 +285,12 @@ TEST(JobStoreTest, ReportsAreKeptInOrderTheNewestOnly) {
   ASSERT_TRUE(j.ok());
   Result<JobRecord> other = s.Submit(Job("other"), 0);
   ASSERT_TRUE(other.ok());
-  ASSERT_TRUE(s.AppendReports(other->id, {std::string("x\0y", 3)}).ok());
+  ASSERT_TRUE(s.AppendReports(other->id, {{.bytes = std::string("x\0y", 3)}}).ok());
+  ASSERT_TRUE(s.AppendReports(j->id, {{.bytes = "start", .event = true}}).ok());
   const int64_t n = JobStore::kMaxJobReports + 7;
-  std::vector<std::string> batch;
+  std::vector<JobReport> batch;
   for (int64_t i = 0; i < n; ++i) {
-    batch.push_back(std::to_string(i));
+    batch.push_back({.bytes = std::to_string(i)});
     if (batch.size() == 1000 || i == n - 1) {
       ASSERT_TRUE(s.AppendReports(j->id, batch).ok());
       batch.clear();
@@ -297,11 +298,12 @@ TEST(JobStoreTest, ReportsAreKeptInOrderTheNewestOnly) {
   }
   Result<std::vector<std::string>> kept = s.Reports(j->id);
   ASSERT_TRUE(kept.ok());
-  ASSERT_EQ(static_cast<int64_t>(kept->size()), JobStore::kMaxJobReports);
-  EXPECT_EQ(kept->front(), "7");
+  ASSERT_EQ(static_cast<int64_t>(kept->size()), JobStore::kMaxJobReports + 1);
+  EXPECT_EQ(kept->front(), "start");  // the run's start outlasts its oldest steps
+  EXPECT_EQ((*kept)[1], "7");
   EXPECT_EQ(kept->back(), std::to_string(n - 1));
   EXPECT_EQ(*s.Reports(other->id), std::vector<std::string>{std::string("x\0y", 3)});
-  EXPECT_EQ(s.AppendReports(999, {"z"}).code(), ErrorCode::kNotFound);
+  EXPECT_EQ(s.AppendReports(999, {{.bytes = "z"}}).code(), ErrorCode::kNotFound);
   EXPECT_EQ(s.Reports(999).status().code(), ErrorCode::kNotFound);
 }
 

@@ -3,6 +3,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
+#include "sched/pools.h"
 #include "tests/support/repo_root.h"
 
 namespace kc::api {
@@ -30,6 +33,28 @@ TEST(RolesFileTest, TheExampleGivesEachUserTheirPrincipal) {
   EXPECT_FALSE(
       Check(*vera, Action::kJobCancel, {.kind = "job", .id = "2", .owner = "bob", .team = "nlp"})
           .allowed);
+}
+
+// The example roles and pools agree: a team's `pool:` is a pool of the example pools file
+// that takes that team.
+TEST(RolesFileTest, TheExampleTeamsPoolsTakeTheirTeams) {
+  Result<RolesConfig> c = LoadRolesFile(testing::RepoRoot() + "examples/admin/roles.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  Result<sched::PoolConfig> pools =
+      sched::LoadPoolConfig(testing::RepoRoot() + "examples/admin/pools.yaml");
+  ASSERT_TRUE(pools.ok()) << pools.status().message();
+  int with_pool = 0;
+  for (const TeamSpec& t : c->teams) {
+    if (t.pool.empty()) continue;
+    ++with_pool;
+    const auto p = std::find_if(pools->pools.begin(), pools->pools.end(),
+                                [&](const sched::PoolSpec& s) { return s.name == t.pool; });
+    ASSERT_NE(p, pools->pools.end()) << "team " << t.name << ": no pool " << t.pool;
+    EXPECT_TRUE(p->teams.empty() ||
+                std::find(p->teams.begin(), p->teams.end(), t.name) != p->teams.end())
+        << "pool " << t.pool << " does not take team " << t.name;
+  }
+  EXPECT_GT(with_pool, 0);
 }
 
 TEST(RolesFileTest, ErrorsNameTheFileLineAndKey) {
