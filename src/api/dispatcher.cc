@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <chrono>
 #include <cmath>
@@ -130,6 +131,29 @@ double RunningSeconds(const std::vector<JobEvent>& history) {
   return total;
 }
 
+// `text` (a scheduler's reason) with its ids of kcd's jobs ("job-12.3": kcd's job 12, its
+// third submission to the scheduler) as users know them ("12").
+std::string KcdJobIds(std::string_view text) {
+  auto digits_from = [&](size_t i) {
+    while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
+    return i;
+  };
+  std::string out;
+  size_t at = 0;
+  for (size_t hit; (hit = text.find("job-", at)) != std::string_view::npos;) {
+    const size_t id_end = digits_from(hit + 4);
+    const size_t end = id_end > hit + 4 && id_end < text.size() && text[id_end] == '.'
+                           ? digits_from(id_end + 1)
+                           : id_end;
+    const bool scheduler_id = end > id_end + 1;
+    out.append(text.substr(at, hit - at));
+    out.append(scheduler_id ? text.substr(hit + 4, id_end - hit - 4) : text.substr(hit, 4));
+    at = scheduler_id ? end : hit + 4;
+  }
+  out.append(text.substr(at));
+  return out;
+}
+
 // The cluster of DIR's files: its topology (none without topology.yaml) and a scheduler over it
 // with DIR/pools.yaml's pools (one pool of every device without it).
 Status LoadCluster(const fs::path& dir, std::unique_ptr<hal::Topology>* topology,
@@ -191,7 +215,8 @@ struct Dispatcher::Impl {
 
   // Moves job `id` to `to`, auditing the change; a transition the lifecycle refuses (the job
   // moved on meanwhile) is logged and ignored.
-  void Move(int64_t id, JobPhase to, const std::string& reason) {
+  void Move(int64_t id, JobPhase to, const std::string& scheduler_reason) {
+    const std::string reason = KcdJobIds(scheduler_reason);
     Result<JobRecord> r = o.jobs->Transition(id, to, reason, WallSeconds());
     if (!r.ok()) {
       KC_LOG(INFO) << "dispatcher: job " << id << ": " << r.status().message();
@@ -739,9 +764,9 @@ struct Dispatcher::Impl {
     order.set_reason(d.reason);
     agents[run.host].resizes.push_back(std::move(order));
     const std::string what =
-        fmt::format("the scheduler {} it from {} to {} devices: {}",
-                    d.kind == sched::DecisionKind::kShrink ? "shrinks" : "grows", before,
-                    d.devices.size(), d.reason);
+        KcdJobIds(fmt::format("the scheduler {} it from {} to {} devices: {}",
+                              d.kind == sched::DecisionKind::kShrink ? "shrinks" : "grows", before,
+                              d.devices.size(), d.reason));
     Audit("kcd", "job.resize", fmt::format("job/{}", run.job), "ok", what);
     o.jobs->Note(run.job, what, WallSeconds()).IgnoreError();
   }
@@ -1076,7 +1101,7 @@ struct Dispatcher::Impl {
           // The scheduler has it pending again under the same id.
           if (auto r = runs.find(job); r != runs.end()) OrderStop(r->second, d.reason);
           queued[job] = d.job;
-          Move(job, JobPhase::kQueued, d.reason);
+          Move(job, JobPhase::kQueued, "preempted: " + d.reason);
           break;
         }
         case sched::DecisionKind::kShrink:
@@ -1113,7 +1138,7 @@ struct Dispatcher::Impl {
       if (shown == s->reason) continue;
       const auto kind = [](std::string_view r) { return r.substr(0, r.find(" (")); };
       if (kind(shown) == kind(s->reason) && wall - at < kReasonRefreshS) continue;
-      if (Status st = o.jobs->SetReason(job, s->reason, wall); !st.ok()) {
+      if (Status st = o.jobs->SetReason(job, KcdJobIds(s->reason), wall); !st.ok()) {
         KC_LOG(INFO) << "dispatcher: job " << job << ": " << st.message();
         continue;
       }

@@ -1116,6 +1116,36 @@ TEST_F(ClusterTest, KcDiagnoseOfAJobNamesItsLaneMisconfigurationAndItsPause) {
   EXPECT_EQ(up->Stop(SIGTERM), 0);
 }
 
+// kc diagnose of a preemptible job that a high-priority one preempted: L4 names it.
+TEST_F(ClusterTest, KcDiagnoseOfAPreemptedJobNamesThePreemption) {
+  std::unique_ptr<Daemon> up = Up();
+  KcRun victim =
+      Kc("submit " + JobFile("cheap", 1000000, "class: preemptible\ncheckpoint_every: 100000\n") +
+         " --json");
+  ASSERT_EQ(victim.exit_code, 0) << victim.err;
+  const int64_t id = Int(nlohmann::json::parse(victim.out), "id");
+  Await(id, [](const nlohmann::json& j) { return j["phase"] == "running" && Int(j, "step") >= 3; });
+  KcRun high = Kc("submit " + JobFile("urgent", 3, "class: high\n") + " --wait");
+  ASSERT_EQ(high.exit_code, 0) << high.err << high.out;
+  // Preempted, then back once the urgent job is done.
+  nlohmann::json j = Await(id, [](const nlohmann::json& x) {
+    return Ended(x["phase"]) || (x["phase"] == "running" && HistoryHas(x, "preempted: "));
+  });
+  ASSERT_EQ(j["phase"], "running") << j.dump();
+  ASSERT_EQ(Kc(fmt::format("job cancel {}", id)).exit_code, 0);
+  Await(id, [](const nlohmann::json& x) { return Ended(x["phase"]); });
+  KcRun diagnose = Kc(fmt::format("diagnose {}", id));
+  ASSERT_EQ(diagnose.exit_code, 0) << diagnose.err;
+  EXPECT_THAT(diagnose.out,
+              HasSubstr("L4 fault   the scheduler stopped the job 1 time for other work "
+                        "(preempted)"))
+      << diagnose.out;
+  // kcd's job ids, not the scheduler's.
+  EXPECT_THAT(diagnose.out, HasSubstr("first: preempted: checkpoint and pause for job 2 (high"))
+      << diagnose.out;
+  EXPECT_EQ(up->Stop(SIGTERM), 0);
+}
+
 // A command job: any program on every rank with torchrun's launch environment, its own
 // working directory and environment. kill -9 of one of its ranks fails the run (the program's
 // state is its own); the job is requeued and the next run sees the restart counted.
