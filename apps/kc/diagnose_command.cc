@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -47,6 +48,7 @@ struct RunRecords {
   Json summary;              // the "summary" record, or null (the run did not finish)
   std::vector<Json> steps;   // "step" records, the last of each step
   std::vector<Json> faults;  // faults.jsonl
+  std::vector<Json> ranks;   // "ranks" records: each rank's compute time per step
   // A kcd job's: its history (phase changes and notes), and whether it ran on this machine
   // (else the cores here say nothing of its ranks').
   std::vector<Json> history;
@@ -116,6 +118,12 @@ Result<RunRecords> ReadJob(int64_t id, const std::string& login) {
       AddStep(&r, {{"step", t.step().step()},
                    {"step_ms", t.step().step_s() * 1e3},
                    {"rate_limit_wait_ms", t.step().rate_limit_wait_s() * 1e3}});
+    } else if (t.has_ranks()) {
+      std::vector<double> ms;
+      for (double seconds : t.ranks().compute_s()) ms.push_back(seconds * 1e3);
+      r.ranks.push_back(
+          {{"workers", std::vector<int>(t.ranks().workers().begin(), t.ranks().workers().end())},
+           {"compute_ms", ms}});
     } else if (t.has_summary()) {
       const kc::v1::SummaryReport& m = t.summary();
       r.summary = {{"type", "summary"},
@@ -155,6 +163,7 @@ Result<RunRecords> ReadRun(const std::string& run) {
     if (type == "step" && j.contains("step") && j["step"].is_number_integer()) {
       AddStep(&r, std::move(j));
     }
+    if (type == "ranks") r.ranks.push_back(std::move(j));
   }
   if (!r.header.is_object()) {
     return InvalidArgumentError(
@@ -205,6 +214,53 @@ std::vector<Finding> Diagnose(const RunRecords& r) {
          .evidence = fmt::format("{} ranks x {} thread{} on {} core{} here", ranks, threads,
                                  threads == 1 ? "" : "s", cores, cores == 1 ? "" : "s"),
          .fix = "run fewer ranks or threads per rank than there are cores"});
+  }
+  // L1: a straggler, one rank computing much slower than the others (a throttled device, or
+  // other work on its cores), from each rank's compute time per step over the run.
+  {
+    std::map<int, std::vector<double>> per_worker;
+    std::map<int, int> rank_of;
+    for (const Json& k : r.ranks) {
+      if (!k.contains("workers") || !k.contains("compute_ms")) continue;
+      const std::vector<int> workers = k["workers"].get<std::vector<int>>();
+      const std::vector<double> ms = k["compute_ms"].get<std::vector<double>>();
+      for (size_t i = 0; i < workers.size() && i < ms.size(); ++i) {
+        per_worker[workers[i]].push_back(ms[i]);
+        rank_of[workers[i]] = static_cast<int>(i);
+      }
+    }
+    if (per_worker.size() >= 2) {
+      int slowest = -1;
+      double worst = 0;
+      std::map<int, double> median;
+      for (auto& [w, v] : per_worker) {
+        median[w] = Median(v);
+        if (median[w] > worst) {
+          worst = median[w];
+          slowest = w;
+        }
+      }
+      std::vector<double> others;
+      for (const auto& [w, m] : median) {
+        if (w != slowest) others.push_back(m);
+      }
+      const double typical = Median(others);
+      if (typical > 0 && worst > 1.5 * typical) {
+        const int rank = rank_of[slowest];
+        out.push_back(
+            {.layer = 1,
+             .fault = true,
+             .what = fmt::format("rank {}{} is a straggler: the others wait for it at every "
+                                 "step",
+                                 rank, rank == slowest ? "" : fmt::format(" (worker {})", slowest)),
+             .evidence = fmt::format("it computes {:.1f} ms a step, the others {:.1f} ms "
+                                     "({:.1f}x; median over {} samples)",
+                                     worst, typical, worst / typical, per_worker[slowest].size()),
+             .fix = "a throttled device, or other work on its cores: compare kc topo probe's "
+                    "rates on its host with the inventory's; look for other processes on its "
+                    "cores (top)"});
+      }
+    }
   }
   // L1 or L4: a run that slowed down as it went (a throttled device, or another job on its
   // cores): the median step of its last quarter against its second.

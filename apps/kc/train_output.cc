@@ -218,6 +218,14 @@ void LauncherView::OnReport(int, const fault::Report& report) {
     ck->set_interval_steps(interval_steps_);
     ck->set_interval_reason(interval_reason_);
     Append(std::move(out));
+  } else if (const auto* k = std::get_if<fault::RanksReport>(&report)) {
+    kc::v1::RanksReport* ranks = out.mutable_ranks();
+    ranks->set_step(k->step);
+    for (size_t w = 0; w < k->workers.size(); ++w) {
+      ranks->add_workers(k->workers[w]);
+      ranks->add_compute_s(k->compute_ms[w] / 1e3);
+    }
+    Append(std::move(out));
   } else if (const auto* i = std::get_if<fault::IntervalReport>(&report)) {
     interval_steps_ = i->every_steps;
     interval_reason_ = fmt::format("Young/Daly: cost {:.2f} s, MTBF {:.0f} s ({})", i->cost_s,

@@ -110,6 +110,20 @@ bool ElasticWorker::StopAfter(Generation& g, int64_t done) {
   return stop_after_ >= 0 && done >= stop_after_;
 }
 
+void ElasticWorker::PublishCompute(double compute_ms) {
+  if (store_ == nullptr) return;  // a lone rank: nobody to compare it with
+  compute_ms_sum_ += compute_ms;
+  ++compute_steps_;
+  const auto now = std::chrono::steady_clock::now();
+  if (now - compute_published_ < std::chrono::seconds(1)) return;
+  // Not worth failing a step over: the next publish tries again.
+  store_->Set(ComputeKey(o_.worker), fmt::format("{:.3f}", compute_ms_sum_ / compute_steps_))
+      .IgnoreError();
+  compute_ms_sum_ = 0;
+  compute_steps_ = 0;
+  compute_published_ = now;
+}
+
 Result<int> ElasticWorker::Run() {
   KC_LAYER_ENTRY(Layer::kFault, "elastic_worker");
   const bool elastic = o_.shape.min_ranks < std::max(o_.ranks, o_.shape.max_ranks);
@@ -333,6 +347,7 @@ Status ElasticWorker::RunGeneration(Generation& g) {
         rate_limit_waited_ = waited;
       }
       Report(report, leader);
+      PublishCompute(s.compute_s * 1e3);
       return OkStatus();
     };
     callbacks.after_step = [&](int64_t done) -> Status {

@@ -123,6 +123,9 @@ class ElasticWorker {
   void Report(const fault::Report& report, bool leader);
   // Fails the live generation's communicators and runner with `why`.
   void AbortLive(const Status& why) KC_REQUIRES(mu_);
+  // Adds a step's compute time and, about once a second, publishes the mean of those since
+  // under ComputeKey (the supervisor's RanksReport finds stragglers by it).
+  void PublishCompute(double compute_ms);
 
   const ElasticWorkerOptions o_;
   std::atomic<bool> stop_{false};
@@ -130,6 +133,9 @@ class ElasticWorker {
   std::unique_ptr<comm::Store> store_, heartbeat_store_, checkpoint_store_, watch_store_,
       stop_store_;
   std::unique_ptr<Heartbeat> heartbeat_;
+  double compute_ms_sum_ = 0;  // steps' compute since the last publish (the worker's thread)
+  int compute_steps_ = 0;
+  std::chrono::steady_clock::time_point compute_published_{};
   int64_t stop_after_ = -1;             // the agreed step to stop after, once known
   Duration rate_limit_waited_{};        // the rate limiter's total wait at the last step
   StateSnapshot snapshot_;              // this worker's state when its last generation ended

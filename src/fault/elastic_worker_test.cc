@@ -149,5 +149,21 @@ TEST(ReportTest, AnUnknownOrIncompleteRecordIsNoReport) {
   EXPECT_EQ(ReportFromJson(nlohmann::json::array()).status().code(), ErrorCode::kInvalidArgument);
 }
 
+// The supervisor's record of each rank's compute time reads back as it was written, and one
+// whose lists differ in length is none.
+TEST(ReportTest, ARanksRecordReadsBackAndMismatchedListsAreRefused) {
+  const RanksReport r{.step = 40, .workers = {0, 2, 1}, .compute_ms = {1.5, 9.25, 1.75}};
+  Result<Report> back = ReportFromJson(ReportToJson(r));
+  ASSERT_TRUE(back.ok()) << back.status();
+  const auto* ranks = std::get_if<RanksReport>(&*back);
+  ASSERT_NE(ranks, nullptr);
+  EXPECT_EQ(ranks->step, 40);
+  EXPECT_EQ(ranks->workers, r.workers);
+  EXPECT_EQ(ranks->compute_ms, r.compute_ms);
+  nlohmann::json bad = ReportToJson(r);
+  bad["compute_ms"] = {1.0};
+  EXPECT_EQ(ReportFromJson(bad).status().code(), ErrorCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace kc::fault

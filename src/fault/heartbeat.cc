@@ -14,6 +14,10 @@ std::string ProgressKey(int rank) {
   return std::string(kHeartbeatPrefix) + "progress/" + std::to_string(rank);
 }
 
+std::string ComputeKey(int worker) {
+  return std::string(kHeartbeatPrefix) + "compute/" + std::to_string(worker);
+}
+
 std::string ProgressToJson(const std::vector<comm::OpProgress>& ops, TimePoint now) {
   nlohmann::json out = nlohmann::json::array();
   for (const comm::OpProgress& p : ops) {

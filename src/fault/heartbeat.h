@@ -37,6 +37,9 @@ std::string HeartbeatKey(int rank);
 // ProgressToJson writes it; when a rank goes silent the supervisor reads every rank's and
 // HangReport names who holds the others up.
 std::string ProgressKey(int rank);
+// Where worker `worker` publishes its compute time per step (milliseconds, decimal: the mean
+// of its steps over about a second), for the supervisor's RanksReport.
+std::string ComputeKey(int worker);
 std::string ProgressToJson(const std::vector<comm::OpProgress>& ops, TimePoint now);
 // From each rank's published progress (rank -> ProgressToJson's text; a rank without one has
 // published nothing), in words: for each communicator whose newest operation some rank is in,

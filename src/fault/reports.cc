@@ -95,6 +95,10 @@ struct Encoder {
             {"stop", r.stop}};
   }
   Json operator()(const ReadyReport& r) const { return {{"type", "ready"}, {"worker", r.worker}}; }
+  Json operator()(const RanksReport& r) const {
+    return {
+        {"type", "ranks"}, {"step", r.step}, {"workers", r.workers}, {"compute_ms", r.compute_ms}};
+  }
 };
 
 Result<Report> Decode(const Json& j) {  // nlohmann's accessors throw Json::exception
@@ -160,6 +164,15 @@ Result<Report> Decode(const Json& j) {  // nlohmann's accessors throw Json::exce
                           .stop = j.at("stop").get<bool>()};
   }
   if (type == "ready") return ReadyReport{.worker = j.at("worker").get<int>()};
+  if (type == "ranks") {
+    RanksReport r{.step = j.at("step").get<int64_t>(),
+                  .workers = j.at("workers").get<std::vector<int>>(),
+                  .compute_ms = j.at("compute_ms").get<std::vector<double>>()};
+    if (r.workers.size() != r.compute_ms.size()) {
+      return InvalidArgumentError("report: ranks: workers and compute_ms differ in length");
+    }
+    return r;
+  }
   return InvalidArgumentError("report: unknown type \"" + type + "\"");
 }
 

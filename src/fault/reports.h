@@ -100,8 +100,18 @@ struct ReadyReport {
   int worker = 0;
 };
 
-using Report = std::variant<StartReport, ResumeReport, StepReport, EvaluationReport,
-                            CheckpointReport, IntervalReport, RecoveryReport, ReadyReport>;
+// Each rank's compute time per step, its mean over its last second or so of steps ("ranks"):
+// made by the supervisor from what the ranks publish (ComputeKey), every ten seconds or so, so
+// that a straggler (a throttled device, other work on its cores) is seen by rank.
+struct RanksReport {
+  int64_t step = 0;          // the leader's last step when it was made
+  std::vector<int> workers;  // in rank order of the generation running
+  std::vector<double> compute_ms;
+};
+
+using Report =
+    std::variant<StartReport, ResumeReport, StepReport, EvaluationReport, CheckpointReport,
+                 IntervalReport, RecoveryReport, ReadyReport, RanksReport>;
 
 // {"type": "step", "step": 12, ...}: the metrics file's record of it.
 nlohmann::json ReportToJson(const Report& report);

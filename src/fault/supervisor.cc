@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <deque>
 #include <map>
 #include <set>
@@ -148,6 +149,9 @@ class Supervisor::Impl final : public RankEvents {
   void OnRecovery(const RecoveryReport& r);
   void CheckHeartbeats();
   std::string HangReportNow();
+  // Every kRanksReportPeriod of steps: each member's compute time per step, as it published
+  // it (ComputeKey), to the observer as a RanksReport.
+  void MaybeReportRanks();
   void StartReplacements();
   void TakeInReady();
   void ApplyResize();
@@ -181,9 +185,10 @@ class Supervisor::Impl final : public RankEvents {
   bool stop_passed_on_ = false;
   int restarts_left_ = 0;
   int pending_spawns_ = 0;
-  std::vector<int> awaiting_ready_;  // replacements not yet taken into a generation
-  std::set<int> ready_;              // ... of which these said they are up
-  int64_t last_step_ = 0;            // the last step a leader reported
+  std::vector<int> awaiting_ready_;          // replacements not yet taken into a generation
+  std::set<int> ready_;                      // ... of which these said they are up
+  int64_t last_step_ = 0;                    // the last step a leader reported
+  std::optional<TimePoint> ranks_reported_;  // the last RanksReport
   std::optional<Recovering> recovering_;
   std::optional<int> resize_to_;  // a Resize not yet carried out
   std::set<int> retiring_;        // killed by a Resize: their ends are no faults
@@ -258,6 +263,7 @@ void Supervisor::Impl::OnEvent(Event& e) {
       if (const auto* step = std::get_if<StepReport>(&e.report)) last_step_ = step->step;
       if (const auto* r = std::get_if<RecoveryReport>(&e.report)) OnRecovery(*r);
       if (o_.observer != nullptr) o_.observer->OnReport(e.worker, e.report);
+      if (std::holds_alternative<StepReport>(e.report)) MaybeReportRanks();
       return;
     case Event::kExit:
       OnRankExit(e.worker, e.exit);
@@ -439,6 +445,29 @@ void Supervisor::Impl::ApplyResize() {
     std::erase(awaiting_ready_, w);
     o_.launcher->Signal(w, RankSignal::kKill);
   }
+}
+
+void Supervisor::Impl::MaybeReportRanks() {
+  constexpr auto kRanksReportPeriod = std::chrono::seconds(10);
+  const TimePoint now = o_.clock->Now();
+  if (o_.store == nullptr || o_.observer == nullptr || current_.members.size() < 2) return;
+  if (!ranks_reported_) ranks_reported_ = now;  // the first after a period of steps
+  if (now - *ranks_reported_ < kRanksReportPeriod) return;
+  ranks_reported_ = now;
+  RanksReport r{.step = last_step_};
+  for (const Member& m : current_.members) {
+    const std::string key = ComputeKey(m.worker);
+    Result<bool> there = o_.store->Check(std::span<const std::string>(&key, 1));
+    if (!there.ok() || !*there) continue;
+    Result<std::string> text = o_.store->Get(key, now + std::chrono::seconds(1));
+    if (!text.ok()) continue;
+    char* end = nullptr;
+    const double ms = std::strtod(text->c_str(), &end);
+    if (end == text->c_str() || !(ms >= 0)) continue;  // not a time: left out
+    r.workers.push_back(m.worker);
+    r.compute_ms.push_back(ms);
+  }
+  if (r.workers.size() >= 2) o_.observer->OnReport(-1, r);
 }
 
 // Where every live worker was in its collectives, from what their heartbeats published.

@@ -1,12 +1,21 @@
 // `kc diagnose` on real runs of `kc train` with a fault made on purpose: each drill's verdict
 // names the layer at fault (the seed's lane misconfiguration at L2, a pipeline with too few
 // micro-batches at L3, a rank killed at L4), and a healthy run has no fault.
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sched.h>
+#include <sys/resource.h>
 
+#include <chrono>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
+#include <vector>
 
+#include "tests/support/child_guard.h"
+#include "tests/support/daemon.h"
 #include "tests/support/inventories.h"
 #include "tests/support/kc_run.h"
 #include "tests/support/temp_dir.h"
@@ -102,6 +111,53 @@ TEST_F(KcDiagnoseTest, ARankKilledIsAnL4Fault) {
   const nlohmann::json f = Findings("killed");
   EXPECT_TRUE(Has(f, "L4", "1 rank failed")) << f.dump(2);
   EXPECT_TRUE(Has(f, "L4", "the run did not finish")) << f.dump(2);
+}
+
+// A rank that shares its core with a busy process of higher priority: L1 names it as the
+// straggler, from the ranks' compute times the supervisor records ("ranks" records).
+TEST_F(KcDiagnoseTest, ARankThrottledByAnotherProcessIsAnL1Straggler) {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  ASSERT_EQ(sched_getaffinity(0, sizeof allowed, &allowed), 0);
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+  }
+  if (cpus.size() < 2) GTEST_SKIP() << "needs two cores: one rank each";
+  // kc train pins rank r to the r-th usable core with one thread per rank (they fit); the
+  // hog takes rank 1's, ahead of it.
+  const pid_t hog = fork();
+  ASSERT_GE(hog, 0);
+  if (hog == 0) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpus[1], &one);
+    sched_setaffinity(0, sizeof one, &one);
+    setpriority(PRIO_PROCESS, 0, -10);
+    for (volatile uint64_t spin = 0;; spin = spin + 1) {
+    }
+  }
+  testing::ChildGuard hog_guard(hog);
+  const std::string out = dir_.Path("throttled");
+  testing::Daemon train(
+      fmt::format("{} train {} --data {} --progress none --eval-every 0 --out {} --ranks 2 "
+                  "--threads-per-rank 1 --steps 10000000",
+                  KC_BINARY, micro_, data_->Path("fortunes/manifest.json"), out));
+  // A report of the ranks' compute times (one every ten seconds), then it is stopped.
+  int reports = 0;
+  for (int i = 0; i < 1200 && reports < 1; ++i) {
+    std::ifstream metrics(out + "/metrics.jsonl");
+    reports = 0;
+    for (std::string line; std::getline(metrics, line);) {
+      reports += line.find("\"type\":\"ranks\"") != std::string::npos;
+    }
+    if (reports < 1) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_GE(reports, 1) << "no ranks record in " << out;
+  train.Stop(SIGTERM);
+  hog_guard.KillAndReap();
+  const nlohmann::json f = Findings("throttled");
+  EXPECT_TRUE(Has(f, "L1", "rank 1 is a straggler")) << f.dump(2);
 }
 
 TEST_F(KcDiagnoseTest, ADirectoryWithoutARunIsRefused) {
