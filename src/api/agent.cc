@@ -45,6 +45,7 @@ constexpr size_t kMaxLogPerReport = 64 << 10;
 // kcd has not taken them (the newest).
 constexpr size_t kMaxReportsPerHeartbeat = 1000;
 constexpr size_t kMaxReportsKept = 5000;
+constexpr double kStepRelayPeriodS = 1;
 
 // One job's processes on this host.
 struct Job {
@@ -61,6 +62,7 @@ struct Job {
   std::string reports_path;
   int64_t reports_offset = 0;
   std::deque<kc::v1::TrainReport> reports;  // those not yet delivered to kcd
+  double step_relayed_s = 0;                // when a step report was last queued for kcd
   int64_t step = 0;
   int64_t checkpoint_step = 0;
   // Its last step record, for the metrics: how fast it trains and where the time goes.
@@ -546,7 +548,17 @@ struct Agent::Impl {
       }
       if (r.has_checkpoint())
         j.checkpoint_step = std::max(j.checkpoint_step, r.checkpoint().step());
-      // For kcd, which keeps them with the job. A backlog (kcd out of reach) keeps its newest.
+      // For kcd, which keeps them with the job: every event and checkpoint, and a step a second
+      // (the newest of each second replaces the one before it), so that a run of thousands of
+      // steps a second costs kcd a few rows a second. A backlog (kcd out of reach) keeps its
+      // newest.
+      const double now = WallSeconds();
+      if (r.has_step() && !j.reports.empty() && j.reports.back().has_step() &&
+          now - j.step_relayed_s < kStepRelayPeriodS) {
+        j.reports.back() = r;
+        return;
+      }
+      if (r.has_step()) j.step_relayed_s = now;
       if (j.reports.size() >= kMaxReportsKept) j.reports.pop_front();
       j.reports.push_back(r);
     };

@@ -1360,19 +1360,21 @@ Result<kc::v1::AgentHeartbeatResponse> Dispatcher::Heartbeat(
   bool changed = false;
   for (const kc::v1::AgentJobReport& r : req.jobs()) {
     if (!r.log().empty()) m.o.jobs->AppendLog(r.job(), r.log()).IgnoreError();  // unknown: no log
-    std::vector<JobReport> kept;
     for (const kc::v1::TrainReport& t : r.reports()) {
-      kept.push_back({.bytes = t.SerializeAsString(),
-                      .event = t.has_run() || t.has_summary() || t.has_fault()});
       if (!t.has_fault()) continue;
       const kc::v1::FaultReport& f = t.fault();  // the run's faults, audited
       m.Audit("kcd", "fault." + (f.event().empty() ? std::string("unknown") : f.event()),
               fmt::format("job/{}", r.job()), "ok",
               fmt::format("on {}: {}", req.host(), FaultReportJson(f)));
     }
-    // Kept with the job for kc diagnose (an unknown job has none to keep).
-    m.o.jobs->AppendReports(r.job(), kept).IgnoreError();
     if (m.StopIfUnknown(a, r)) continue;
+    // Kept with the job for kc diagnose: a run kcd knows on this host.
+    std::vector<JobReport> kept;
+    for (const kc::v1::TrainReport& t : r.reports()) {
+      kept.push_back({.bytes = t.SerializeAsString(),
+                      .event = t.has_run() || t.has_summary() || t.has_fault()});
+    }
+    m.o.jobs->AppendReports(r.job(), kept).IgnoreError();
     Run& run = m.runs[r.job()];
     int detected = 0;
     for (const kc::v1::TrainReport& t : r.reports()) {

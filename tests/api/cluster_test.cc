@@ -926,7 +926,14 @@ TEST_F(ClusterTest, AnElasticJobStartsOnWhatIsFreeGrowsAndShrinksAsTheSchedulerD
   EXPECT_EQ(j["phase"], "running") << Kc(fmt::format("job logs {}", elastic)).out;
   EXPECT_TRUE(HistoryHas(j, "running: the scheduler shrinks it from 2 to 1 devices")) << j.dump();
   EXPECT_TRUE(HistoryHas(j, "running: shrank to 1 rank")) << j.dump();
-  EXPECT_EQ(ranks_of(elastic), 1);
+  // kcd's metric says the size its history last noted: 1, or 2 again when the scheduler grew
+  // it back onto the device the high-priority job left (a slow machine gets there first).
+  int last_size = 0;
+  for (const std::string& line : HistoryOf(Show(elastic))) {
+    if (line.find("running: shrank to 1 rank") != std::string::npos) last_size = 1;
+    if (line.find("running: grew to 2 ranks") != std::string::npos) last_size = 2;
+  }
+  EXPECT_EQ(ranks_of(elastic), last_size);
   // No rank failed: the scheduler's shrink retires one.
   EXPECT_FALSE(HistoryHas(j, " failed: ")) << j.dump();
   ASSERT_EQ(Kc(fmt::format("job cancel {}", elastic)).exit_code, 0);
