@@ -18,7 +18,6 @@
 #include "api/audit_log.h"
 #include "api/client.h"
 #include "api/control_plane.h"
-#include "api/job_spec.h"
 #include "api/roles_file.h"
 #include "api/rpc_guard.h"
 #include "api/tokens.h"
