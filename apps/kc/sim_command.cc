@@ -289,7 +289,9 @@ int RunSim(const SimArgs& a) {
   if (!topo.ok()) return Fail(topo.status());
   Result<std::vector<sched::TraceJob>> trace = sched::LoadTrace(a.trace);
   if (!trace.ok()) return Fail(trace.status());
-  sched::PoolConfig pools = sched::DefaultPoolConfig();
+  // Without a pools file, what kcd's scheduler runs without DIR/pools.yaml: one pool of every
+  // device, for every class.
+  sched::PoolConfig pools = sched::AllDevicesPoolConfig();
   if (!a.pools.empty()) {
     Result<sched::PoolConfig> p = sched::LoadPoolConfig(a.pools);
     if (!p.ok()) return Fail(p.status());
@@ -390,7 +392,9 @@ void AddSimCommand(CLI::App& app, Action* action) {
   auto a = std::make_shared<SimArgs>();
   sim->add_option("--inventory", a->inventory, "Cluster inventory (YAML)");
   sim->add_option("--trace", a->trace, "Job trace (CSV)");
-  sim->add_option("--pools", a->pools, "Pools and scheduler settings (YAML); default: built in");
+  sim->add_option("--pools", a->pools,
+                  "Pools and scheduler settings (YAML); default: one pool, all, of every device "
+                  "for every class (as kcd without pools.yaml)");
   sim->add_option("--policy", a->policy, "kuangchao (default) or fifo")
       ->check(CLI::IsMember({"kuangchao", "fifo"}));
   sim->add_option("--checkpoint", a->checkpoint,
