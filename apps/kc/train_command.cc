@@ -463,11 +463,9 @@ void AddTrainCommand(CLI::App& app, Action* action) {
     // What a run file sets, given as well: refused (ApplyTrainRun).
     a->job_flags_given.clear();
     if (!a->config.empty()) a->job_flags_given.push_back("the model file");
-    for (const char* flag :
-         {"--ranks", "--plan", "--steps", "--global-batch", "--checkpoint-every", "--mtbf",
-          "--checkpoint-keep", "--checkpoint-compress", "--comm-limits", "--heartbeat-period",
-          "--heartbeat-timeout", "--min-ranks", "--max-ranks", "--max-restarts"}) {
-      if (c->count(flag) > 0) a->job_flags_given.push_back(flag);
+    for (const RunFileFlag& flag : kRunFileFlags) {
+      const std::string name(flag.name);
+      if (c->count(name) > 0) a->job_flags_given.push_back(name);
     }
     *action = [a] { return RunTrain(*a); };
   });

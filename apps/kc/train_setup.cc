@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
-#include <set>
+#include <iterator>
 #include <string_view>
 
 #include "api/train_job.h"
@@ -475,24 +475,14 @@ std::vector<std::string> WorkerArgv(const TrainArgs& a, const TrainSetup& p, int
   v.push_back(a.resume);
   if (!a.job_file.empty()) {
     // The run file says the same to every worker: what it sets is not repeated as flags.
-    static const std::set<std::string_view> kSetByRunFile = {"--ranks",
-                                                             "--steps",
-                                                             "--global-batch",
-                                                             "--plan",
-                                                             "--min-ranks",
-                                                             "--max-ranks",
-                                                             "--heartbeat-period",
-                                                             "--heartbeat-timeout",
-                                                             "--checkpoint-every",
-                                                             "--mtbf",
-                                                             "--checkpoint-keep",
-                                                             "--comm-limits"};
     std::vector<std::string> w = {v[0], v[1], "--job", a.job_file};
     for (size_t i = 3; i < v.size(); ++i) {  // v[2] is the model file
-      if (kSetByRunFile.count(v[i]) != 0) {
-        ++i;  // and its value
-      } else if (v[i] != "--checkpoint-compress") {
+      const auto set = std::find_if(std::begin(kRunFileFlags), std::end(kRunFileFlags),
+                                    [&](const RunFileFlag& f) { return f.name == v[i]; });
+      if (set == std::end(kRunFileFlags)) {
         w.push_back(std::move(v[i]));
+      } else if (set->value) {
+        ++i;  // and its value
       }
     }
     return w;

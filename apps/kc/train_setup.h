@@ -5,6 +5,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/status.h"
@@ -136,6 +137,27 @@ struct TrainSetup {
   // The plan of these fields for `ranks` ranks (d = ranks / (t * p)).
   parallel::ParallelPlan ParallelPlanFor(int ranks) const;
 };
+
+// The flags whose values a run file (--job) sets: refused beside it on the command line, and
+// not repeated to the workers, which read the same file. `value`: the flag takes one.
+struct RunFileFlag {
+  std::string_view name;
+  bool value = true;
+};
+inline constexpr RunFileFlag kRunFileFlags[] = {{"--ranks"},
+                                                {"--plan"},
+                                                {"--steps"},
+                                                {"--global-batch"},
+                                                {"--checkpoint-every"},
+                                                {"--mtbf"},
+                                                {"--checkpoint-keep"},
+                                                {"--checkpoint-compress", false},
+                                                {"--comm-limits"},
+                                                {"--heartbeat-period"},
+                                                {"--heartbeat-timeout"},
+                                                {"--min-ranks"},
+                                                {"--max-ranks"},
+                                                {"--max-restarts"}};
 
 // Fills `args` from its run file (--job), the launcher's and each worker's alike. Errors:
 // the file unreadable or not a run, a flag the run file sets given as well, a job that is not

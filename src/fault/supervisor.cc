@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <deque>
 #include <map>
+#include <optional>
 #include <set>
 #include <variant>
 #include <vector>
@@ -149,6 +150,9 @@ class Supervisor::Impl final : public RankEvents {
   void OnRecovery(const RecoveryReport& r);
   void CheckHeartbeats();
   std::string HangReportNow();
+  // What a worker published under `key` in the store (its heartbeat's progress, its compute
+  // time); nullopt when it has published nothing there, or the store did not answer.
+  std::optional<std::string> Published(const std::string& key);
   // Every kRanksReportPeriod of steps: each member's compute time per step, as it published
   // it (ComputeKey), to the observer as a RanksReport.
   void MaybeReportRanks();
@@ -447,6 +451,14 @@ void Supervisor::Impl::ApplyResize() {
   }
 }
 
+std::optional<std::string> Supervisor::Impl::Published(const std::string& key) {
+  Result<bool> there = o_.store->Check(std::span<const std::string>(&key, 1));
+  if (!there.ok() || !*there) return std::nullopt;
+  Result<std::string> text = o_.store->Get(key, o_.clock->Now() + std::chrono::seconds(1));
+  if (!text.ok()) return std::nullopt;
+  return *std::move(text);
+}
+
 void Supervisor::Impl::MaybeReportRanks() {
   constexpr auto kRanksReportPeriod = std::chrono::seconds(10);
   const TimePoint now = o_.clock->Now();
@@ -456,11 +468,8 @@ void Supervisor::Impl::MaybeReportRanks() {
   ranks_reported_ = now;
   RanksReport r{.step = last_step_};
   for (const Member& m : current_.members) {
-    const std::string key = ComputeKey(m.worker);
-    Result<bool> there = o_.store->Check(std::span<const std::string>(&key, 1));
-    if (!there.ok() || !*there) continue;
-    Result<std::string> text = o_.store->Get(key, now + std::chrono::seconds(1));
-    if (!text.ok()) continue;
+    const std::optional<std::string> text = Published(ComputeKey(m.worker));
+    if (!text) continue;
     char* end = nullptr;
     const double ms = std::strtod(text->c_str(), &end);
     if (end == text->c_str() || !(ms >= 0)) continue;  // not a time: left out
@@ -474,11 +483,7 @@ void Supervisor::Impl::MaybeReportRanks() {
 std::string Supervisor::Impl::HangReportNow() {
   std::map<int, std::string> progress;
   for (int w : Alive()) {
-    const std::string key = ProgressKey(w);
-    Result<bool> there = o_.store->Check(std::span<const std::string>(&key, 1));
-    if (!there.ok() || !*there) continue;
-    Result<std::string> text = o_.store->Get(key, o_.clock->Now() + std::chrono::seconds(1));
-    if (text.ok()) progress[w] = *std::move(text);
+    if (std::optional<std::string> text = Published(ProgressKey(w))) progress[w] = *std::move(text);
   }
   return HangReport(progress);
 }
