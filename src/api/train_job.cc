@@ -250,25 +250,8 @@ Result<kc::v1::TrainRun> ReadTrainRun(const std::string& path) {
 }
 
 kc::v1::FaultReport ToFaultReport(const fault::FaultEvent& e) {
-  using Kind = fault::FaultEvent::Kind;
   kc::v1::FaultReport r;
-  switch (e.kind) {
-    case Kind::kDetected:
-      r.set_event("detected");
-      break;
-    case Kind::kRecovered:
-      r.set_event("recovered");
-      break;
-    case Kind::kJoined:
-      r.set_event("joined");
-      break;
-    case Kind::kStopped:
-      r.set_event("stopped");
-      break;
-    case Kind::kResized:
-      r.set_event("resized");
-      break;
-  }
+  r.set_event(std::string(e.EventName()));
   r.set_worker(e.worker);
   r.set_reason(e.reason);
   r.set_ranks(e.ranks);

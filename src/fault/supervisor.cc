@@ -16,11 +16,28 @@
 
 namespace kc::fault {
 
-nlohmann::json FaultEvent::ToJson() const {
-  nlohmann::json j;
+std::string_view FaultEvent::EventName() const {
   switch (kind) {
     case Kind::kDetected:
-      j = {{"event", "detected"}, {"worker", worker}, {"reason", reason}};
+      return "detected";
+    case Kind::kRecovered:
+      return "recovered";
+    case Kind::kJoined:
+      return "joined";
+    case Kind::kStopped:
+      return "stopped";
+    case Kind::kResized:
+      return "resized";
+  }
+  return "detected";
+}
+
+nlohmann::json FaultEvent::ToJson() const {
+  nlohmann::json j;
+  const std::string event(EventName());
+  switch (kind) {
+    case Kind::kDetected:
+      j = {{"event", event}, {"worker", worker}, {"reason", reason}};
       if (!hang.empty()) j["hang"] = hang;
       if (generation >= 0) {
         j["generation"] = generation;
@@ -28,20 +45,16 @@ nlohmann::json FaultEvent::ToJson() const {
       }
       return j;
     case Kind::kJoined:
-      return {
-          {"event", "joined"}, {"worker", worker}, {"generation", generation}, {"ranks", ranks}};
+      return {{"event", event}, {"worker", worker}, {"generation", generation}, {"ranks", ranks}};
     case Kind::kResized:
-      j = {{"event", "resized"}, {"ranks", ranks}, {"reason", reason}};
+      j = {{"event", event}, {"ranks", ranks}, {"reason", reason}};
       if (generation >= 0) j["generation"] = generation;
       return j;
     case Kind::kRecovered:
     case Kind::kStopped:
-      j = {{"event", kind == Kind::kStopped ? "stopped" : "recovered"},
-           {"generation", generation},
-           {"ranks", ranks},
-           {"d", d},
-           {"source", source},
-           {"step", step},
+      j = {{"event", event},        {"generation", generation},
+           {"ranks", ranks},        {"d", d},
+           {"source", source},      {"step", step},
            {"rebuild_s", rebuild_s}};
       if (steps_lost) j["steps_lost"] = *steps_lost;
       if (duration_s) j["duration_s"] = *duration_s;

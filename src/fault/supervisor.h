@@ -18,6 +18,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "base/clock.h"
 #include "base/status.h"
@@ -73,6 +74,8 @@ struct FaultEvent {
 
   // The fault log's record: {"event": "detected", "worker": 2, "reason": ..., ...}.
   nlohmann::json ToJson() const;
+  // The record's "event": "detected", "recovered", "joined", "stopped" or "resized".
+  std::string_view EventName() const;
 };
 
 // How a run ended.
