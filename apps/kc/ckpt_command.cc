@@ -201,7 +201,7 @@ int RunInspect(const CkptArgs& a) {
       ++pieces;
       values += p.count;
       raw += p.count * 4;
-      for (const fault::ChunkRef& c : p.chunks) files.insert(c.file);
+      for (const fault::ChunkRef& c : p.chunks) fault::AddChunkFiles(c, &files);
     }
   }
   Json out = {{"step", m->step},

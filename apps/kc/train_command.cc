@@ -428,6 +428,10 @@ void AddTrainCommand(CLI::App& app, Action* action) {
   c->add_option("--checkpoint-keep", a->checkpoint_keep, "Checkpoints kept (the newest)")
       ->capture_default_str();
   c->add_flag("--checkpoint-compress", a->checkpoint_compress, "Compress chunks with zstd");
+  c->add_option("--checkpoint-full-every", a->checkpoint_full_every,
+                "Every Nth checkpoint stores whole chunks; those between store each changed chunk "
+                "as a delta against the previous checkpoint's (1: every checkpoint whole)")
+      ->capture_default_str();
   c->add_option("--resume", a->resume,
                 "auto (the newest checkpoint in --checkpoint-dir that verifies, if any), never, "
                 "or a checkpoint directory (DIR/step-N)")

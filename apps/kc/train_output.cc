@@ -383,12 +383,14 @@ void PrintSummary(const TrainArgs& a, const TrainSetup& p, const TrainProgress& 
   // Checkpoints: the step's stall (the copy to memory) against the step, and what the
   // background persist wrote.
   std::vector<double> stalls;
-  double written = 0, persist_ms = 0;
-  int64_t reused = 0, chunks = 0;
+  double written = 0, raw = 0, persist_ms = 0;
+  int64_t reused = 0, deltas = 0, chunks = 0;
   std::string at;
   for (const fault::CheckpointReport& c : m.checkpoints()) {
     stalls.push_back(c.stall_ms);
     written += static_cast<double>(c.bytes_written);
+    raw += static_cast<double>(c.raw_bytes);
+    deltas += c.chunks_delta;
     persist_ms = std::max(persist_ms, c.persist_ms);
     reused += c.chunks_reused;
     chunks += c.chunks_written + c.chunks_reused;
@@ -402,11 +404,11 @@ void PrintSummary(const TrainArgs& a, const TrainSetup& p, const TrainProgress& 
   if (!stalls.empty()) {
     std::cout << fmt::format(
         "  checkpoints     {} (steps {}) in {}: step stall {:.1f} ms median ({:.1f}% of a step), "
-        "persist up to {:.0f} ms in the background, {:.1f} MiB written, {} of {} chunks "
-        "unchanged\n",
+        "persist up to {:.0f} ms in the background, {:.1f} MiB written ({:.0f}% of the "
+        "state saved), {} of {} chunks unchanged, {} stored as deltas\n",
         stalls.size(), at, a.checkpoint_dir, stall_ms,
         s.step_ms_median > 0 ? 100 * stall_ms / s.step_ms_median : 0.0, persist_ms,
-        written / (1 << 20), reused, chunks);
+        written / (1 << 20), raw > 0 ? 100 * written / raw : 0.0, reused, chunks, deltas);
   }
   if (faults > 0) {
     std::string what;

@@ -169,6 +169,11 @@ Result<TrainSetup> CheckTrainArgs(TrainArgs* args) {
     return InvalidArgumentError("--checkpoint-keep " + std::to_string(a.checkpoint_keep) +
                                 ": must be at least 1");
   }
+  if (a.checkpoint_full_every < 1) {
+    return InvalidArgumentError("--checkpoint-full-every " +
+                                std::to_string(a.checkpoint_full_every) +
+                                ": must be at least 1 (1: every checkpoint whole)");
+  }
 
   if (a.progress != "auto" && a.progress != "bar" && a.progress != "lines" &&
       a.progress != "none") {
@@ -458,7 +463,8 @@ std::vector<std::string> WorkerArgv(const TrainArgs& a, const TrainSetup& p, int
     for (std::string x :
          {std::string("--checkpoint-dir"), a.checkpoint_dir, std::string("--checkpoint-every"),
           a.checkpoint_every, std::string("--mtbf"), fmt::format("{}", a.mtbf_hours),
-          std::string("--checkpoint-keep"), std::to_string(a.checkpoint_keep)}) {
+          std::string("--checkpoint-keep"), std::to_string(a.checkpoint_keep),
+          std::string("--checkpoint-full-every"), std::to_string(a.checkpoint_full_every)}) {
       v.push_back(std::move(x));
     }
     if (a.checkpoint_compress) v.push_back("--checkpoint-compress");

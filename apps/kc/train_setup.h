@@ -58,7 +58,8 @@ struct TrainArgs {
   std::string comm_limits;
   int checkpoint_keep = 3;
   bool checkpoint_compress = false;
-  std::string resume = "auto";  // auto, never, or a checkpoint's directory
+  int checkpoint_full_every = 8;  // fault::CheckpointOptions::full_every
+  std::string resume = "auto";    // auto, never, or a checkpoint's directory
   // Failure detection: a rank silent this long (no heartbeat) is declared failed.
   double heartbeat_period_s = 1;
   double heartbeat_timeout_s = 30;

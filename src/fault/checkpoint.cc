@@ -18,6 +18,7 @@
 
 #include "base/file.h"
 #include "base/layer_guard.h"
+#include "fault/chunk_delta.h"
 #include "parallel/tensor_parallel.h"
 
 namespace kc::fault {
@@ -29,7 +30,9 @@ using parallel::TpSplit;
 namespace {
 
 constexpr char kManifestFormat[] = "kc-checkpoint/1";
-constexpr char kRankFormat[] = "kc-checkpoint-rank/1";
+// Version 2 added delta chunks (a reference's "base"); version 1 files read the same.
+constexpr char kRankFormat[] = "kc-checkpoint-rank/2";
+constexpr char kRankFormatV1[] = "kc-checkpoint-rank/1";
 constexpr char kManifest[] = "MANIFEST.json";
 
 std::string StepDirName(int64_t step) {
@@ -140,7 +143,8 @@ bool IsRankFileName(std::string_view s) {
   return s.starts_with("rank-") && s.ends_with(".json") && s.size() > 10 &&
          IsDigits(s.substr(5, s.size() - 10));
 }
-// step-N/chunks/HASH.bin or .zst: a chunk under the checkpoint directory, never outside it.
+// step-N/chunks/HASH.bin, .zst or .xor.zst: a chunk under the checkpoint directory, never
+// outside it.
 bool IsChunkFileName(std::string_view s) {
   const size_t slash = s.find('/');
   if (slash == std::string_view::npos || !s.starts_with("step-") ||
@@ -150,6 +154,7 @@ bool IsChunkFileName(std::string_view s) {
   std::string_view rest = s.substr(slash + 1);
   if (!rest.starts_with("chunks/")) return false;
   rest.remove_prefix(7);
+  if (rest.ends_with(".xor.zst")) return IsContentHash(rest.substr(0, rest.size() - 8));
   return (rest.ends_with(".bin") || rest.ends_with(".zst")) &&
          IsContentHash(rest.substr(0, rest.size() - 4));
 }
@@ -170,6 +175,37 @@ Result<Json> ParseJson(std::string_view text, const std::string& file, std::stri
     return DataLossError(fmt::format("{}: not a {} {}", file, format, what));
   }
   return j;
+}
+
+// A chunk reference at `at`, and its bases (`depth` deep already).
+Result<ChunkRef> ParseChunkRef(const JsonFields& f, const Json& c, const std::string& at,
+                               int depth) {
+  ChunkRef ref;
+  KC_ASSIGN_OR_RETURN(ref.file, f.String(c, "file", at, IsChunkFileName,
+                                         "STEP-DIR/chunks/HASH.bin, .zst or .xor.zst"));
+  KC_ASSIGN_OR_RETURN(ref.hash, f.String(c, "hash", at, IsContentHash, "32 hex digits"));
+  KC_ASSIGN_OR_RETURN(ref.bytes, f.Int(c, "bytes", at, 0, kMaxChunkBytes));
+  if (ref.bytes % 4 != 0) {
+    return f.Bad(JsonFields::Join(at, "bytes"), "expected a multiple of 4 (whole values)");
+  }
+  const bool delta = ref.file.ends_with(".xor.zst");
+  auto base = c.find("base");
+  if (!delta) {
+    if (base != c.end()) return f.Bad(JsonFields::Join(at, "base"), "only a delta has a base");
+    return ref;
+  }
+  if (base == c.end()) return f.Bad(JsonFields::Join(at, "base"), "missing (the file is a delta)");
+  const std::string base_at = JsonFields::Join(at, "base");
+  if (depth + 1 >= kMaxDeltaChain) {
+    return f.Bad(base_at, fmt::format("more than {} bases deep", kMaxDeltaChain));
+  }
+  KC_ASSIGN_OR_RETURN(ChunkRef b, ParseChunkRef(f, *base, base_at, depth + 1));
+  if (b.bytes != ref.bytes) {
+    return f.Bad(JsonFields::Join(base_at, "bytes"),
+                 fmt::format("expected the delta's {} bytes, got {}", ref.bytes, b.bytes));
+  }
+  ref.base.push_back(std::move(b));
+  return ref;
 }
 
 Result<PieceIndex> ParsePiece(const JsonFields& f, const Json& p, const std::string& at) {
@@ -209,27 +245,36 @@ Result<PieceIndex> ParsePiece(const JsonFields& f, const Json& p, const std::str
   KC_ASSIGN_OR_RETURN(const Json* chunks, f.Array(p, "chunks", at));
   for (size_t i = 0; i < chunks->size(); ++i) {
     const std::string c = JsonFields::Element(JsonFields::Join(at, "chunks"), i);
-    ChunkRef ref;
-    KC_ASSIGN_OR_RETURN(ref.file, f.String((*chunks)[i], "file", c, IsChunkFileName,
-                                           "STEP-DIR/chunks/HASH.bin or .zst"));
-    KC_ASSIGN_OR_RETURN(ref.hash,
-                        f.String((*chunks)[i], "hash", c, IsContentHash, "32 hex digits"));
-    KC_ASSIGN_OR_RETURN(ref.bytes, f.Int((*chunks)[i], "bytes", c, 0, kMaxChunkBytes));
-    if (ref.bytes % 4 != 0) {
-      return f.Bad(JsonFields::Join(c, "bytes"), "expected a multiple of 4 (whole values)");
-    }
+    KC_ASSIGN_OR_RETURN(ChunkRef ref, ParseChunkRef(f, (*chunks)[i], c, 0));
     piece.chunks.push_back(std::move(ref));
   }
   return piece;
 }
 
-// Reads chunk `ref` under `dir`, decompressed, and checks its hash.
+// What a checkpoint's chunks take on disk: each file counted once.
+struct StoredTally {
+  std::set<std::string> files;
+  int64_t bytes = 0;
+};
+
+// Reads chunk `ref` under `dir`, decompressed (a delta: decoded against its base, read first),
+// and checks its hash.
 Status ReadChunk(const fs::path& dir, const ChunkRef& ref, std::vector<std::byte>* out,
-                 int64_t* stored = nullptr) {
+                 StoredTally* tally = nullptr) {
   Result<std::string> data = ReadWholeFile((dir / ref.file).string());
   if (!data.ok()) return DataLossError("chunk " + ref.file + ": " + data.status().message());
-  if (stored != nullptr) *stored += static_cast<int64_t>(data->size());
-  if (ref.file.ends_with(".zst")) {
+  if (tally != nullptr && tally->files.insert(ref.file).second) {
+    tally->bytes += static_cast<int64_t>(data->size());
+  }
+  if (!ref.base.empty()) {
+    std::vector<std::byte> base;
+    Status st = ReadChunk(dir, ref.base.front(), &base, tally);
+    if (!st.ok()) {
+      return DataLossError("chunk " + ref.file + ": its base: " + std::string(st.message()));
+    }
+    st = DecodeDelta(*data, base, out);
+    if (!st.ok()) return DataLossError("chunk " + ref.file + ": " + std::string(st.message()));
+  } else if (ref.file.ends_with(".zst")) {
     // The frame says how big it is: nothing is allocated for a size the chunk does not have.
     const unsigned long long size = ZSTD_getFrameContentSize(data->data(), data->size());
     if (size != static_cast<unsigned long long>(ref.bytes)) {
@@ -321,6 +366,10 @@ Result<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Create(const Checkpo
     return InvalidArgumentError("checkpoint chunk size " + std::to_string(options.chunk_bytes) +
                                 ": must be a multiple of 4 of at least 4096 bytes");
   }
+  if (options.full_every < 1) {
+    return InvalidArgumentError("checkpoint full_every " + std::to_string(options.full_every) +
+                                ": must be at least 1 (1: every save full)");
+  }
   if (ranks > 1 && store == nullptr) {
     return InvalidArgumentError("checkpoints of several ranks need the rendezvous store");
   }
@@ -367,7 +416,9 @@ size_t CheckpointWriter::ListPieces(std::span<const StateTensor> tensors, const 
 
 void CheckpointWriter::Prepare(std::span<const StateTensor> tensors, const Ownership& owner) {
   (void)Wait();
-  snapshot_.assign(ListPieces(tensors, owner), 0.0f);
+  const size_t total = ListPieces(tensors, owner);
+  snapshot_.assign(total, 0.0f);
+  base_.assign(total, 0.0f);  // the second save copies into it (the first's becomes the base)
 }
 
 Status CheckpointWriter::Save(std::span<const StateTensor> tensors, const Ownership& owner,
@@ -403,51 +454,98 @@ Status CheckpointWriter::Save(std::span<const StateTensor> tensors, const Owners
   return previous;
 }
 
+const std::vector<ChunkRef>* CheckpointWriter::BaseRefs(size_t piece) const {
+  if (piece >= base_refs_.size() || base_pieces_.size() != pieces_.size()) return nullptr;
+  const Piece& a = pieces_[piece];
+  const Piece& b = base_pieces_[piece];
+  const bool same = a.tensor == b.tensor && a.kind == b.kind && a.tp_rank == b.tp_rank &&
+                    a.tp_size == b.tp_size && a.offset == b.offset && a.count == b.count;
+  return same ? &base_refs_[piece] : nullptr;
+}
+
+namespace {
+
+Json ChunkRefJson(const ChunkRef& ref) {
+  Json j = {{"file", ref.file}, {"hash", ref.hash}, {"bytes", ref.bytes}};
+  if (!ref.base.empty()) j["base"] = ChunkRefJson(ref.base.front());
+  return j;
+}
+
+}  // namespace
+
 Status CheckpointWriter::Persist() {
   if (options_.on_persist) options_.on_persist(info_.step);
   const auto t0 = std::chrono::steady_clock::now();
   const fs::path root = options_.dir;
   const std::string step_dir = StepDirName(info_.step);
-  std::unordered_map<std::string, std::string> written;  // hash -> file, this checkpoint
-  std::unordered_map<std::string, std::string> previous(previous_.begin(), previous_.end());
+  // Deltas against the previous save, unless this save is due to be a full one.
+  const bool delta = !base_refs_.empty() && base_depth_ + 1 < options_.full_every;
+  std::unordered_map<std::string, ChunkRef> written;   // hash -> reference, this checkpoint
+  std::unordered_map<std::string, ChunkRef> previous;  // hash -> reference, the previous one
+  for (const std::vector<ChunkRef>& refs : base_refs_) {
+    // A full save references no delta: a chain is never longer than the saves since a full one.
+    for (const ChunkRef& r : refs) {
+      if (delta || r.base.empty()) previous.emplace(r.hash, r);
+    }
+  }
+  std::vector<std::vector<ChunkRef>> refs_now(pieces_.size());
   std::vector<char> compressed;
   std::vector<std::string> fresh;  // chunk files written now
   Json pieces = Json::array();
-  for (const Piece& p : pieces_) {
+  for (size_t pi = 0; pi < pieces_.size(); ++pi) {
+    const Piece& p = pieces_[pi];
+    const std::vector<ChunkRef>* bases = delta ? BaseRefs(pi) : nullptr;
     Json chunks = Json::array();
     const auto* base = reinterpret_cast<const std::byte*>(snapshot_.data() + p.at);
     const int64_t bytes = p.count * static_cast<int64_t>(sizeof(float));
-    for (int64_t off = 0; off < bytes; off += options_.chunk_bytes) {
+    size_t ci = 0;
+    for (int64_t off = 0; off < bytes; off += options_.chunk_bytes, ++ci) {
       const std::span<const std::byte> data(
           base + off, static_cast<size_t>(std::min(options_.chunk_bytes, bytes - off)));
       const std::string hash = ContentHash(data);
-      std::string file;
+      ChunkRef ref;
       if (auto it = written.find(hash); it != written.end()) {
-        file = it->second;
+        ref = it->second;
         ++stats_.chunks_reused;
       } else if (auto prev = previous.find(hash); prev != previous.end()) {
-        file = prev->second;
+        ref = prev->second;
         ++stats_.chunks_reused;
       } else {
-        file = step_dir + "/chunks/" + hash + (options_.compress ? ".zst" : ".bin");
+        ref = {.hash = hash, .bytes = static_cast<int64_t>(data.size())};
         std::span<const std::byte> out = data;
-        if (options_.compress) {
-          compressed.resize(ZSTD_compressBound(data.size()));
-          const size_t n =
-              ZSTD_compress(compressed.data(), compressed.size(), data.data(), data.size(), 1);
-          if (ZSTD_isError(n)) {
-            return InternalError(std::string("zstd: ") + ZSTD_getErrorName(n));
+        std::string encoded;
+        if (bases != nullptr && ci < bases->size() && (*bases)[ci].bytes == ref.bytes) {
+          const auto* was =
+              reinterpret_cast<const std::byte*>(base_.data() + base_pieces_[pi].at) + off;
+          KC_ASSIGN_OR_RETURN(encoded, EncodeDelta(data, std::span(was, data.size())));
+          if (encoded.size() < data.size()) {  // else a whole chunk is smaller
+            ref.file = step_dir + "/chunks/" + hash + ".xor.zst";
+            ref.base.push_back((*bases)[ci]);
+            out = std::as_bytes(std::span<const char>(encoded));
+            ++stats_.chunks_delta;
           }
-          out = std::as_bytes(std::span<const char>(compressed.data(), n));
+        }
+        if (ref.file.empty()) {
+          ref.file = step_dir + "/chunks/" + hash + (options_.compress ? ".zst" : ".bin");
+          if (options_.compress) {
+            compressed.resize(ZSTD_compressBound(data.size()));
+            const size_t n =
+                ZSTD_compress(compressed.data(), compressed.size(), data.data(), data.size(), 1);
+            if (ZSTD_isError(n)) {
+              return InternalError(std::string("zstd: ") + ZSTD_getErrorName(n));
+            }
+            out = std::as_bytes(std::span<const char>(compressed.data(), n));
+          }
         }
         // Synced all together below, before the rank file that names them.
-        fresh.push_back((root / file).string());
+        fresh.push_back((root / ref.file).string());
         KC_RETURN_IF_ERROR(WriteFileAtomically(fresh.back(), out));
         ++stats_.chunks_written;
         stats_.bytes_written += static_cast<int64_t>(out.size());
       }
-      written.emplace(hash, file);
-      chunks.push_back({{"file", file}, {"hash", hash}, {"bytes", data.size()}});
+      written.emplace(hash, ref);
+      chunks.push_back(ChunkRefJson(ref));
+      refs_now[pi].push_back(std::move(ref));
     }
     pieces.push_back({{"tensor", p.tensor},
                       {"kind", p.kind},
@@ -465,7 +563,12 @@ Status CheckpointWriter::Persist() {
   const std::string rank_file = RankFileName(rank_);
   KC_RETURN_IF_ERROR(WriteFileDurably((root / step_dir / rank_file).string(), rank_text));
   const std::string rank_hash = ContentHash(Bytes(rank_text));
-  previous_.assign(written.begin(), written.end());
+  // This save is durable: the next one is encoded against it. (snapshot_ is rewritten whole
+  // by the next Save.)
+  base_.swap(snapshot_);
+  base_pieces_ = pieces_;
+  base_refs_ = std::move(refs_now);
+  base_depth_ = delta ? base_depth_ + 1 : 0;
 
   // The commit: rank 0 writes the manifest once every rank's file is durable.
   const std::string key_prefix = "kc/checkpoint/" + step_dir + "/";
@@ -577,7 +680,13 @@ Result<Manifest> ParseManifest(std::string_view text, const std::string& file) {
 }
 
 Result<RankIndex> ParseRankFile(std::string_view text, const std::string& file) {
-  KC_ASSIGN_OR_RETURN(const Json j, ParseJson(text, file, kRankFormat, "file"));
+  Result<Json> parsed = ParseJson(text, file, kRankFormat, "file");
+  if (!parsed.ok()) {
+    Result<Json> v1 = ParseJson(text, file, kRankFormatV1, "file");
+    if (!v1.ok()) return parsed.status();
+    parsed = std::move(v1);
+  }
+  const Json& j = *parsed;
   const JsonFields f(file);
   RankIndex r;
   KC_ASSIGN_OR_RETURN(const int64_t rank, f.Int(j, "rank", "", 0, kMaxRanks - 1));
@@ -606,6 +715,7 @@ Result<VerifyReport> VerifyCheckpoint(const std::string& path) {
   report.ranks = static_cast<int>(ranks.size());
   std::vector<std::byte> buf;
   std::set<std::string> seen;
+  StoredTally stored;
   for (const RankIndex& rank : ranks) {
     for (const PieceIndex& piece : rank.pieces) {
       ++report.pieces;
@@ -613,7 +723,7 @@ Result<VerifyReport> VerifyCheckpoint(const std::string& path) {
       for (const ChunkRef& ref : piece.chunks) {
         bytes += ref.bytes;
         if (!seen.insert(ref.file).second) continue;
-        KC_RETURN_IF_ERROR(ReadChunk(root, ref, &buf, &report.stored_bytes));
+        KC_RETURN_IF_ERROR(ReadChunk(root, ref, &buf, &stored));
         ++report.chunks;
         report.raw_bytes += static_cast<int64_t>(buf.size());
       }
@@ -624,6 +734,7 @@ Result<VerifyReport> VerifyCheckpoint(const std::string& path) {
       }
     }
   }
+  report.stored_bytes = stored.bytes;
   return report;
 }
 
@@ -724,6 +835,12 @@ Status RestoreTensors(const std::string& path, std::span<StateTensor> tensors) {
 // ---------------------------------------------------------------------------------------------
 // Retention.
 
+void AddChunkFiles(const ChunkRef& ref, std::set<std::string>* files) {
+  for (const ChunkRef* r = &ref; r != nullptr; r = r->base.empty() ? nullptr : &r->base.front()) {
+    files->insert(r->file);
+  }
+}
+
 Status PruneCheckpoints(const std::string& dir, int keep) {
   KC_ASSIGN_OR_RETURN(std::vector<CheckpointEntry> committed, ListCheckpoints(dir));
   if (committed.empty()) return OkStatus();
@@ -740,7 +857,7 @@ Status PruneCheckpoints(const std::string& dir, int keep) {
       if (!ranks.ok()) continue;
       for (const RankIndex& rank : *ranks) {
         for (const PieceIndex& piece : rank.pieces) {
-          for (const ChunkRef& ref : piece.chunks) referenced.insert(ref.file);
+          for (const ChunkRef& ref : piece.chunks) AddChunkFiles(ref, &referenced);
         }
       }
       continue;

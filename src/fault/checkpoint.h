@@ -1,16 +1,19 @@
 // Checkpoints: every rank saves the parts of the training state it owns, in content-addressed
 // chunks, and rank 0 commits a manifest last. Sharded (each rank writes its own), incremental
 // (a chunk whose hash the rank wrote in its previous checkpoint is referenced, not written
-// again), checksummed (XXH3-128 of every chunk, and of every rank's index in the manifest),
-// optionally compressed (zstd), atomic (temporary name, fsync, rename; the manifest last),
-// asynchronous (a copy to memory at the step boundary, persisted by a background thread), and
-// plan-independent: a tensor is saved as pieces of the whole tensor, so a checkpoint loads into
-// any plan of the same model (another d, t or p).
+// again, and a changed one is stored as a delta against its previous content: fault/chunk_delta.h,
+// with a full save every CheckpointOptions::full_every saves to bound the chain), checksummed
+// (XXH3-128 of every chunk, and of every rank's index in the manifest), optionally compressed
+// (zstd), atomic (temporary name, fsync, rename; the manifest last), asynchronous (a copy to memory
+// at the step boundary, persisted by a background thread), and plan-independent: a tensor is saved
+// as pieces of the whole tensor, so a checkpoint loads into any plan of the same model (another d,
+// t or p).
 //
 // On disk (docs/operations/checkpoints.md):
 //   DIR/step-00000120/MANIFEST.json   the commit: step, data position, plan, model, rank files
 //   DIR/step-00000120/rank-00003.json rank 3's pieces: tensor, kind, shard, chunk references
-//   DIR/step-00000120/chunks/HASH.bin the chunks this checkpoint wrote (.zst: compressed)
+//   DIR/step-00000120/chunks/HASH.bin the chunks this checkpoint wrote (.zst: compressed,
+//                                     .xor.zst: a delta against the chunk its reference names)
 // A later checkpoint's rank files may reference chunks in an earlier one's directory; retention
 // removes a directory's chunks once no kept checkpoint references them.
 #pragma once
@@ -20,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <span>
 #include <string>
 #include <thread>
@@ -41,6 +45,11 @@ struct CheckpointOptions {
   int keep = 3;                   // committed checkpoints kept (the newest); at least 1
   bool compress = false;          // zstd (level 1) the chunks
   int64_t chunk_bytes = 4 << 20;  // content is cut into chunks of this size
+  // Every full_every-th save of a writer (its first included) stores whole chunks; the saves
+  // between store each changed chunk as a delta against the previous save's, so restoring one
+  // reads at most full_every - 1 bases. 1: every save full. A writer keeps its previous save in
+  // memory for this (twice the snapshot's memory).
+  int full_every = 8;
   // Drills (kc train --inject-fault ...:kill-in-persist): called on the persist thread as it
   // starts persisting the checkpoint of `step`.
   std::function<void(int64_t step)> on_persist;
@@ -63,6 +72,20 @@ struct Ownership {
   bool zero = false;
 };
 
+// One chunk of a piece: its file (STEP-DIR/chunks/HASH.bin, .zst or .xor.zst, under the
+// checkpoint directory), its content hash, its size once decoded; a delta (.xor.zst) also names
+// its base, the chunk it was encoded against (itself a delta or not).
+struct ChunkRef {
+  std::string file;
+  std::string hash;
+  int64_t bytes = 0;           // a multiple of 4, at most kMaxChunkBytes
+  std::vector<ChunkRef> base;  // one for a delta, else none
+};
+inline constexpr int64_t kMaxChunkBytes = int64_t{1} << 28;
+inline constexpr int kMaxDeltaChain = 64;  // bases a chunk reference may nest
+// Adds the files `ref` needs to `files`: its own and its bases'.
+void AddChunkFiles(const ChunkRef& ref, std::set<std::string>* files);
+
 struct SaveStats {
   int64_t step = 0;
   double stall_s = 0;     // the step's wait: the previous persist, then the copy
@@ -70,6 +93,7 @@ struct SaveStats {
   int64_t raw_bytes = 0;  // content of this rank's pieces
   int64_t chunks_written = 0;
   int64_t chunks_reused = 0;  // unchanged since this rank's previous checkpoint
+  int64_t chunks_delta = 0;   // of chunks_written, stored as deltas against the previous save
   int64_t bytes_written = 0;  // chunk bytes on disk, written now
 };
 
@@ -109,6 +133,9 @@ class CheckpointWriter {
   // Lists this rank's pieces of `tensors` into pieces_; returns their values.
   size_t ListPieces(std::span<const parallel::StateTensor> tensors, const Ownership& owner);
   Status Persist();
+  // The references the previous save wrote for piece `piece` of this one, or null when that
+  // save had other pieces.
+  const std::vector<ChunkRef>* BaseRefs(size_t piece) const;
 
   const CheckpointOptions options_;
   const int rank_;
@@ -117,7 +144,12 @@ class CheckpointWriter {
   std::vector<Piece> pieces_;  // this snapshot's, their content in snapshot_
   std::vector<float> snapshot_;
   CheckpointInfo info_;
-  std::vector<std::pair<std::string, std::string>> previous_;  // hash -> file, last checkpoint
+  // The last persisted save: its content (the base of this save's deltas), its pieces, the
+  // references it wrote for each piece, and how many delta saves since a full one it was.
+  std::vector<float> base_;
+  std::vector<Piece> base_pieces_;
+  std::vector<std::vector<ChunkRef>> base_refs_;
+  int base_depth_ = 0;
   std::thread persist_;
   std::atomic<bool> abandoned_{false};
   std::atomic<bool> persisting_{false};
@@ -138,15 +170,6 @@ Result<std::vector<CheckpointEntry>> ListCheckpoints(const std::string& dir);
 // JSON, lacks a key, has one of the wrong type or out of range, or names a file outside its
 // checkpoint directory is kDataLoss as "FILE: key.path: what was expected" (a file written by
 // someone else is data, never trusted to be what the writer made).
-
-// One chunk of a piece: its file (STEP-DIR/chunks/HASH.bin or .zst, under the checkpoint
-// directory), its content hash, its size once decompressed.
-struct ChunkRef {
-  std::string file;
-  std::string hash;
-  int64_t bytes = 0;  // a multiple of 4, at most kMaxChunkBytes
-};
-inline constexpr int64_t kMaxChunkBytes = int64_t{1} << 28;
 
 // A piece of a tensor one rank saved: `count` values at `offset` of tensor-parallel shard
 // `tp_rank` of `tp_size`.

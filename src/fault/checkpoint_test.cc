@@ -230,8 +230,8 @@ TEST(CheckpointTest, ACorruptNewestCheckpointFallsBackToThePreviousOne) {
 
 TEST(CheckpointTest, RetentionKeepsTheNewestAndTheChunksTheyNeed) {
   TempDir dir("kc_ckpt");
-  auto w = CheckpointWriter::Create({.dir = dir.Path("ckpt"), .keep = 2, .chunk_bytes = 4096}, 0, 1,
-                                    nullptr);
+  auto w = CheckpointWriter::Create(
+      {.dir = dir.Path("ckpt"), .keep = 2, .chunk_bytes = 4096, .full_every = 1}, 0, 1, nullptr);
   ASSERT_TRUE(w.ok());
   FakeRank r = MakeRank(0, 1, 0, 1, 0.0f);
   for (int64_t step = 1; step <= 5; ++step) {
@@ -249,6 +249,116 @@ TEST(CheckpointTest, RetentionKeepsTheNewestAndTheChunksTheyNeed) {
   EXPECT_FALSE(fs::exists(dir.Path("ckpt/step-00000002")));
   EXPECT_FALSE(fs::exists(dir.Path("ckpt/step-00000003")));
   for (const CheckpointEntry& e : *list) EXPECT_TRUE(VerifyCheckpoint(e.path).ok()) << e.path;
+}
+
+// Training's small updates to every value, as between two saves: each value moves by a
+// fraction of itself.
+void Nudge(FakeRank& r, float by) {
+  for (auto* kind : {&r.values, &r.m, &r.v}) {
+    for (std::vector<float>& t : *kind) {
+      for (size_t i = 0; i < t.size(); ++i) t[i] *= 1.0f + by * static_cast<float>(i % 7 + 1);
+    }
+  }
+}
+
+// Every value changes between saves, so no chunk is reused: the saves between full ones store
+// deltas, smaller than whole chunks, and every checkpoint restores bit-exactly.
+TEST(CheckpointTest, SavesBetweenFullOnesStoreDeltasAndRestoreBitExactly) {
+  for (bool compress : {false, true}) {
+    TempDir dir("kc_ckpt");
+    auto w = CheckpointWriter::Create({.dir = dir.Path("ckpt"),
+                                       .keep = 10,
+                                       .compress = compress,
+                                       .chunk_bytes = 4096,
+                                       .full_every = 3},
+                                      0, 1, nullptr);
+    ASSERT_TRUE(w.ok());
+    FakeRank r = MakeRank(0, 1, 0, 1, 0.5f);
+    std::vector<FakeRank> saved;
+    std::vector<SaveStats> stats;
+    for (int64_t step = 1; step <= 5; ++step) {
+      if (step > 1) Nudge(r, 1e-4f);
+      ASSERT_TRUE(SaveOne(**w, r, step).ok());
+      stats.push_back((*w)->last_stats());
+      saved.push_back(r);
+    }
+    for (size_t i = 0; i < stats.size(); ++i) {
+      const bool full = i % 3 == 0;  // saves 1 and 4
+      EXPECT_EQ(stats[i].chunks_reused, 0) << i;
+      if (full) {
+        EXPECT_EQ(stats[i].chunks_delta, 0) << i;
+      } else {
+        // Every chunk but the few so small that zstd's frame outweighs them.
+        EXPECT_GE(stats[i].chunks_delta, stats[i].chunks_written * 2 / 3) << i;
+        EXPECT_LT(stats[i].bytes_written, stats[0].bytes_written) << i;
+      }
+    }
+    for (int64_t step = 1; step <= 5; ++step) {
+      const std::string path = dir.Path("ckpt/step-0000000" + std::to_string(step));
+      ASSERT_TRUE(VerifyCheckpoint(path).ok()) << path;
+      FakeRank got = MakeRank(0, 1, 0, 1, 7.0f);
+      ASSERT_TRUE(RestoreTensors(path, got.tensors).ok()) << path;
+      ExpectEqualState(got, saved[static_cast<size_t>(step - 1)]);
+    }
+  }
+}
+
+// A delta whose base is damaged does not decode: the checkpoints resting on it are skipped,
+// each naming the base, and the newest one that does not rest on it is used.
+TEST(CheckpointTest, ACheckpointOnADamagedBaseIsSkipped) {
+  TempDir dir("kc_ckpt");
+  auto w = CheckpointWriter::Create({.dir = dir.Path("ckpt"), .keep = 10, .chunk_bytes = 4096}, 0,
+                                    1, nullptr);
+  ASSERT_TRUE(w.ok());
+  FakeRank r = MakeRank(0, 1, 0, 1, 0.5f);
+  std::vector<FakeRank> saved;
+  for (int64_t step = 1; step <= 3; ++step) {
+    if (step > 1) Nudge(r, 1e-4f);
+    ASSERT_TRUE(SaveOne(**w, r, step).ok());
+    saved.push_back(r);
+  }
+  // Step 2's chunks are deltas on step 1's and the base of step 3's.
+  fs::path chunk;
+  for (const fs::directory_entry& e :
+       fs::directory_iterator(dir.Path("ckpt/step-00000002/chunks"))) {
+    if (e.path().string().ends_with(".xor.zst")) chunk = e.path();
+  }
+  ASSERT_FALSE(chunk.empty());
+  std::ofstream(chunk, std::ios::binary | std::ios::trunc) << "not the delta it was";
+  std::vector<std::string> skipped;
+  auto good = LatestGoodCheckpoint(dir.Path("ckpt"), &skipped);
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_EQ(good->step, 1);
+  ASSERT_EQ(skipped.size(), 2u);
+  EXPECT_THAT(skipped[0], HasSubstr("step-00000003"));
+  EXPECT_THAT(skipped[0], HasSubstr("its base: chunk step-00000002/chunks/"));
+  EXPECT_THAT(skipped[1], HasSubstr("step-00000002"));
+  FakeRank got = MakeRank(0, 1, 0, 1, 7.0f);
+  ASSERT_TRUE(RestoreTensors(good->path, got.tensors).ok());
+  ExpectEqualState(got, saved[0]);
+}
+
+// Retention keeps the bases the kept checkpoints' deltas rest on, in the directories of
+// checkpoints no longer kept, and removes what nothing rests on.
+TEST(CheckpointTest, RetentionKeepsTheBasesOfKeptDeltas) {
+  TempDir dir("kc_ckpt");
+  auto w = CheckpointWriter::Create(
+      {.dir = dir.Path("ckpt"), .keep = 1, .chunk_bytes = 4096, .full_every = 3}, 0, 1, nullptr);
+  ASSERT_TRUE(w.ok());
+  FakeRank r = MakeRank(0, 1, 0, 1, 0.5f);
+  for (int64_t step = 1; step <= 5; ++step) {
+    if (step > 1) Nudge(r, 1e-4f);
+    ASSERT_TRUE(SaveOne(**w, r, step).ok());
+  }
+  // Step 5 is a delta on 4, a full save: 1 to 3 hold nothing step 5 needs.
+  for (const char* gone : {"step-00000001", "step-00000002", "step-00000003"}) {
+    EXPECT_FALSE(fs::exists(dir.Path("ckpt") + "/" + gone)) << gone;
+  }
+  EXPECT_TRUE(fs::exists(dir.Path("ckpt/step-00000004/chunks")));
+  EXPECT_FALSE(fs::exists(dir.Path("ckpt/step-00000004/MANIFEST.json")));
+  FakeRank got = MakeRank(0, 1, 0, 1, 7.0f);
+  ASSERT_TRUE(RestoreTensors(dir.Path("ckpt/step-00000005"), got.tensors).ok());
+  ExpectEqualState(got, r);
 }
 
 // Saved by 2 tensor-parallel ranks x 2 ZeRO-1 replicas (4 writers, one manifest), loaded into
@@ -346,7 +456,9 @@ TEST(CheckpointTest, MalformedManifestsAndRankFilesAreRefusedNamingFileAndKey) {
            {rank_with(R"("bytes":16)", R"("bytes":18)"), "a multiple of 4"},
            {rank_with(R"("bytes":16)", R"("bytes":"16")"), "chunks[0].bytes"},
            {rank_with(R"("step-00000001/chunks/)", R"("../../../etc/)"),
-            "chunks[0].file: expected STEP-DIR/chunks/HASH.bin or .zst"},
+            "chunks[0].file: expected STEP-DIR/chunks/HASH.bin, .zst or .xor.zst"},
+           {rank_with(R"(.bin",)", R"(.bin","base":{}, )"), "chunks[0].base: only a delta"},
+           {rank_with(R"(.bin",)", R"(.xor.zst",)"), "chunks[0].base: missing (the file is a"},
            {rank_with(R"("tp_rank":0)", R"("tp_rank":3)"), "pieces[0].tp_rank"},
            {rank_with(R"("count":4)", R"("count":-1)"), "pieces[0].count"},
            {rank_with(R"("offset":0)", R"("offset":-8)"), "pieces[0].offset"},

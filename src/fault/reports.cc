@@ -25,7 +25,8 @@ CheckpointReport ToCheckpointReport(const SaveStats& c) {
           .raw_bytes = c.raw_bytes,
           .bytes_written = c.bytes_written,
           .chunks_written = c.chunks_written,
-          .chunks_reused = c.chunks_reused};
+          .chunks_reused = c.chunks_reused,
+          .chunks_delta = c.chunks_delta};
 }
 
 namespace {
@@ -69,7 +70,8 @@ struct Encoder {
             {"raw_bytes", r.raw_bytes},
             {"bytes_written", r.bytes_written},
             {"chunks_written", r.chunks_written},
-            {"chunks_reused", r.chunks_reused}};
+            {"chunks_reused", r.chunks_reused},
+            {"chunks_delta", r.chunks_delta}};
   }
   Json operator()(const IntervalReport& r) const {
     return {{"type", "checkpoint_interval"},
@@ -140,7 +142,9 @@ Result<Report> Decode(const Json& j) {  // nlohmann's accessors throw Json::exce
                             .raw_bytes = j.at("raw_bytes").get<int64_t>(),
                             .bytes_written = j.at("bytes_written").get<int64_t>(),
                             .chunks_written = j.at("chunks_written").get<int64_t>(),
-                            .chunks_reused = j.at("chunks_reused").get<int64_t>()};
+                            .chunks_reused = j.at("chunks_reused").get<int64_t>(),
+                            // Absent in the metrics of runs before delta chunks.
+                            .chunks_delta = j.value("chunks_delta", int64_t{0})};
   }
   if (type == "checkpoint_interval") {
     return IntervalReport{.step = j.at("step").get<int64_t>(),

@@ -66,6 +66,7 @@ struct CheckpointReport {
   int64_t bytes_written = 0;
   int64_t chunks_written = 0;
   int64_t chunks_reused = 0;
+  int64_t chunks_delta = 0;  // of chunks_written, deltas against the previous save
 };
 CheckpointReport ToCheckpointReport(const SaveStats& stats);
 
