@@ -220,6 +220,14 @@ struct Agent::Impl {
   double check_period_s KC_GUARDED_BY(mu) = 1;
   bool registered KC_GUARDED_BY(mu) = false;
   int failures KC_GUARDED_BY(mu) = 0;  // heartbeats failed in a row
+  // The lease (kcd's lost_after_s): past it without a registration or heartbeat kcd answered,
+  // counted from when that call was made, the agent stops its runs (fencing) before kcd,
+  // which waits the lease plus our stop grace from when it heard the call, starts them
+  // elsewhere. 0 before the first registration.
+  double lease_s KC_GUARDED_BY(mu) = 0;
+  std::chrono::steady_clock::time_point last_contact KC_GUARDED_BY(mu);
+  bool fenced KC_GUARDED_BY(mu) = false;  // since the lease ran out, until kcd answers again
+  std::thread fence_thread;
 
   Status Connect() KC_REQUIRES(mu) {
     KC_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel, ConnectToKcd(o.kcd));
@@ -232,6 +240,7 @@ struct Agent::Impl {
     kc::v1::RegisterAgentRequest req;
     req.set_host(o.host);
     req.set_devices(o.devices);
+    req.set_stop_grace_s(o.stop_grace_s);
     // Every run kcd has not heard the end of, ended ones too: left out, kcd would take one
     // for lost with a previous agent and queue it again before its end is reported.
     for (auto& [id, j] : jobs) {
@@ -255,12 +264,15 @@ struct Agent::Impl {
     grpc::ClientContext ctx;
     PrepareCall(o.kcd, &ctx, std::chrono::seconds(10));
     const std::shared_ptr<kc::v1::AgentService::Stub> stub = agents;
+    const auto called_at = std::chrono::steady_clock::now();
     mu.Unlock();
     const grpc::Status called = stub->Register(&ctx, req, &resp);
     mu.Lock();
     KC_RETURN_IF_ERROR(FromGrpc(called));
     heartbeat_period_s = resp.heartbeat_period_s() > 0 ? resp.heartbeat_period_s() : 1;
     check_period_s = resp.check_period_s() > 0 ? resp.check_period_s() : 1;
+    lease_s = resp.lost_after_s() > 0 ? resp.lost_after_s() : 0;
+    Contact(called_at);
     registered = true;
     KC_LOG(INFO) << "agent: registered host " << o.host << " with " << o.devices << " devices";
     return OkStatus();
@@ -579,7 +591,7 @@ struct Agent::Impl {
     read_reports();  // what it wrote last (its summary)
     ForgetProcess(j.order.job());
     j.ended = true;
-    if (j.end_state == Report::STATE_REVOKED) return;
+    if (j.end_state == Report::STATE_REVOKED || j.end_state == Report::STATE_FENCED) return;
     j.end_state = Report::STATE_EXITED;
     j.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     j.end_reason =
@@ -674,6 +686,56 @@ struct Agent::Impl {
                                std::as_bytes(std::span<const char>(text.data(), text.size())));
   }
 
+  // kcd answered a call made at `at`: the lease runs from there.
+  void Contact(std::chrono::steady_clock::time_point at) KC_REQUIRES(mu) {
+    last_contact = std::max(last_contact, at);
+    if (fenced) KC_LOG(INFO) << "agent: kcd answers again: runs start here again";
+    fenced = false;
+  }
+
+  // Fencing: once kcd has not answered for the lease, every run here stops (SIGTERM: a
+  // checkpoint, then the exit; SIGKILL after the stop grace), and orders not started yet are
+  // dropped, so that nothing still runs here when kcd, its lease and our grace later, starts
+  // the jobs elsewhere.
+  void Fence() KC_REQUIRES(mu) {
+    if (lease_s <= 0 || fenced) return;
+    const double silent =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - last_contact).count();
+    if (silent <= lease_s) return;
+    fenced = true;
+    const std::string reason =
+        fmt::format("no answer from kcd for {:.1f} s, past the {:.0f} s lease", silent, lease_s);
+    KC_LOG(WARNING) << "agent: " << reason << ": stopping every run on " << o.host;
+    for (auto& [id, j] : jobs) {
+      if (j.ended || j.stopping) continue;
+      j.end_state = Report::STATE_FENCED;
+      j.end_reason = reason;
+      StopJob(j, reason);
+    }
+    std::vector<kc::v1::StartOrder> unstarted(to_start.begin(), to_start.end());
+    for (const auto& [id, start] : deferred) unstarted.push_back(start);
+    deferred.clear();
+    to_start.clear();
+    for (const kc::v1::StartOrder& start : unstarted) {
+      kc::v1::StopOrder stop;
+      stop.set_job(start.job());
+      stop.set_run(start.run());
+      stop.set_reason(reason);
+      NeverStarted(stop);
+    }
+    for (const auto& [id, run] : launching) stop_after_launch[id] = reason;
+  }
+
+  void FenceLoop() {
+    MutexLock lock(&mu);
+    while (!stopped) {
+      Fence();
+      const auto until = After(0.1);
+      while (!stopped && wake.WaitUntil(&mu, until)) {
+      }
+    }
+  }
+
   void StopJob(Job& j, const std::string& reason) KC_REQUIRES(mu) {
     KC_LOG(INFO) << "agent: job " << j.order.job() << ": stopping: " << reason;
     j.stopping = true;
@@ -722,6 +784,7 @@ struct Agent::Impl {
     grpc::ClientContext ctx;
     PrepareCall(o.kcd, &ctx, std::chrono::seconds(10));
     const std::shared_ptr<kc::v1::AgentService::Stub> stub = agents;
+    const auto called_at = std::chrono::steady_clock::now();
     mu.Unlock();
     const grpc::Status s = stub->Heartbeat(&ctx, req, &resp);
     mu.Lock();
@@ -734,6 +797,7 @@ struct Agent::Impl {
       return;
     }
     failures = 0;
+    Contact(called_at);
     // Delivered: forget the log and faults sent (the worker thread only appends meanwhile) and
     // the jobs whose end kcd now knows (only this thread removes jobs).
     never_started.erase(never_started.begin(),
@@ -883,6 +947,7 @@ Agent::~Agent() {
     impl_->wake.SignalAll();
   }
   if (impl_->beat_thread.joinable()) impl_->beat_thread.join();
+  if (impl_->fence_thread.joinable()) impl_->fence_thread.join();
   if (impl_->worker_thread.joinable()) impl_->worker_thread.join();
 }
 
@@ -926,6 +991,7 @@ Result<std::unique_ptr<Agent>> Agent::Start(AgentOptions o) {
   }
   impl->worker_thread = std::thread([p = impl.get()] { p->WorkLoop(); });
   impl->beat_thread = std::thread([p = impl.get()] { p->BeatLoop(); });
+  impl->fence_thread = std::thread([p = impl.get()] { p->FenceLoop(); });
   return std::unique_ptr<Agent>(new Agent(std::move(impl)));
 }
 

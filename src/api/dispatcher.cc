@@ -67,6 +67,8 @@ constexpr int kTrainBadInput = 2;
 // The longest a run token may live however long the job may run: when it expires, the job's
 // next execution-time check stops it (with a checkpoint), and a resume mints another.
 constexpr double kMaxRunTokenS = 90 * 86400.0;
+// The most an agent's stop grace delays the requeue of its runs when it falls silent.
+constexpr double kMaxAgentStopGraceS = 600;
 
 // A job's ranks on one host.
 struct Run {
@@ -94,6 +96,7 @@ struct Run {
 struct Agent {
   bool registered = false;
   double last_seen_s = 0;
+  double stop_grace_s = 0;  // the agent's: how long its runs take to stop once it fences them
   std::vector<kc::v1::StartOrder> starts;
   std::vector<kc::v1::StopOrder> stops;
   std::vector<kc::v1::ResizeOrder> resizes;
@@ -1008,7 +1011,8 @@ struct Dispatcher::Impl {
     RefreshConfig(now);
     // Agents silent too long: their runs are lost; the jobs go back to the queue.
     for (auto& [host, a] : agents) {
-      if (now - a.last_seen_s <= o.lost_after_s) continue;
+      // Its lease ran out at lost_after_s: it has stopped its runs by the end of its grace.
+      if (now - a.last_seen_s <= o.lost_after_s + a.stop_grace_s) continue;
       std::vector<int64_t> lost;
       for (const auto& [job, run] : runs) {
         if (run.host == host) lost.push_back(job);
@@ -1019,7 +1023,9 @@ struct Dispatcher::Impl {
       a.stops.clear();
       a.resizes.clear();
       Audit("kcd", "agent.lost", "host/" + host, "ok",
-            fmt::format("no heartbeat for {:.0f} s", now - a.last_seen_s));
+            fmt::format("no heartbeat for {:.0f} s (lease {:.0f} s, then {:.0f} s for its runs "
+                        "to stop)",
+                        now - a.last_seen_s, o.lost_after_s, a.stop_grace_s));
       for (int64_t job : lost) {
         Requeue(job, fmt::format("host {} lost; resumes from its last checkpoint", host), now);
       }
@@ -1306,6 +1312,10 @@ Result<kc::v1::RegisterAgentResponse> Dispatcher::Register(
   const bool again = a.registered;
   a.registered = true;
   a.last_seen_s = WallSeconds();
+  // Bounded: an agent cannot keep its host's runs from being requeued for long.
+  a.stop_grace_s = std::isfinite(req.stop_grace_s())
+                       ? std::clamp(req.stop_grace_s(), 0.0, kMaxAgentStopGraceS)
+                       : 0.0;
   a.starts.clear();
   a.stops.clear();
   a.resizes.clear();
@@ -1434,6 +1444,18 @@ Result<kc::v1::AgentHeartbeatResponse> Dispatcher::Heartbeat(
         }
         break;
       }
+      case kc::v1::AgentJobReport::STATE_FENCED:
+        // Heard before kcd took the agent for lost: the run stopped itself, with a checkpoint.
+        changed = true;
+        if (run.stopping) {
+          m.EndRun(run.job);
+          break;
+        }
+        m.Requeue(run.job,
+                  fmt::format("fenced on {}: {}; resumes from its last checkpoint", req.host(),
+                              r.reason()),
+                  now);
+        break;
       case kc::v1::AgentJobReport::STATE_REVOKED: {
         changed = true;
         m.Audit("kcd", "job.execution_check", where, "denied", r.reason());

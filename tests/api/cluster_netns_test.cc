@@ -17,6 +17,7 @@
 #include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -113,8 +114,8 @@ class ClusterNetnsTest : public ::testing::Test {
     EXPECT_EQ(issue.exit_code, 0) << issue.err;
     return std::make_unique<Daemon>(fmt::format(
         "ip netns exec {} env XDG_CONFIG_HOME={} {} agent --host {} --devices 2 --work {} "
-        "--data-root {} --token-file {}",
-        ns, dir_.Path("config"), KC_BINARY, host, work, data_->path(), token));
+        "--data-root {} --token-file {} --stop-grace {}",
+        ns, dir_.Path("config"), KC_BINARY, host, work, data_->path(), token, kStopGraceS));
   }
 
   // Kills the process groups of every process whose command line names `path` (a host's work
@@ -137,6 +138,18 @@ class ClusterNetnsTest : public ::testing::Test {
       ++n;
     }
     return n;
+  }
+
+  // Whether some process's command line names `path` (a host's work directory).
+  static bool SomeProcessOf(const std::string& path) {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+      std::ifstream in(e.path() / "cmdline");
+      const std::string cmdline((std::istreambuf_iterator<char>(in)),
+                                std::istreambuf_iterator<char>());
+      if (cmdline.find(path + "/") != std::string::npos) return true;
+    }
+    return false;
   }
 
   // Whether a process whose command line names `path` (a host's work directory) blocks
@@ -214,6 +227,41 @@ class ClusterNetnsTest : public ::testing::Test {
     return j["phase"] == "running" && Int(j, "checkpoint_step") >= 100;
   }
 
+  // Two long jobs, one a host (each needs both devices of one); the one on h1 is cancelled
+  // and its processes gone. The id of the one on h2, running with a checkpoint; -1 on failure.
+  int64_t OneJobOnH2() {
+    const int64_t first = Submit("first", 1000000);
+    const int64_t second = Submit("second", 1000000);
+    const nlohmann::json a = Await(first, RunningWithCheckpoint);
+    const nlohmann::json b = Await(second, RunningWithCheckpoint);
+    const bool first_on_h2 = a["host"] == "h2";
+    EXPECT_EQ((first_on_h2 ? b : a)["host"], "h1");
+    const int64_t on_h1 = first_on_h2 ? second : first;
+    if (Kc(fmt::format("job cancel {}", on_h1)).exit_code != 0) return -1;
+    Await(on_h1, [&](const nlohmann::json& j) {
+      return j["phase"] == "cancelled" && !SomeProcessOf(w1_);
+    });
+    return first_on_h2 ? first : second;
+  }
+
+  // The job on h2 was requeued because h2 was lost, runs on h1, and went on from its
+  // checkpoint in the shared directory, not from step 0.
+  void ExpectResumedOnH1AfterH2WasLost(int64_t id) {
+    const nlohmann::json j = Await(
+        id, [](const nlohmann::json& x) { return x["phase"] == "running" && x["host"] == "h1"; });
+    bool requeued = false;
+    for (const nlohmann::json& e : j["history"]) {
+      requeued |= e["phase"] == "queued" &&
+                  e["reason"].get<std::string>().find("host h2 lost") != std::string::npos;
+    }
+    EXPECT_TRUE(requeued) << j.dump();
+    Await(id, [&](const nlohmann::json&) {
+      return Kc(fmt::format("job logs {}", id)).out.find("kc train: resuming from") !=
+             std::string::npos;
+    });
+  }
+
+  static constexpr int kStopGraceS = 5;  // the agents'
   static TempDir* data_;
   // Declared first: the namespaces go last, after every process in them.
   TwoHosts hosts_;
@@ -254,17 +302,8 @@ TEST_F(ClusterNetnsTest, AgentsInTwoNamespacesRunJobsSideBySide) {
 }
 
 TEST_F(ClusterNetnsTest, AJobOnALostHostResumesOnTheOtherHost) {
-  const int64_t first = Submit("first", 1000000);
-  const int64_t second = Submit("second", 1000000);
-  const nlohmann::json a = Await(first, RunningWithCheckpoint);
-  const nlohmann::json b = Await(second, RunningWithCheckpoint);
-  // Keep the job on h2; cancel the other, freeing h1.
-  const bool first_on_h2 = a["host"] == "h2";
-  const int64_t on_h2 = first_on_h2 ? first : second;
-  const int64_t on_h1 = first_on_h2 ? second : first;
-  ASSERT_EQ((first_on_h2 ? b : a)["host"], "h1");
-  ASSERT_EQ(Kc(fmt::format("job cancel {}", on_h1)).exit_code, 0);
-  Await(on_h1, [](const nlohmann::json& j) { return j["phase"] == "cancelled"; });
+  const int64_t on_h2 = OneJobOnH2();
+  ASSERT_GE(on_h2, 0);
 
   // h2's agent dies. Its job's processes keep running in their own session (an agent killed
   // outright does not take them along); a host lost takes them with it, so the test kills
@@ -273,23 +312,57 @@ TEST_F(ClusterNetnsTest, AJobOnALostHostResumesOnTheOtherHost) {
   const int orphans = KillProcessGroupsOf(w2_);
   std::cerr << "killed " << orphans << " process(es) left behind by h2's dead agent\n";
 
-  const nlohmann::json j = Await(
-      on_h2, [](const nlohmann::json& x) { return x["phase"] == "running" && x["host"] == "h1"; });
-  bool requeued = false;
-  for (const nlohmann::json& e : j["history"]) {
-    requeued |= e["phase"] == "queued" &&
-                e["reason"].get<std::string>().find("host h2 lost") != std::string::npos;
-  }
-  EXPECT_TRUE(requeued) << j.dump();
-  // It went on from its checkpoint in the shared directory, not from step 0.
-  Await(on_h2, [&](const nlohmann::json&) {
-    return Kc(fmt::format("job logs {}", on_h2)).out.find("kc train: resuming from") !=
-           std::string::npos;
-  });
+  ExpectResumedOnH1AfterH2WasLost(on_h2);
 
   KcRun cancel = Kc(fmt::format("job cancel {}", on_h2));
   ASSERT_EQ(cancel.exit_code, 0) << cancel.err;
   EXPECT_EQ(Show(on_h2)["phase"], "cancelled");
+  EXPECT_EQ(agent1_->Stop(SIGTERM), 0);
+  EXPECT_EQ(kcd_->Stop(SIGTERM), 0);
+}
+
+// A host cut off (its link down): its agent cannot reach kcd and stops its run within its lease
+// (fencing); kcd starts the job on the other host only after that lease and the agent's stop
+// grace, so the two runs never overlap; the job resumes from the checkpoint the fenced run
+// saved in the shared directory. Back on the network, the host takes jobs again.
+TEST_F(ClusterNetnsTest, ACutHostStopsItsRunBeforeTheJobStartsElsewhereAndComesBack) {
+  const int64_t on_h2 = OneJobOnH2();
+  ASSERT_GE(on_h2, 0);
+
+  ASSERT_EQ(kc::testing::Sh("ip -n " + hosts_.b() + " link set " + hosts_.dev_b() + " down"), 0);
+  const auto cut = std::chrono::steady_clock::now();
+  // Until the job runs on h1: h2's run must be gone before anything of it starts there.
+  std::optional<double> h2_gone_s;
+  bool overlapped = false;
+  const auto deadline = cut + std::chrono::minutes(2);
+  while (std::chrono::steady_clock::now() < deadline) {
+    const bool on_h2_still = SomeProcessOf(w2_);
+    const bool on_h1_now = SomeProcessOf(w1_);
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - cut).count();
+    if (!on_h2_still && !h2_gone_s) h2_gone_s = t;
+    overlapped |= on_h2_still && on_h1_now;
+    if (on_h1_now && h2_gone_s) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(h2_gone_s.has_value()) << "h2's run never stopped";
+  EXPECT_FALSE(overlapped) << "the job ran on both hosts at once";
+  // The lease (kcd's --agent-lost-after 2), a heartbeat period, and the grace at most.
+  EXPECT_LT(*h2_gone_s, 2 + 1 + kStopGraceS) << "h2's run outlived its agent's lease and grace";
+  std::cerr << "h2's run stopped " << *h2_gone_s << " s after the cut\n";
+
+  ExpectResumedOnH1AfterH2WasLost(on_h2);
+
+  // h2 back: with h1 busy, a job needing a whole host runs there.
+  ASSERT_EQ(kc::testing::Sh("ip -n " + hosts_.b() + " link set " + hosts_.dev_b() + " up"), 0);
+  KcRun short_job = Kc("submit " + JobFile("short", 3) + " --wait --json");
+  ASSERT_EQ(short_job.exit_code, 0) << short_job.err << short_job.out;
+  const nlohmann::json done = nlohmann::json::parse(short_job.out);
+  EXPECT_EQ(done["phase"], "succeeded");
+  EXPECT_EQ(done["host"], "h2");
+  EXPECT_EQ(Show(on_h2)["host"], "h1");  // the job runs on, once
+
+  ASSERT_EQ(Kc(fmt::format("job cancel {}", on_h2)).exit_code, 0);
+  EXPECT_EQ(agent2_->Stop(SIGTERM), 0);
   EXPECT_EQ(agent1_->Stop(SIGTERM), 0);
   EXPECT_EQ(kcd_->Stop(SIGTERM), 0);
 }

@@ -127,7 +127,7 @@ class ClusterTest : public ::testing::Test {
     EXPECT_EQ(issue.exit_code, 0) << issue.err;
     auto agent = std::make_unique<Daemon>(
         fmt::format("env XDG_CONFIG_HOME={} {} agent --host h1 --devices 2 --work {} "
-                    "--data-root {} --token-file {}",
+                    "--data-root {} --token-file {} --stop-grace 5",
                     dir_.Path("config"), KC_BINARY, dir_.Path("work"), data_->path(), token));
     EXPECT_THAT(agent->WaitForLine("kc agent:"), HasSubstr("host h1 with 2 devices"));
     return agent;
