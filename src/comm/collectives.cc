@@ -167,11 +167,14 @@ Status RingAllgather(Session& session, Transport& t, std::span<std::byte> data, 
 }
 
 // The ring allreduce (Allreduce's body, after argument checks): ring reduce-scatter then
-// ring all-gather, with every receive of both phases posted before the first send, so that
-// the neighbour's data lands in place as it arrives instead of being buffered by the
-// transport as an early (unexpected) message and copied again. Posting the all-gather's
-// receives early is safe: the final value of a chunk can only arrive after this rank has
-// sent its own contribution to that chunk, so nothing still to be sent is overwritten.
+// ring all-gather, with its receives posted ahead, so that the neighbour's data lands in place
+// as it arrives instead of being buffered by the transport as an early (unexpected) message
+// and copied again: every reduce-scatter receive before the first send, and the all-gather's
+// receive into chunk c as soon as the reduce-scatter's send of chunk c has completed (the
+// same step's), long before the left neighbour can send the final chunk c. A receive is
+// never posted into memory a send still reads: the protocol alone would keep the two apart
+// (the final value of a chunk exists only after the right neighbour has all of this rank's
+// contribution), but through other processes, which neither the transports nor TSan see.
 Status RingAllreduce(Transport& transport, const AllreduceOptions& o) {
   const int n = transport.size();
   if (n == 1 || o.count == 0) return OkStatus();
@@ -194,15 +197,13 @@ Status RingAllreduce(Transport& transport, const AllreduceOptions& o) {
     }
   }
   for (int s = 0; s < n - 1; ++s) {
-    std::span<std::byte> in = chunk(r - s - 1);
-    if (!in.empty()) {
-      KC_ASSIGN_OR_RETURN(recvs[n - 1 + s], session.PostRecv(n - 1 + s, left, in));
-    }
-  }
-  for (int s = 0; s < n - 1; ++s) {
     // Send the partial chunk r-s-1 (reduced in the previous step), fold in chunk r-s-2.
-    if (std::span<std::byte> out = chunk(r - s - 1); !out.empty()) {
+    std::span<std::byte> out = chunk(r - s - 1);
+    if (!out.empty()) {
       KC_RETURN_IF_ERROR(session.SendTo(s, right, out));
+      // Chunk r-s-1 is sent: the all-gather's final chunk r-s-1 may come into it now.
+      KC_RETURN_IF_ERROR(session.WaitSends(s));
+      KC_ASSIGN_OR_RETURN(recvs[n - 1 + s], session.PostRecv(n - 1 + s, left, out));
     }
     KC_RETURN_IF_ERROR(session.Await(s, recvs[s]));
     std::span<std::byte> mine = chunk(r - s - 2);
