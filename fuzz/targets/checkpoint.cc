@@ -7,6 +7,7 @@
 
 #include <array>
 
+#include "fault/chunk_delta.h"
 #include "fuzz/fuzz_support.h"
 
 namespace {
@@ -17,13 +18,17 @@ std::span<const std::byte> Bytes(std::string_view s) {
   return std::as_bytes(std::span<const char>(s.data(), s.size()));
 }
 
-// One chunk of four zero floats, the file a seed's rank file can name.
+// One chunk of four zero floats, the file a seed's rank file can name, and the same chunk as
+// a delta against it (HASH.xor.zst, whose reference names the first as its base).
 const std::string& ChunkFile() {
   static const std::string name = [] {
     const std::string zeros(16, '\0');
-    const std::string file =
-        "step-00000001/chunks/" + kc::fault::ContentHash(Bytes(zeros)) + ".bin";
+    const std::string hash = kc::fault::ContentHash(Bytes(zeros));
+    const std::string file = "step-00000001/chunks/" + hash + ".bin";
     kc::fuzz::WriteScratch("ckpt/" + file, zeros);
+    const kc::Result<std::string> delta = kc::fault::EncodeDelta(Bytes(zeros), Bytes(zeros));
+    if (delta.ok())
+      kc::fuzz::WriteScratch("ckpt/step-00000001/chunks/" + hash + ".xor.zst", *delta);
     return file;
   }();
   return name;
