@@ -165,13 +165,16 @@ constexpr int64_t kMaxRanks = 1 << 20;
 constexpr int64_t kMaxElements = int64_t{1} << 40;
 
 // `text` as a JSON object whose "format" is `format` (`what` names the kind of file).
+// `text` as a JSON object whose "format" is `format`, or `also` where given (an older version
+// read the same).
 Result<Json> ParseJson(std::string_view text, const std::string& file, std::string_view format,
-                       std::string_view what) {
+                       std::string_view what, std::string_view also = {}) {
   Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     return DataLossError(file + ": not a JSON object (truncated or changed)");
   }
-  if (j.value("format", Json()) != format) {
+  const Json f = j.value("format", Json());
+  if (f != format && (also.empty() || f != also)) {
     return DataLossError(fmt::format("{}: not a {} {}", file, format, what));
   }
   return j;
@@ -680,13 +683,7 @@ Result<Manifest> ParseManifest(std::string_view text, const std::string& file) {
 }
 
 Result<RankIndex> ParseRankFile(std::string_view text, const std::string& file) {
-  Result<Json> parsed = ParseJson(text, file, kRankFormat, "file");
-  if (!parsed.ok()) {
-    Result<Json> v1 = ParseJson(text, file, kRankFormatV1, "file");
-    if (!v1.ok()) return parsed.status();
-    parsed = std::move(v1);
-  }
-  const Json& j = *parsed;
+  KC_ASSIGN_OR_RETURN(const Json j, ParseJson(text, file, kRankFormat, "file", kRankFormatV1));
   const JsonFields f(file);
   RankIndex r;
   KC_ASSIGN_OR_RETURN(const int64_t rank, f.Int(j, "rank", "", 0, kMaxRanks - 1));
