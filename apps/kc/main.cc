@@ -4,6 +4,7 @@
 #include <iostream>
 #include <string>
 
+#include "api/client.h"
 #include "apps/kc/admin_commands.h"
 #include "apps/kc/audit_command.h"
 #include "apps/kc/bench_command.h"
@@ -58,6 +59,7 @@ void AddConfigCommand(CLI::App& app, Action* action) {
 }  // namespace kc::app
 
 int main(int argc, char** argv) {
+  kc::api::UseSystemResolver();
   using namespace kc::app;
   CLI::App app{"kc: the Kuangchao distributed training system", "kc"};
   app.require_subcommand(1);

@@ -6,10 +6,12 @@
 #include <cstdio>
 #include <iostream>
 
+#include "api/client.h"
 #include "api/control_plane.h"
 #include "apps/strict_numbers.h"
 
 int main(int argc, char** argv) {
+  kc::api::UseSystemResolver();
   CLI::App app{"kcd: the Kuangchao control-plane daemon", "kcd"};
   kc::api::KcdOptions o;
   app.add_option("--dir", o.dir, "The cluster directory (made by kc init)")->required();

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 
 #include "base/file.h"
@@ -87,5 +88,7 @@ Status FromGrpc(const grpc::Status& s) {
   if (s.ok()) return OkStatus();
   return Status(static_cast<ErrorCode>(s.error_code()), s.error_message());
 }
+
+void UseSystemResolver() { setenv("GRPC_DNS_RESOLVER", "native", /*overwrite=*/0); }
 
 }  // namespace kc::api

@@ -36,6 +36,12 @@ Status SaveSecret(const std::string& path, std::string_view text);
 // a CA.
 Result<std::shared_ptr<grpc::Channel>> ConnectToKcd(const ClientConfig& config);
 
+// Makes gRPC resolve names with the system's resolver (getaddrinfo) rather than c-ares, unless
+// GRPC_DNS_RESOLVER already chooses. Debian's gRPC with c-ares freed resolver state on one of
+// its threads while a call used it (TSan reported it in kc job show, and one kc job show in a
+// full test run died of a double free). Called first in kc's and kcd's main, before any channel.
+void UseSystemResolver();
+
 // Prepares `context` for a call: the bearer token, and a deadline `timeout` from now.
 void PrepareCall(const ClientConfig& config, grpc::ClientContext* context,
                  std::chrono::milliseconds timeout = std::chrono::seconds(30));
