@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "apps/kc/train_hosts.h"
 #include "apps/kc/train_output.h"
 #include "apps/kc/train_resize.h"
 #include "apps/kc/train_setup.h"
@@ -33,6 +34,7 @@
 #include "base/subprocess.h"
 #include "comm/tcp_store.h"
 #include "fault/local_launcher.h"
+#include "fault/remote_launcher.h"
 #include "fault/supervisor.h"
 #include "hal/measure.h"
 
@@ -105,7 +107,18 @@ int RunLauncher(TrainArgs a) {
   }
   plan->predicted_step_s = predicted_step_s;
   const TrainSetup& p = *plan;
-  if (!p.cuda && a.ranks * p.threads > static_cast<int>(p.cpus.size())) {
+  // Across hosts: the hosts given, or nothing (this machine runs every rank).
+  std::vector<fault::RemoteHost> hosts;
+  if (!a.hosts.empty()) {
+    Result<std::vector<fault::RemoteHost>> h = ParseHostsFlag(a.hosts);
+    Status checked = h.ok() ? CheckHostsArgs(a, *h) : h.status();
+    if (!checked.ok()) {
+      std::cerr << "kc train: " << checked.message() << "\n";
+      return kExitBadInput;
+    }
+    hosts = *std::move(h);
+  }
+  if (hosts.empty() && !p.cuda && a.ranks * p.threads > static_cast<int>(p.cpus.size())) {
     std::cerr << fmt::format(
         "kc train: warning: {} ranks x {} thread{} oversubscribe the {} core{} this process may "
         "use; the ranks take turns on them, so throughput and MFU are those of {} shared "
@@ -181,43 +194,76 @@ int RunLauncher(TrainArgs a) {
   signal(SIGPIPE, SIG_IGN);
 
   std::unique_ptr<comm::TcpStoreServer> server;
-  std::unique_ptr<comm::TcpStoreClient> store;  // the supervisor's connection
+  std::unique_ptr<comm::TcpStoreClient> store;        // the supervisor's connection
+  std::unique_ptr<comm::TcpStoreClient> share_store;  // the remote launcher's
   std::string address;
-  if (a.ranks > 1 || p.elastic) {
+  if (a.ranks > 1 || p.elastic || !hosts.empty()) {
+    // On this machine only, or where every host reaches it.
+    std::string bind = "127.0.0.1";
+    int port = 0;
+    if (!hosts.empty()) {
+      if (Status s = ParseListenFlag(a.listen, &bind, &port); !s.ok()) {
+        std::cerr << "kc train: " << s.message() << "\n";
+        return kExitBadInput;
+      }
+    }
     Result<std::unique_ptr<comm::TcpStoreServer>> s =
-        comm::TcpStoreServer::Start({.bind_address = "127.0.0.1", .port = 0});
-    Result<std::unique_ptr<comm::TcpStoreClient>> c =
-        s.ok() ? comm::TcpStoreClient::Connect("127.0.0.1", (*s)->port(),
-                                               Clock::Real()->Now() + std::chrono::seconds(10))
-               : s.status();
-    if (!c.ok()) {
-      std::cerr << "kc train: rendezvous store: " << c.status() << "\n";
-      return kExitFailure;
+        comm::TcpStoreServer::Start({.bind_address = bind, .port = port});
+    auto connect = [&]() -> Result<std::unique_ptr<comm::TcpStoreClient>> {
+      if (!s.ok()) return s.status();
+      return comm::TcpStoreClient::Connect(bind, (*s)->port(),
+                                           Clock::Real()->Now() + std::chrono::seconds(10));
+    };
+    Result<std::unique_ptr<comm::TcpStoreClient>> c = connect();
+    Result<std::unique_ptr<comm::TcpStoreClient>> c2 =
+        hosts.empty() ? Result<std::unique_ptr<comm::TcpStoreClient>>(nullptr) : connect();
+    if (!c.ok() || !c2.ok()) {
+      std::cerr << "kc train: rendezvous store" << (hosts.empty() ? "" : " (--listen)") << ": "
+                << (c.ok() ? c2.status() : c.status()) << "\n";
+      return hosts.empty() ? kExitFailure : kExitBadInput;
     }
     server = *std::move(s);
     store = *std::move(c);
-    address = fmt::format("127.0.0.1:{}", server->port());
+    share_store = *std::move(c2);
+    address = fmt::format("{}:{}", bind.find(':') == std::string::npos ? bind : "[" + bind + "]",
+                          server->port());
   }
   const std::string group = fmt::format("kc-train-{}", getpid());
-  Result<std::unique_ptr<fault::LocalLauncher>> launcher =
-      fault::LocalLauncher::Create({.command = [&](const fault::RankLaunch& r) {
-        SubprocessOptions o{.path = "/proc/self/exe",
-                            .argv = WorkerArgv(a, p, r.worker, address, group),
-                            .env = {{"OPENBLAS_NUM_THREADS", std::to_string(p.blas_threads)},
-                                    {"OMP_NUM_THREADS", "1"}},
-                            // Started from this (the main) thread: a launcher killed with
-                            // SIGKILL takes its workers with it.
-                            .die_with_parent = true};
-        if (r.join) o.argv.push_back("--elastic-join");
-        // Pinned to its cores when they fit (a replacement to those its id would have had).
-        for (int i = 0; i < p.threads && p.pin; ++i) {
-          o.cpus.push_back(p.cpus[static_cast<size_t>(r.worker * p.threads + i) % p.cpus.size()]);
-        }
-        return o;
-      }});
-  if (!launcher.ok()) {
-    std::cerr << "kc train: " << launcher.status() << "\n";
-    return kExitFailure;
+  std::unique_ptr<fault::ProcessLauncher> launcher;
+  std::unique_ptr<comm::Store> share_view;
+  fault::RemoteLauncher* remote = nullptr;
+  if (hosts.empty()) {
+    Result<std::unique_ptr<fault::LocalLauncher>> local =
+        fault::LocalLauncher::Create({.command = [&](const fault::RankLaunch& r) {
+          return WorkerCommand(a, p, r, address, group);
+        }});
+    if (!local.ok()) {
+      std::cerr << "kc train: " << local.status() << "\n";
+      return kExitFailure;
+    }
+    launcher = *std::move(local);
+  } else {
+    share_view = comm::WithPrefix(share_store.get(), kSharePrefix);
+    Result<std::unique_ptr<fault::RemoteLauncher>> r =
+        fault::RemoteLauncher::Create({.store = share_view.get(),
+                                       .hosts = hosts,
+                                       .share_timeout = std::chrono::duration_cast<Duration>(
+                                           std::chrono::duration<double>(a.host_timeout_s))});
+    Status published = r.ok() ? PublishRun(*store, a, p, group, hosts) : r.status();
+    if (!published.ok()) {
+      std::cerr << "kc train: " << published << "\n";
+      return kExitFailure;
+    }
+    remote = r->get();
+    launcher = *std::move(r);
+    std::vector<std::string> where;
+    for (const fault::RemoteHost& h : hosts) {
+      where.push_back(fmt::format("{} ({} rank{})", h.name, h.slots, h.slots == 1 ? "" : "s"));
+    }
+    std::cerr << fmt::format(
+        "kc train: rendezvous at {} for hosts {}: on each host, run this command with --share "
+        "HOST --rendezvous {} in place of --hosts and --listen\n",
+        address, fmt::join(where, ", "), address);
   }
   const std::string mode =
       a.progress == "auto" ? (isatty(STDERR_FILENO) == 1 ? "bar" : "lines") : a.progress;
@@ -235,7 +281,7 @@ int RunLauncher(TrainArgs a) {
                                                .timeout = fault::Seconds(a.heartbeat_timeout_s),
                                                .first_beat = fault::Seconds(a.timeout_s)},
                                  .store = store.get(),
-                                 .launcher = launcher->get(),
+                                 .launcher = launcher.get(),
                                  .observer = &view});
   if (!supervisor.ok()) {
     std::cerr << "kc train: " << supervisor.status() << "\n";
@@ -265,7 +311,8 @@ int RunLauncher(TrainArgs a) {
   }
   const fault::RunOutcome& outcome = *ran;
   progress.Finish();
-  launcher->reset();
+  if (remote != nullptr) remote->Finish();  // every host's share ends
+  launcher.reset();
   store.reset();
   if (server != nullptr) server->Stop();
 
@@ -331,6 +378,7 @@ int RunTrain(TrainArgs a) {
     std::cerr << "kc train: " << s.message() << "\n";
     return kExitBadInput;
   }
+  if (!a.share.empty()) return RunHostShare(a);
   if (a.worker_rank >= 0) {
     Result<TrainSetup> setup = CheckTrainArgs(&a);
     if (!setup.ok()) {
@@ -458,6 +506,22 @@ void AddTrainCommand(CLI::App& app, Action* action) {
                 "scheduler's decisions)");
   c->add_option("--fault-log", a->fault_log,
                 "Fault events, one JSON object a line (default: faults.jsonl beside the metrics)");
+  c->add_option("--hosts", a->hosts,
+                "Run across hosts: HOST:RANKS,... (in placement order); this launcher serves "
+                "the run's store on --listen and each host runs its share (--share)");
+  c->add_option("--listen", a->listen,
+                "With --hosts: ADDR[:PORT] of this machine where the hosts reach the run's store");
+  c->add_option("--share", a->share,
+                "Serve host HOST's ranks of a run across hosts (with the launcher's flags and "
+                "--rendezvous)");
+  c->add_option("--rendezvous", a->rendezvous,
+                "With --share: ADDR:PORT of the launcher's store (what it printed)");
+  c->add_option("--host-timeout", a->host_timeout_s,
+                "With --hosts: seconds a host's share may be silent before its ranks are taken "
+                "for lost (and a share cut off that long kills its ranks)")
+      ->capture_default_str();
+  c->add_option("--worker-host", a->worker_host)->group("");        // internal: the rank's host
+  c->add_option("--bind-address", a->bind_address)->group("");      // internal: its TCP address
   c->add_flag("--elastic-join", a->elastic_join)->group("");        // internal: a replacement
   c->add_option("--worker-rank", a->worker_rank)->group("");        // internal: run as this rank
   c->add_option("--store", a->store)->group("");                    // internal

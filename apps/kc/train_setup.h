@@ -86,8 +86,18 @@ struct TrainArgs {
   std::string run_id;
   std::optional<comm::RateLimit> job_rate_limit;
   comm::LaneOptions job_lanes;
+  // Across hosts (train_hosts.h): the launcher given --hosts ("h1:2,h2:2") serves the run's
+  // store on --listen (ADDR or ADDR:PORT) and supervises ranks that a share on each host starts
+  // (--share HOST --rendezvous ADDR:PORT); a host silent for host_timeout_s is taken for lost.
+  std::string hosts;
+  std::string listen;
+  std::string share;
+  std::string rendezvous;
+  double host_timeout_s = 2;
   // Internal: set by the launcher for its workers.
   bool elastic_join = false;  // a replacement: joins a later generation
+  std::string worker_host;    // the host it runs on (ranks of one host share memory)
+  std::string bind_address;   // what its TCP transport listens on: one other hosts reach
   int worker_rank = -1;
   std::string store;
   std::string group;

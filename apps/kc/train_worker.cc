@@ -202,6 +202,8 @@ int RunTrainWorker(const TrainArgs& a, const TrainSetup& p) {
     };
   }
   o.transport = p.transport;
+  o.host = a.worker_host;
+  if (!a.bind_address.empty()) o.bind_address = a.bind_address;
   // The admin's comm limits: this rank's communicators admit their operations through the
   // job's limit and send by its lanes.
   std::unique_ptr<comm::RateLimiter> limiter;

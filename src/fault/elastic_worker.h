@@ -69,6 +69,11 @@ struct ElasticWorkerOptions {
   // the heartbeat, checkpoints, the generation watch, the stop). Unset for a run of one rank.
   std::function<Result<std::unique_ptr<comm::Store>>()> connect;
   comm::TransportKind transport = comm::TransportKind::kAuto;
+  // The host this rank runs on (ranks of one host share memory; others are reached by TCP),
+  // and the numeric address its TCP transport listens on and publishes: one the other hosts
+  // reach. Empty host: this machine's name.
+  std::string host;
+  std::string bind_address = "127.0.0.1";
   // The job's comm limits (the admin's file): every generation's communicator admits its
   // operations through `rate_limiter` (not owned; null: no limit) and sends by `lanes`.
   comm::RateLimiter* rate_limiter = nullptr;

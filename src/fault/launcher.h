@@ -6,6 +6,8 @@
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "base/status.h"
 #include "fault/reports.h"
@@ -34,6 +36,11 @@ class RankEvents {
   virtual void OnOutput(int worker, std::string line) = 0;  // a line of its diagnostics
   virtual void OnReport(int worker, Report report) = 0;
   virtual void OnExit(int worker, RankExit exit) = 0;
+  // Several ranks ended together (a host lost with its ranks): as OnExit for each, delivered
+  // at once, so that what follows their loss (the next generation) leaves out all of them.
+  virtual void OnExits(std::vector<std::pair<int, RankExit>> exits) {
+    for (auto& [worker, exit] : exits) OnExit(worker, std::move(exit));
+  }
 };
 
 enum class RankSignal {

@@ -77,6 +77,13 @@ class Supervisor::Impl final : public RankEvents {
   void OnExit(int worker, RankExit exit) override {
     Push({.kind = Event::kExit, .worker = worker, .exit = std::move(exit)});
   }
+  void OnExits(std::vector<std::pair<int, RankExit>> exits) override {
+    MutexLock lock(&mu_);
+    for (auto& [worker, exit] : exits) {
+      events_.push_back({.kind = Event::kExit, .worker = worker, .exit = std::move(exit)});
+    }
+    cv_.SignalAll();
+  }
   void RequestStop() { Push({.kind = Event::kStop}); }
   void Resize(int ranks) { Push({.kind = Event::kResize, .worker = ranks}); }
 
@@ -124,7 +131,7 @@ class Supervisor::Impl final : public RankEvents {
   std::vector<int> Alive() const {
     std::vector<int> alive;
     for (const auto& [id, w] : workers_) {
-      if (!w.exited) alive.push_back(id);
+      if (!w.exited && ending_.count(id) == 0) alive.push_back(id);
     }
     return alive;
   }
@@ -209,6 +216,8 @@ class Supervisor::Impl final : public RankEvents {
   std::optional<Recovering> recovering_;
   std::optional<int> resize_to_;  // a Resize not yet carried out
   std::set<int> retiring_;        // killed by a Resize: their ends are no faults
+  std::set<int> ending_;          // their exits are in the batch of events being handled
+  std::set<int> left_out_;        // of those, left out by a generation announced for another
 };
 
 Result<RunOutcome> Supervisor::Impl::Run() {
@@ -240,7 +249,14 @@ Result<RunOutcome> Supervisor::Impl::Run() {
     if (beats_) deadline = std::min(deadline, next_check_);
     if (kill_at_) deadline = std::min(deadline, *kill_at_);
     std::deque<Event> events = Take(deadline);
+    // Ranks that ended together are left out together: the generation that follows the first
+    // of them does not count the others alive.
+    for (const Event& e : events) {
+      if (e.kind == Event::kExit) ending_.insert(e.worker);
+    }
     for (Event& e : events) OnEvent(e);
+    ending_.clear();
+    left_out_.clear();
     const TimePoint now = o_.clock->Now();
     if (beats_ && now >= next_check_) {
       CheckHeartbeats();
@@ -366,9 +382,25 @@ void Supervisor::Impl::OnRankExit(int id, const RankExit& exit) {
   } else {
     e.reason = w.last_output + (exit.killed ? " (" + exit.description + ")" : "");
   }
+  if (elastic_open_ && left_out_.erase(id) != 0) {
+    // It ended together with the worker whose loss formed the generation running, which left
+    // it out already.
+    e.generation = current_.number;
+    e.ranks = static_cast<int>(current_.members.size());
+    e.d = current_.d;
+    Emit(e);
+    if (restarts_left_ > 0) {
+      --restarts_left_;
+      ++pending_spawns_;
+    }
+    return;
+  }
   if (elastic_open_) {
     Result<Generation> next = NextGeneration(current_, o_.shape, Alive(), o_.zero_sharded,
                                              fmt::format("worker {} failed: {}", id, e.reason));
+    for (int other : ending_) {
+      if (other != id && !workers_[other].exited) left_out_.insert(other);
+    }
     if (!next.ok()) {
       Fail(next.status());
     } else if (Announce(*next)) {

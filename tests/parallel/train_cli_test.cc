@@ -414,6 +414,23 @@ TEST_F(KcTrainBadInputTest, UnknownModelKeyNamesFileAndLine) {
   EXPECT_THAT(r.err, HasSubstr("hiden"));
 }
 
+TEST_F(KcTrainBadInputTest, HostsFlagsNameWhatIsWrong) {
+  const std::string ranks = data() + " --ranks 4";
+  for (const auto& [flags, want] : std::vector<std::pair<std::string, std::string>>{
+           {" --hosts h1 --listen 127.0.0.1", "--hosts: \"h1\" is not HOST:RANKS"},
+           {" --hosts h1:2,h2:x --listen 127.0.0.1", "--hosts: \"h2:x\" is not HOST:RANKS"},
+           {" --hosts h1:2,h1:2 --listen 127.0.0.1", "--hosts: host h1 is given twice"},
+           {" --hosts h1:2,h2:1 --listen 127.0.0.1", "--hosts: 3 rank slots for 4 ranks"},
+           {" --hosts h1:2,h2:2", "--hosts needs --listen ADDR[:PORT]"},
+           {" --hosts h1:2,h2:2 --listen 127.0.0.1 --host-timeout 0",
+            "--host-timeout: must be above 0"},
+           {" --share h1", "needs --rendezvous ADDR:PORT"},
+           {" --share h1 --rendezvous nowhere", "--rendezvous: \"nowhere\" is not ADDR:PORT"}}) {
+    KcRun r = Expect2(TheCorpus().model(), ranks + flags);
+    EXPECT_THAT(r.err, HasSubstr(want)) << flags;
+  }
+}
+
 TEST_F(KcTrainBadInputTest, HeadsNotDividingHidden) {
   std::string text = kModel;
   text.replace(text.find("heads: 4"), 8, "heads: 5");

@@ -69,6 +69,13 @@ class Daemon {
   }
   const std::string& output() const { return output_; }
 
+  // Reads the rest of its output (kept in output()) and waits for its end: its exit code, as
+  // Stop(0).
+  int Finish() {
+    WaitForLine(std::string_view("\0", 1));  // no line holds a NUL: reads to the end
+    return Stop(0);
+  }
+
   // Sends `sig`, waits for the child to end, and returns its exit code (-1 when a signal
   // ended it). Idempotent.
   int Stop(int sig = SIGTERM) {

@@ -1,0 +1,182 @@
+// `kc train` across two hosts made of Linux network namespaces joined by a veth pair: the
+// launcher (and the run's store) in namespace a, a share of two ranks in each namespace, TCP
+// between the hosts and shared memory inside each. The losses are those of the same run on one
+// host; a host killed with its ranks (the host of rank 0) leaves the other training on from its
+// own state; a host whose link is cut kills its own ranks while the other trains on. Needs root
+// and iproute2; skips itself otherwise. Every namespace and process it makes, it removes.
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "tests/support/daemon.h"
+#include "tests/support/inventories.h"
+#include "tests/support/kc_run.h"
+#include "tests/support/netns.h"
+#include "tests/support/temp_dir.h"
+
+namespace {
+
+using kc::testing::Daemon;
+using kc::testing::KcRun;
+using kc::testing::Sh;
+using kc::testing::TempDir;
+using kc::testing::TwoHosts;
+using ::testing::HasSubstr;
+
+std::vector<double> Losses(const std::string& metrics) {
+  std::vector<double> losses;
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.value("type", "") == "step") losses.push_back(j["loss"].get<double>());
+  }
+  return losses;
+}
+
+std::vector<nlohmann::json> Faults(const std::string& path) {
+  std::vector<nlohmann::json> faults;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) faults.push_back(nlohmann::json::parse(line));
+  return faults;
+}
+
+class TrainHostsNetnsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    data_ = new TempDir("kc_hosts_data");
+    KcRun r = kc::testing::PrepareMicroData(KC_BINARY, *data_);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+  static void TearDownTestSuite() {
+    delete data_;
+    data_ = nullptr;
+  }
+
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root for network namespaces";
+    if (!hosts_.ok()) GTEST_SKIP() << "cannot create network namespaces and veth here";
+    model_ = dir_.Write("micro.yaml", kc::testing::kMicroModel);
+    port_ = 29600 + getpid() % 300;
+  }
+
+  // The flags every part of the run gives: the same model and training.
+  std::string Flags(int steps, const std::string& extra = "") const {
+    return fmt::format(
+        "{} --ranks 4 --steps {} --data {}/fortunes/manifest.json --eval-every 0 --progress lines "
+        "--checkpoint-dir {} {}",
+        model_, steps, data_->path(), dir_.Path("ckpt"), extra);
+  }
+  // The launcher in namespace a, the hosts in placement order (rank 0 on the first).
+  std::unique_ptr<Daemon> Launcher(const std::string& flags, const std::string& hosts) {
+    return std::make_unique<Daemon>(
+        fmt::format("ip netns exec {} {} train {} --hosts {} --listen {}:{} --out {} 2>&1",
+                    hosts_.a(), KC_BINARY, flags, hosts, hosts_.ip_a(), port_, dir_.Path("out")));
+  }
+  std::unique_ptr<Daemon> Share(const std::string& ns, const std::string& host,
+                                const std::string& flags) {
+    return std::make_unique<Daemon>(
+        fmt::format("ip netns exec {} {} train {} --share {} "
+                    "--rendezvous {}:{} 2>&1",
+                    ns, KC_BINARY, flags, host, hosts_.ip_a(), port_));
+  }
+  // The same training on this machine alone.
+  std::vector<double> OneHostLosses(int steps) {
+    KcRun one = kc::testing::RunKc(
+        KC_BINARY, fmt::format("train {} --ranks 4 --steps {} --data {}/fortunes/manifest.json "
+                               "--eval-every 0 --progress none --out {}",
+                               model_, steps, data_->path(), dir_.Path("one")));
+    EXPECT_EQ(one.exit_code, 0) << one.err;
+    return Losses(dir_.Path("one/metrics.jsonl"));
+  }
+  static void ExpectSameLosses(const std::vector<double>& a, const std::vector<double>& b) {
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-4 * std::abs(b[i])) << i;
+  }
+
+  static TempDir* data_;
+  TempDir dir_{"kc_hosts"};
+  TwoHosts hosts_;
+  std::string model_;
+  int port_ = 0;
+};
+TempDir* TrainHostsNetnsTest::data_ = nullptr;
+
+TEST_F(TrainHostsNetnsTest, TwoHostsGiveTheLossesOfOneHost) {
+  const std::string flags = Flags(30);
+  std::unique_ptr<Daemon> launcher = Launcher(flags, "h1:2,h2:2");
+  ASSERT_THAT(launcher->WaitForLine("rendezvous at"), HasSubstr(hosts_.ip_a()));
+  std::unique_ptr<Daemon> h1 = Share(hosts_.a(), "h1", flags);
+  std::unique_ptr<Daemon> h2 = Share(hosts_.b(), "h2", flags);
+  EXPECT_THAT(h2->WaitForLine("serving"), HasSubstr("this host is " + hosts_.ip_b()));
+  ASSERT_EQ(launcher->Finish(), 0) << launcher->output();
+  EXPECT_EQ(h1->Finish(), 0) << h1->output();
+  EXPECT_EQ(h2->Finish(), 0) << h2->output();
+  EXPECT_THAT(h2->output(), HasSubstr("the run is over"));
+  ExpectSameLosses(Losses(dir_.Path("out/metrics.jsonl")), OneHostLosses(30));
+}
+
+TEST_F(TrainHostsNetnsTest, AShareWithOtherFlagsIsRefusedNamingThem) {
+  std::unique_ptr<Daemon> launcher = Launcher(Flags(30), "h1:2,h2:2");
+  ASSERT_NE(launcher->WaitForLine("rendezvous at"), "");
+  std::unique_ptr<Daemon> h2 = Share(hosts_.b(), "h2", Flags(31));
+  EXPECT_EQ(h2->Finish(), 2) << h2->output();
+  EXPECT_THAT(h2->output(), HasSubstr("steps (the launcher's 30, this host's 31)"));
+  std::unique_ptr<Daemon> h3 = Share(hosts_.b(), "h3", Flags(30));
+  EXPECT_EQ(h3->Finish(), 2) << h3->output();
+  EXPECT_THAT(h3->output(), HasSubstr("the run's hosts are h1, h2"));
+}
+
+// The host of rank 0 (h2, in namespace b) is killed with its ranks mid-run: the launcher takes
+// them for lost once the host is silent, and h1's ranks go on from their own state as the next
+// generation, with the losses of the uninterrupted run.
+TEST_F(TrainHostsNetnsTest, KillingTheHostOfRankZeroLeavesTheOtherTraining) {
+  const std::string flags = Flags(1500, "--min-ranks 2");
+  std::unique_ptr<Daemon> launcher = Launcher(flags + " --host-timeout 1", "h2:2,h1:2");
+  ASSERT_NE(launcher->WaitForLine("rendezvous at"), "");
+  std::unique_ptr<Daemon> h1 = Share(hosts_.a(), "h1", flags);
+  std::unique_ptr<Daemon> h2 = Share(hosts_.b(), "h2", flags);
+  ASSERT_NE(launcher->WaitForLine(" 150/1500"), "") << launcher->output();
+  kill(-h2->pid(), SIGKILL);  // the share and its ranks, as a host that dies
+  h2->Stop(SIGKILL);
+  ASSERT_EQ(launcher->Finish(), 0) << launcher->output();
+  EXPECT_EQ(h1->Finish(), 0) << h1->output();
+  EXPECT_THAT(launcher->output(), HasSubstr("worker 0 failed: host h2"));
+  const std::vector<nlohmann::json> faults = Faults(dir_.Path("out/faults.jsonl"));
+  bool recovered = false;
+  for (const nlohmann::json& f : faults) {
+    if (f["event"] != "recovered") continue;
+    recovered = true;
+    EXPECT_EQ(f["source"], "replica") << f;
+    EXPECT_EQ(f["ranks"], 2) << f;
+  }
+  EXPECT_TRUE(recovered) << launcher->output();
+  ExpectSameLosses(Losses(dir_.Path("out/metrics.jsonl")), OneHostLosses(1500));
+}
+
+// h2's link goes down mid-run: its share, cut off from the store, kills its ranks and ends with
+// an error, while the launcher takes them for lost and h1 trains on to the end.
+TEST_F(TrainHostsNetnsTest, ACutHostKillsItsRanksAndTheOtherTrainsOn) {
+  const std::string flags = Flags(1500, "--min-ranks 2");
+  std::unique_ptr<Daemon> launcher = Launcher(flags + " --host-timeout 1", "h1:2,h2:2");
+  ASSERT_NE(launcher->WaitForLine("rendezvous at"), "");
+  std::unique_ptr<Daemon> h1 = Share(hosts_.a(), "h1", flags);
+  std::unique_ptr<Daemon> h2 = Share(hosts_.b(), "h2", flags);
+  ASSERT_NE(launcher->WaitForLine(" 150/1500"), "") << launcher->output();
+  ASSERT_EQ(Sh("ip -n " + hosts_.b() + " link set " + hosts_.dev_b() + " down"), 0);
+  // The share ends only once its ranks have: none trains on beside the others.
+  EXPECT_EQ(h2->Finish(), 1) << h2->output();
+  EXPECT_THAT(h2->output(), HasSubstr("cut off from the run's store"));
+  ASSERT_EQ(launcher->Finish(), 0) << launcher->output();
+  EXPECT_EQ(h1->Finish(), 0) << h1->output();
+  EXPECT_THAT(launcher->output(), HasSubstr("host h2: its share has been silent"));
+}
+
+}  // namespace
