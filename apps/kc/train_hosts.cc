@@ -129,15 +129,15 @@ Status ParseListenFlag(const std::string& flag, std::string* address, int* port)
 }
 
 Status CheckHostsArgs(const TrainArgs& a, const std::vector<fault::RemoteHost>& hosts) {
-  if (a.listen.empty()) {
+  if (a.listen.empty() == a.rendezvous.empty()) {
     return InvalidArgumentError(
-        "--hosts needs --listen ADDR[:PORT]: the address of this machine the hosts reach the "
-        "run's store at");
+        "--hosts needs --listen ADDR[:PORT] (the address of this machine where the hosts reach "
+        "the run's store) or --rendezvous ADDR:PORT (a store served elsewhere, as kcd serves "
+        "one for each run), one of them");
   }
-  if (!a.share.empty() || !a.rendezvous.empty()) {
+  if (!a.share.empty()) {
     return InvalidArgumentError(
-        "--hosts and --listen start the run's launcher; --share and --rendezvous a host's share "
-        "of it: give one pair or the other");
+        "--hosts starts the run's launcher; --share a host's share of it: give one or the other");
   }
   int slots = 0;
   for (const fault::RemoteHost& h : hosts) slots += h.slots;

@@ -149,6 +149,28 @@ int64_t ProcessStartTime(pid_t pid) {
   return -1;
 }
 
+// A run across hosts as `kc train --hosts` takes it: "h1:2,h2:2", each host's ranks
+// consecutive in rank order.
+Result<std::string> HostsOfRun(const kc::v1::RunAssignment& a) {
+  std::vector<std::pair<std::string, int>> hosts;
+  for (const auto& r : a.ranks()) {
+    if (!hosts.empty() && hosts.back().first == r.host()) {
+      ++hosts.back().second;
+      continue;
+    }
+    for (const auto& [name, n] : hosts) {
+      if (name == r.host()) {
+        return InvalidArgumentError(
+            fmt::format("host {}'s ranks are not consecutive in the assignment", name));
+      }
+    }
+    hosts.emplace_back(r.host(), 1);
+  }
+  std::vector<std::string> parts;
+  for (const auto& [name, n] : hosts) parts.push_back(fmt::format("{}:{}", name, n));
+  return fmt::format("{}", fmt::join(parts, ","));
+}
+
 }  // namespace
 
 // Two threads: the heartbeat thread registers, reports and takes kcd's orders; the worker
@@ -241,6 +263,7 @@ struct Agent::Impl {
     req.set_host(o.host);
     req.set_devices(o.devices);
     req.set_stop_grace_s(o.stop_grace_s);
+    req.set_supervisor(o.supervisor);
     // Every run kcd has not heard the end of, ended ones too: left out, kcd would take one
     // for lost with a previous agent and queue it again before its end is reported.
     for (auto& [id, j] : jobs) {
@@ -296,10 +319,12 @@ struct Agent::Impl {
       std::string kind, id;
       PathOwner of;
     };
-    std::vector<Ask> asks = {
-        {"device.use", "device", fmt::format("{}:{}", o.host, fmt::join(order.devices(), ",")),
-         job_owner},
-        {"checkpoint.write", "path", checkpoints, checkpoints_owner}};
+    std::vector<Ask> asks = {{"checkpoint.write", "path", checkpoints, checkpoints_owner}};
+    if (order.role() != kc::v1::StartOrder::ROLE_SUPERVISOR) {  // a launcher uses no device
+      asks.insert(asks.begin(),
+                  Ask{"device.use", "device",
+                      fmt::format("{}:{}", o.host, fmt::join(order.devices(), ",")), job_owner});
+    }
     if (!spec.data.empty()) asks.push_back({"data.read", "path", spec.data, job_owner});
     for (const Ask& a : asks) {
       kc::v1::PermissionCheckRequest req;
@@ -400,11 +425,29 @@ struct Agent::Impl {
       return fail("checkpoint_dir: " + j.spec.checkpoint_dir + ": the agent's own directory");
     }
     // A train job with min_devices runs at any size in [min_devices, ranks]; others at ranks.
-    const int ranks = j.order.devices_size();
+    // A run across hosts: its size is the assignment's, and a share has a device for each rank
+    // of this host.
+    const kc::v1::StartOrder::Role role = j.order.role();
+    const int ranks = role == kc::v1::StartOrder::ROLE_WHOLE ? j.order.devices_size()
+                                                             : j.order.assignment().ranks_size();
     const bool elastic = j.spec.command.empty() && j.spec.min_devices > 0;
     if (ranks != j.spec.ranks &&
         !(elastic && ranks >= j.spec.min_devices && ranks <= j.spec.ranks)) {
       return fail(fmt::format("{} devices for {} ranks", ranks, j.spec.ranks));
+    }
+    std::string hosts;  // a run across hosts: its hosts and their ranks, in rank order
+    if (role != kc::v1::StartOrder::ROLE_WHOLE) {
+      if (!j.spec.command.empty()) return fail("a command job runs on one host");
+      if (j.order.assignment().rendezvous().empty()) return fail("a run across hosts: no store");
+      Result<std::string> h = HostsOfRun(j.order.assignment());
+      if (!h.ok()) return fail(std::string(h.status().message()));
+      hosts = *h;
+      int here = 0;
+      for (const auto& r : j.order.assignment().ranks()) here += r.host() == o.host;
+      if (role == kc::v1::StartOrder::ROLE_SHARE && here != j.order.devices_size()) {
+        return fail(
+            fmt::format("{} devices for this host's {} ranks", j.order.devices_size(), here));
+      }
     }
     if (Status s = ExecutionCheck(j.order, j.spec, stub); !s.ok()) {
       j.ended = true;
@@ -451,20 +494,38 @@ struct Agent::Impl {
       *run.mutable_job() = j.order.train_job();
       *run.mutable_assignment() = j.order.assignment();
       if (Status s = WriteTrainRun(run_file, run); !s.ok()) return fail(std::string(s.message()));
-      j.reports_path = (fs::path(out) / "reports.binpb").string();
-      args = {o.kc_binary,
-              "train",
-              "--job",
-              run_file,
-              "--out",
-              out,
-              "--reports",
-              j.reports_path,
-              "--progress",
-              "lines",
-              "--checkpoint-dir",
-              CheckpointDir(j.order, j.spec)};
-      if (j.spec.checkpoint_auto) {
+      if (role == kc::v1::StartOrder::ROLE_SHARE) {
+        // This host's ranks; the launcher (on a supervisor agent) reports for the run.
+        args = {o.kc_binary,
+                "train",
+                "--job",
+                run_file,
+                "--share",
+                o.host,
+                "--rendezvous",
+                j.order.assignment().rendezvous(),
+                "--checkpoint-dir",
+                CheckpointDir(j.order, j.spec)};
+      } else {
+        j.reports_path = (fs::path(out) / "reports.binpb").string();
+        args = {o.kc_binary,
+                "train",
+                "--job",
+                run_file,
+                "--out",
+                out,
+                "--reports",
+                j.reports_path,
+                "--progress",
+                "lines",
+                "--checkpoint-dir",
+                CheckpointDir(j.order, j.spec)};
+      }
+      if (role == kc::v1::StartOrder::ROLE_SUPERVISOR) {
+        args.insert(args.end(),
+                    {"--hosts", hosts, "--rendezvous", j.order.assignment().rendezvous()});
+      }
+      if (j.spec.checkpoint_auto && role != kc::v1::StartOrder::ROLE_SHARE) {
         // The interval from the scheduler's advice, which kc train reads again at each of its
         // re-estimates from a file this agent keeps current.
         j.advice_path = (fs::path(out) / "advice.json").string();
@@ -474,7 +535,7 @@ struct Agent::Impl {
       }
       // Elastic within [min_devices, max_devices]: the run grows and shrinks as the scheduler
       // decides (a file this agent keeps current with its resize orders).
-      if (elastic && j.spec.min_devices < j.spec.ranks) {
+      if (elastic && j.spec.min_devices < j.spec.ranks && role == kc::v1::StartOrder::ROLE_WHOLE) {
         j.resize_path = (fs::path(out) / "resize.json").string();
         if (Status s = WriteResize(j.resize_path, ranks); !s.ok()) {
           return fail(std::string(s.message()));
@@ -966,7 +1027,11 @@ std::string Agent::MetricsText() const { return impl_->Metrics(); }
 
 Result<std::unique_ptr<Agent>> Agent::Start(AgentOptions o) {
   if (o.host.empty()) return InvalidArgumentError("agent: host: must not be empty");
-  if (o.devices <= 0) return InvalidArgumentError("agent: devices: must be positive");
+  if (o.supervisor ? o.devices != 0 : o.devices <= 0) {
+    return InvalidArgumentError(o.supervisor
+                                    ? "agent: devices: a supervisor agent has none (--devices 0)"
+                                    : "agent: devices: must be positive");
+  }
   if (o.work_dir.empty()) return InvalidArgumentError("agent: work directory: must be set");
   // A job runs in its own directory: every path it is given must not depend on ours.
   std::error_code ec;

@@ -25,6 +25,9 @@ struct AgentOptions {
   // DATA_ROOT/fortunes/manifest.json, as `kc train` reads data/fortunes/manifest.json.
   std::string data_root;
   std::string kc_binary;  // the kc executable that runs `kc train`
+  // A supervisor agent: no devices; it runs the launchers of runs across hosts, whose ranks
+  // the hosts' agents start (kc.v1.StartOrder.role). Its host is not one of the topology's.
+  bool supervisor = false;
   // SIGTERM to SIGKILL: the time a stopped job has to save a checkpoint of its last step.
   double stop_grace_s = 30;
   // Prometheus metrics of the jobs it runs (GET /metrics, plaintext) on HOST:PORT (port 0: any

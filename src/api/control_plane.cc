@@ -1,5 +1,6 @@
 #include "api/control_plane.h"
 
+#include <arpa/inet.h>
 #include <fmt/format.h>
 #include <sys/stat.h>
 
@@ -38,6 +39,19 @@ namespace fs = std::filesystem;
 // Writes a file durably, created with `mode` permissions (never wider, not even briefly).
 Status WriteFile(const fs::path& path, std::string_view text, mode_t mode) {
   return WriteFileDurably(path.string(), text, {.mode = mode});
+}
+
+// The address the stores of runs across hosts are served on: the host of --listen, when it is
+// a numeric address the hosts can be told (not a wildcard); "" otherwise.
+std::string StoreAddress(const std::string& listen) {
+  std::string host = listen.substr(0, listen.rfind(':'));
+  if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  in6_addr any6{};
+  in_addr any4{};
+  const bool v4 = inet_pton(AF_INET, host.c_str(), &any4) == 1;
+  const bool v6 = inet_pton(AF_INET6, host.c_str(), &any6) == 1;
+  if ((!v4 && !v6) || host == "0.0.0.0" || host == "::") return "";
+  return host;
 }
 
 bool IsLoopback(const std::string& listen) {
@@ -207,7 +221,8 @@ Result<std::unique_ptr<Kcd>> Kcd::Start(const KcdOptions& o) {
                                          .plans = impl->plans.get(),
                                          .heartbeat_period_s = o.heartbeat_period_s,
                                          .lost_after_s = o.agent_lost_after_s,
-                                         .check_period_s = o.check_period_s}));
+                                         .check_period_s = o.check_period_s,
+                                         .store_address = StoreAddress(o.listen)}));
   impl->agent_service = std::make_unique<AgentServiceImpl>(
       impl->guard.get(), impl->dispatcher.get(), impl->audit.get());
   impl->job_service = std::make_unique<JobServiceImpl>(

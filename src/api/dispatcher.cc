@@ -24,6 +24,7 @@
 #include "base/log.h"
 #include "base/mutex.h"
 #include "comm/comm_limits_config.h"
+#include "comm/tcp_store.h"
 #include "fault/restart_policy.h"
 #include "hal/inventory.h"
 #include "hal/topology.h"
@@ -91,10 +92,15 @@ struct Run {
   int64_t advised_interruptions = -1;
   int64_t checkpoint_step = 0;
   std::string token_hash;  // its run token's (TokenStore::Revoke), revoked when it ends
+  // A run across hosts: `host` is the supervisor agent running its launcher; these hosts run
+  // its ranks (their devices), and its store is kcd's (stopped when the run ends).
+  std::map<std::string, std::vector<int>> shares;
+  std::shared_ptr<comm::TcpStoreServer> store;
 };
 
 struct Agent {
   bool registered = false;
+  bool supervisor = false;  // runs launchers of runs across hosts, no ranks
   double last_seen_s = 0;
   double stop_grace_s = 0;  // the agent's: how long its runs take to stop once it fences them
   std::vector<kc::v1::StartOrder> starts;
@@ -276,6 +282,16 @@ struct Dispatcher::Impl {
       st->Bind(1, it->second.run);
       if (st->Step() != SQLITE_DONE) KC_LOG(WARNING) << db.Error("cannot end a run").message();
     }
+    // A run across hosts: its shares end with its launcher (an end order through the store);
+    // a stop makes sure of it (a launcher that died sends none), and its store goes.
+    for (const auto& [host, devices] : it->second.shares) {
+      kc::v1::StopOrder stop;
+      stop.set_job(job);
+      stop.set_run(it->second.run);
+      stop.set_reason("the run is over");
+      agents[host].stops.push_back(std::move(stop));
+    }
+    if (it->second.store != nullptr) it->second.store->Stop();
     runs.erase(it);
   }
 
@@ -302,6 +318,52 @@ struct Dispatcher::Impl {
       a.stops.push_back(std::move(stop));
     }
     return true;
+  }
+
+  // Where a run runs, for people: its host, or a run across hosts' hosts and its launcher's.
+  static std::string HostsOf(const Run& run) {
+    if (run.shares.empty()) return run.host;
+    std::vector<std::string> names;
+    for (const auto& [name, devices] : run.shares) names.push_back(name);
+    return fmt::format("{} (launcher on {})", fmt::join(names, ", "), run.host);
+  }
+
+  // A report of a share of a run across hosts (from `host`'s agent): its output goes to the
+  // job's log; its end is noted (the launcher finds the host silent and goes on without it);
+  // a denial at its execution-time check stops the whole run. Whether the run ended.
+  bool ShareReport(Run& run, const std::string& host, const kc::v1::AgentJobReport& r, double now)
+      KC_REQUIRES(mu) {
+    if (run.shares.count(host) == 0) return false;  // not one of its hosts: nothing to do
+    switch (r.state()) {
+      case kc::v1::AgentJobReport::STATE_EXITED:
+      case kc::v1::AgentJobReport::STATE_FAILED_TO_START:
+      case kc::v1::AgentJobReport::STATE_FENCED:
+        if (r.exit_code() != 0 || r.state() != kc::v1::AgentJobReport::STATE_EXITED) {
+          o.jobs
+              ->Note(run.job,
+                     fmt::format("its share on {} ended ({}): {}", host,
+                                 r.state() == kc::v1::AgentJobReport::STATE_FENCED
+                                     ? std::string("fenced")
+                                     : fmt::format("code {}", r.exit_code()),
+                                 r.reason()),
+                     now)
+              .IgnoreError();
+        }
+        return false;
+      case kc::v1::AgentJobReport::STATE_REVOKED: {
+        Audit("kcd", "job.execution_check", fmt::format("job/{}", run.job), "denied",
+              fmt::format("on {}: {}", host, r.reason()));
+        if (run.stopping) return false;
+        const int64_t job = run.job;
+        Release(job, now);
+        EndRun(job);  // its shares stop; its launcher, reporting a run kcd forgot, too
+        Move(job, JobPhase::kPaused,
+             fmt::format("stopped at its execution-time check on {}: {}", host, r.reason()));
+        return true;
+      }
+      default:
+        return false;
+    }
   }
 
   // The scheduler is done with the job's current submission.
@@ -654,15 +716,18 @@ struct Dispatcher::Impl {
       Move(j.id, JobPhase::kFailed, fmt::format("cannot run: {}", spec.status().message()));
       return;
     }
-    // A job's ranks share one host: one that no host can hold at its minimum would wait for
-    // ever. An elastic train job runs at any size in [min_devices, max_devices] a host has
-    // free, and the scheduler grows and shrinks it there; a command job at its size.
+    // A job's ranks share one host when one holds them (shared memory between all of them).
+    // An elastic train job runs at any size in [min_devices, max_devices] a host has free,
+    // and the scheduler grows and shrinks it there; a command job at its size. A train job
+    // larger than every host runs across hosts (a launcher on a supervisor agent, a share on
+    // each host); a command job larger than every host would wait for ever.
     const bool elastic = spec->command.empty() && spec->min_devices > 0;
     const int min = elastic ? spec->min_devices : spec->ranks;
     size_t largest = 0;
     for (const std::vector<int>& on_host : host_devices)
       largest = std::max(largest, on_host.size());
-    if (static_cast<size_t>(min) > largest) {
+    const bool across = static_cast<size_t>(spec->ranks) > largest && spec->command.empty();
+    if (static_cast<size_t>(min) > largest && !across) {
       Move(j.id, JobPhase::kFailed,
            fmt::format("cannot run: its {} ranks run on one host, and the largest host of the "
                        "cluster has {} devices",
@@ -691,17 +756,18 @@ struct Dispatcher::Impl {
     const std::string id = fmt::format("job-{}.{}", j.id, ++submissions);
     const sched::JobClass job_class =
         sched::JobClassFromName(spec->job_class).value_or(sched::JobClass::kNormal);
-    sched::JobRequest req{
-        .id = id,
-        .team = j.team,
-        .user = j.owner,
-        .job_class = job_class,
-        .min_devices = min,
-        .max_devices = spec->ranks,
-        .tp = elastic ? group : spec->ranks,  // the scheduler refuses a group that does not divide
-        .one_host = true,
-        .pool = TeamPool(j.team, job_class),
-        .duration_s = spec->expected_hours * 3600};
+    sched::JobRequest req{.id = id,
+                          .team = j.team,
+                          .user = j.owner,
+                          .job_class = job_class,
+                          .min_devices = min,
+                          .max_devices = spec->ranks,
+                          // Its tensor- and pipeline-parallel groups inside a host; the scheduler
+                          // refuses a group that does not divide.
+                          .tp = elastic || across ? group : spec->ranks,
+                          .one_host = !across,
+                          .pool = TeamPool(j.team, job_class),
+                          .duration_s = spec->expected_hours * 3600};
     if (Status s = scheduler->Submit(req, now); !s.ok()) {
       Move(j.id, JobPhase::kFailed, fmt::format("the scheduler refused it: {}", s.message()));
       return;
@@ -793,8 +859,43 @@ struct Dispatcher::Impl {
       Move(job, JobPhase::kFailed, fmt::format("refused at its start: {}", s.message()));
       return;
     }
+    // Across hosts: the launcher goes to a supervisor agent, and the run's store is kcd's.
+    std::map<std::string, std::vector<int>> shares;
+    for (int dev : d.devices) shares[topology->hosts()[topology->host_of(dev)].name].push_back(dev);
+    std::string supervisor;
+    if (shares.size() > 1) {
+      for (const auto& [name, agent] : agents) {
+        if (agent.registered && agent.supervisor) supervisor = name;
+      }
+      if (supervisor.empty() || o.store_address.empty()) {
+        KC_LOG(WARNING) << "dispatcher: job " << job << " spans " << shares.size() << " hosts and "
+                        << (supervisor.empty() ? "no supervisor agent is registered"
+                                               : "kcd serves no stores (--listen)")
+                        << "; it waits";
+        Release(job, now);
+        not_before[job] = now + 5;
+        Move(job, JobPhase::kQueued,
+             supervisor.empty()
+                 ? "it spans hosts: waits for a supervisor agent (kc agent --supervisor)"
+                 : "it spans hosts: waits for kcd to serve its store");
+        return;
+      }
+    } else {
+      shares.clear();
+    }
     const int h = topology->host_of(d.devices.front());
-    const std::string& host = topology->hosts()[h].name;
+    const std::string host = shares.empty() ? topology->hosts()[h].name : supervisor;
+    std::shared_ptr<comm::TcpStoreServer> store;
+    if (!shares.empty()) {
+      Result<std::unique_ptr<comm::TcpStoreServer>> started =
+          comm::TcpStoreServer::Start({.bind_address = o.store_address, .port = 0});
+      if (!started.ok()) {
+        KC_LOG(WARNING) << "dispatcher: job " << job
+                        << ": cannot serve its store: " << started.status().message();
+        return;
+      }
+      store = *std::move(started);
+    }
     Result<std::vector<JobEvent>> history = o.jobs->History(job);
     // The owner's run token for the execution-time checks, valid for the job's runtime and a
     // day (at most kMaxRunTokenS), revoked when the run ends.
@@ -827,7 +928,9 @@ struct Dispatcher::Impl {
             .started_s = now,
             .prior_running_s = history.ok() ? RunningSeconds(*history) : 0,
             .ranks = static_cast<int>(d.devices.size()),
-            .token_hash = token->hash};
+            .token_hash = token->hash,
+            .shares = shares,
+            .store = store};
     if (spec.ok() && spec->checkpoint_auto) {
       run.auto_interval = true;
       run.job_class = spec->job_class;
@@ -847,18 +950,47 @@ struct Dispatcher::Impl {
         stored.ok() && spec.ok()) {
       *order.mutable_train_job() = *std::move(stored);  // as submitted
       *order.mutable_assignment() = AssignmentFor(*j, *spec, run.run, d.devices, &layout);
-    }
-    for (int dev : d.devices) {
-      const auto& mine = host_devices[h];
-      order.add_devices(static_cast<int>(std::find(mine.begin(), mine.end(), dev) - mine.begin()));
+      if (store != nullptr) {
+        order.mutable_assignment()->set_rendezvous(
+            fmt::format("{}:{}", o.store_address, store->port()));
+      }
     }
     order.set_token(token->token);
     order.set_owner(j->owner);
     order.set_team(j->team);
+    // This host's indices of the devices on it.
+    auto local = [&](const std::vector<int>& devices, kc::v1::StartOrder* out) {
+      out->clear_devices();
+      for (int dev : devices) {
+        const auto& mine = host_devices[topology->host_of(dev)];
+        out->add_devices(static_cast<int>(std::find(mine.begin(), mine.end(), dev) - mine.begin()));
+      }
+      out->set_cuda_visible_devices(CudaVisibleDevices(devices));
+    };
+    if (shares.empty()) {
+      local(d.devices, &order);
+    } else {
+      for (const auto& [name, devices] : shares) {
+        kc::v1::StartOrder share = order;
+        share.set_role(kc::v1::StartOrder::ROLE_SHARE);
+        local(devices, &share);
+        agents[name].starts.push_back(std::move(share));
+      }
+      order.set_role(kc::v1::StartOrder::ROLE_SUPERVISOR);
+      order.clear_devices();
+      order.clear_cuda_visible_devices();
+    }
     agents[host].starts.push_back(std::move(order));
+    std::vector<std::string> where;
+    for (const auto& [name, devices] : shares) {
+      where.push_back(fmt::format("{} devices {}", name, DevicesText(devices)));
+    }
     Audit("kcd", "job.start", fmt::format("job/{}", job), "ok",
-          fmt::format("run {} on {} devices {} ({}): {}", run.run, host, DevicesText(d.devices),
-                      layout, d.reason));
+          shares.empty() ? fmt::format("run {} on {} devices {} ({}): {}", run.run, host,
+                                       DevicesText(d.devices), layout, d.reason)
+                         : fmt::format("run {} across {} (launcher on {}, store {}:{}) ({}): {}",
+                                       run.run, fmt::join(where, ", "), host, o.store_address,
+                                       store->port(), layout, d.reason));
     runs[job] = std::move(run);
   }
 
@@ -1297,18 +1429,29 @@ Result<kc::v1::RegisterAgentResponse> Dispatcher::Register(
         req.host(), m.o.dir));
   }
   std::optional<int> h = m.HostIndex(req.host());
-  if (!h) {
+  if (req.supervisor()) {
+    // Runs launchers only: a name of its own, and no devices.
+    if (h) {
+      return InvalidArgumentError(fmt::format(
+          "host {}: a supervisor agent takes a name outside the topology, which has this host",
+          req.host()));
+    }
+    if (req.devices() != 0) {
+      return InvalidArgumentError(
+          fmt::format("host {}: a supervisor agent has no devices (--devices 0), not {}",
+                      req.host(), req.devices()));
+    }
+  } else if (!h) {
     return NotFoundError(fmt::format("host {}: not in the cluster's topology ({} hosts: {}...)",
                                      req.host(), m.topology->hosts().size(),
                                      m.topology->hosts().front().name));
-  }
-  const int want = static_cast<int>(m.host_devices[*h].size());
-  if (req.devices() != want) {
+  } else if (const int want = static_cast<int>(m.host_devices[*h].size()); req.devices() != want) {
     return InvalidArgumentError(
         fmt::format("host {}: devices: the agent found {}, the topology has {}", req.host(),
                     req.devices(), want));
   }
   Agent& a = m.agents[req.host()];
+  a.supervisor = req.supervisor();
   const bool again = a.registered;
   a.registered = true;
   a.last_seen_s = WallSeconds();
@@ -1378,6 +1521,10 @@ Result<kc::v1::AgentHeartbeatResponse> Dispatcher::Heartbeat(
               fmt::format("on {}: {}", req.host(), FaultReportJson(f)));
     }
     if (m.StopIfUnknown(a, r)) continue;
+    if (Run& run = m.runs[r.job()]; run.host != req.host()) {
+      changed |= m.ShareReport(run, req.host(), r, now);
+      continue;
+    }
     // Kept with the job for kc diagnose: a run kcd knows on this host.
     std::vector<JobReport> kept;
     for (const kc::v1::TrainReport& t : r.reports()) {
@@ -1399,8 +1546,9 @@ Result<kc::v1::AgentHeartbeatResponse> Dispatcher::Heartbeat(
     }
     const std::string where = fmt::format("job/{}", run.job);
     m.o.jobs
-        ->SetProgress(run.job,
-                      {.host = run.host, .step = r.step(), .checkpoint_step = r.checkpoint_step()})
+        ->SetProgress(
+            run.job,
+            {.host = Impl::HostsOf(run), .step = r.step(), .checkpoint_step = r.checkpoint_step()})
         .IgnoreError();  // the job exists: it has a run
     if (r.checkpoint_step() > run.checkpoint_step && !run.adopted) {
       m.scheduler->Checkpointed(run.sched_id, now).IgnoreError();
@@ -1411,7 +1559,7 @@ Result<kc::v1::AgentHeartbeatResponse> Dispatcher::Heartbeat(
         if (run.running_since_s < 0) {
           run.running_since_s = now;
           if (!run.stopping) {
-            m.Move(run.job, JobPhase::kRunning, fmt::format("running on {}", run.host));
+            m.Move(run.job, JobPhase::kRunning, fmt::format("running on {}", Impl::HostsOf(run)));
           }
         }
         break;
@@ -1425,22 +1573,22 @@ Result<kc::v1::AgentHeartbeatResponse> Dispatcher::Heartbeat(
         // A run that ended within one heartbeat was never reported running: it ran, and only
         // a running job may succeed.
         if (r.state() == kc::v1::AgentJobReport::STATE_EXITED && run.running_since_s < 0) {
-          m.Move(run.job, JobPhase::kRunning, fmt::format("running on {}", run.host));
+          m.Move(run.job, JobPhase::kRunning, fmt::format("running on {}", Impl::HostsOf(run)));
         }
+        const std::string ran_on = Impl::HostsOf(run);
         m.Release(run.job, now);
         m.EndRun(run.job);
         if (r.state() == kc::v1::AgentJobReport::STATE_FAILED_TO_START) {
           m.Move(r.job(), JobPhase::kFailed,
                  fmt::format("could not start on {}: {}", req.host(), r.reason()));
         } else if (r.exit_code() == 0) {
-          m.Move(r.job(), JobPhase::kSucceeded, fmt::format("finished on {}", req.host()));
+          m.Move(r.job(), JobPhase::kSucceeded, fmt::format("finished on {}", ran_on));
         } else {
           // A rank lost below the minimum, kc train crashed or killed: requeued by the job's
           // restart policy; input kc train refused: failed.
           m.RequeueOrFail(
               r.job(), r.exit_code() == kTrainBadInput,
-              fmt::format("exited with code {} on {}: {}", r.exit_code(), req.host(), r.reason()),
-              now);
+              fmt::format("exited with code {} on {}: {}", r.exit_code(), ran_on, r.reason()), now);
         }
         break;
       }

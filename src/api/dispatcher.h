@@ -34,6 +34,9 @@ struct DispatcherOptions {
   double lost_after_s = 10;         // silence after which an agent's jobs go back to the queue
   double check_period_s = 1;        // execution-time permission checks, per running job
   double pass_period_s = 0.1;       // scheduling passes (also after every Wake)
+  // The numeric address kcd serves the stores of runs across hosts on (each its own port):
+  // one every host reaches. "": such runs wait.
+  std::string store_address;
 };
 
 // Safe for concurrent use: the agent service calls it from gRPC's threads while its own

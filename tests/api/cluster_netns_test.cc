@@ -98,11 +98,36 @@ class ClusterNetnsTest : public ::testing::Test {
 
   // Stops the agents (which stop their jobs) and kcd, then whatever a killed agent left behind.
   void TearDown() override {
-    for (std::unique_ptr<Daemon>* d : {&agent1_, &agent2_, &kcd_}) {
+    for (std::unique_ptr<Daemon>* d : {&supervisor_, &agent1_, &agent2_, &kcd_}) {
       if (*d != nullptr) (*d)->Stop(SIGTERM);
     }
     KillProcessGroupsOf(w1_);
     KillProcessGroupsOf(w2_);
+    KillProcessGroupsOf(ws_);
+  }
+
+  // A supervisor agent "ctl" in kcd's namespace: it runs the launchers of jobs across hosts.
+  void StartSupervisor() {
+    ws_ = dir_.Path("ws");
+    std::filesystem::create_directories(ws_);
+    std::filesystem::create_directory_symlink(dir_.Path("shared"), ws_ + "/shared");
+    const std::string token = dir_.Path("ctl.token");
+    KcRun issue = kc::testing::RunKc(
+        KC_BINARY, fmt::format("token issue --agent ctl --dir {} --out {}", cluster_, token));
+    ASSERT_EQ(issue.exit_code, 0) << issue.err;
+    supervisor_ = std::make_unique<Daemon>(fmt::format(
+        "ip netns exec {} env XDG_CONFIG_HOME={} {} agent --supervisor --host ctl --devices 0 "
+        "--work {} --data-root {} --token-file {} --stop-grace {}",
+        hosts_.a(), dir_.Path("config"), KC_BINARY, ws_, data_->path(), token, kStopGraceS));
+    ASSERT_THAT(supervisor_->WaitForLine("kc agent:"), HasSubstr("host ctl with 0 devices"));
+  }
+
+  // A job file of 4 ranks, more than a host has: it runs across both.
+  std::string AcrossFile(const std::string& name, int64_t steps, const std::string& more = "") {
+    return dir_.Write(name + ".yaml",
+                      fmt::format("name: {}\nmodel: {}\nranks: 4\nsteps: {}\ncheckpoint_every: "
+                                  "100\ncheckpoint_dir: shared/{}\n{}",
+                                  name, model_, steps, name, more));
   }
 
   // The agent of `host`, with the machine identity a system admin issued it.
@@ -190,7 +215,10 @@ class ClusterNetnsTest : public ::testing::Test {
   }
 
   int64_t Submit(const std::string& name, int64_t steps) {
-    KcRun r = Kc("submit " + JobFile(name, steps) + " --json");
+    return SubmitFile(JobFile(name, steps));
+  }
+  int64_t SubmitFile(const std::string& file) {
+    KcRun r = Kc("submit " + file + " --json");
     EXPECT_EQ(r.exit_code, 0) << r.err;
     nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
     return j.is_object() ? Int(j, "id") : -1;
@@ -217,10 +245,25 @@ class ClusterNetnsTest : public ::testing::Test {
     return j;
   }
 
+  // The step losses of a metrics file.
+  static std::vector<double> StepLosses(const std::string& path) {
+    std::vector<double> losses;
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);) {
+      const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_object() && j.value("type", "") == "step") losses.push_back(j["loss"].get<double>());
+    }
+    return losses;
+  }
+
   static int64_t Int(const nlohmann::json& j, const char* key) {
     // Protobuf's JSON writes 64-bit integers as strings.
     const nlohmann::json& v = j.at(key);
     return v.is_string() ? std::stoll(v.get<std::string>()) : v.get<int64_t>();
+  }
+
+  static bool Ended(const nlohmann::json& j) {
+    return j["phase"] == "succeeded" || j["phase"] == "failed" || j["phase"] == "cancelled";
   }
 
   static bool RunningWithCheckpoint(const nlohmann::json& j) {
@@ -269,8 +312,8 @@ class ClusterNetnsTest : public ::testing::Test {
   // Declared first: the namespaces go last, after every process in them.
   TwoHosts hosts_;
   TempDir dir_;
-  std::string model_, cluster_, w1_, w2_;
-  std::unique_ptr<Daemon> kcd_, agent1_, agent2_;
+  std::string model_, cluster_, w1_, w2_, ws_;
+  std::unique_ptr<Daemon> kcd_, agent1_, agent2_, supervisor_;
 };
 
 TempDir* ClusterNetnsTest::data_ = nullptr;
@@ -369,6 +412,56 @@ TEST_F(ClusterNetnsTest, ACutHostStopsItsRunBeforeTheJobStartsElsewhereAndComesB
   EXPECT_EQ(agent2_->Stop(SIGTERM), 0);
   EXPECT_EQ(agent1_->Stop(SIGTERM), 0);
   EXPECT_EQ(kcd_->Stop(SIGTERM), 0);
+}
+
+// A job larger than a host runs across both: its launcher on the supervisor agent, a share of
+// two ranks on each host, its store served by kcd; the losses are those of the same training
+// on one machine.
+TEST_F(ClusterNetnsTest, AJobLargerThanAHostRunsAcrossBothWithTheLossesOfOneMachine) {
+  StartSupervisor();
+  const int64_t id = SubmitFile(AcrossFile("across", 40));
+  const nlohmann::json done = Await(id, Ended);
+  EXPECT_EQ(done["phase"], "succeeded") << done.dump();
+  EXPECT_EQ(done["host"], "h1, h2 (launcher on ctl)") << done.dump();
+  std::vector<double> across, one;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(ws_ + "/jobs")) {
+    if (e.path().filename() == "metrics.jsonl") across = StepLosses(e.path().string());
+  }
+  KcRun local = kc::testing::RunKc(
+      KC_BINARY, fmt::format("train {} --ranks 4 --steps 40 --data {}/fortunes/manifest.json "
+                             "--checkpoint-every 100 --progress none --out {}",
+                             model_, data_->path(), dir_.Path("one")));
+  ASSERT_EQ(local.exit_code, 0) << local.err;
+  one = StepLosses(dir_.Path("one/metrics.jsonl"));
+  ASSERT_EQ(across.size(), 40u) << Kc(fmt::format("job logs {}", id)).out;
+  ASSERT_EQ(one.size(), across.size());
+  for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(across[i], one[i], 1e-4 * one[i]) << i;
+}
+
+// The host of rank 0 dies (its agent and its ranks) while an elastic job runs across both
+// hosts: the job is not requeued; the launcher, with the store in kcd, goes on with the other
+// host's ranks from their own state, and the job succeeds.
+TEST_F(ClusterNetnsTest, AJobAcrossHostsSurvivesTheLossOfTheHostOfRankZero) {
+  StartSupervisor();
+  const int64_t id = SubmitFile(AcrossFile("survive", 3000, "min_devices: 2\n"));
+  Await(id,
+        [](const nlohmann::json& j) { return j["phase"] == "running" && Int(j, "step") >= 100; });
+  ASSERT_EQ(Show(id)["host"], "h1, h2 (launcher on ctl)");
+  // h1 holds ranks 0 and 1 (the scheduler places in host order).
+  agent1_->Stop(SIGKILL);
+  KillProcessGroupsOf(w1_);
+  const nlohmann::json j =
+      Await(id, [](const nlohmann::json& x) { return Ended(x) || x["phase"] == "queued"; });
+  EXPECT_EQ(j["phase"], "succeeded") << j.dump();
+  bool shrank = false, worker0 = false;
+  for (const nlohmann::json& e : j["history"]) {
+    const std::string reason = e.value("reason", "");
+    shrank |= reason.find("shrank to 2 ranks") != std::string::npos &&
+              reason.find("restored from replica") != std::string::npos;
+    worker0 |= reason.find("worker 0 failed: host h1") != std::string::npos;
+  }
+  EXPECT_TRUE(shrank) << j.dump();
+  EXPECT_TRUE(worker0) << j.dump();
 }
 
 }  // namespace
