@@ -212,13 +212,26 @@ int RunLauncher(TrainArgs a) {
         return kExitBadInput;
       }
     }
+    // Its clients say its token first: the run file's or $KC_RENDEZVOUS_TOKEN; a store of
+    // this machine alone gets one of its own. One other hosts reach without a token takes any
+    // client, which is said.
+    a.store_token = StoreToken(a);
+    if (a.store_token.empty() && hosts.empty()) a.store_token = NewStoreToken();
+    if (a.store_token.empty() && !a.listen.empty()) {
+      std::cerr << fmt::format(
+          "kc train: warning: the run's store on {} takes any client that reaches it: set "
+          "${} to a secret on this machine and every host\n",
+          a.listen, kStoreTokenVariable);
+    }
     Result<std::unique_ptr<comm::TcpStoreServer>> s =
-        a.rendezvous.empty() ? comm::TcpStoreServer::Start({.bind_address = bind, .port = port})
+        a.rendezvous.empty() ? comm::TcpStoreServer::Start(
+                                   {.bind_address = bind, .port = port, .token = a.store_token})
                              : Result<std::unique_ptr<comm::TcpStoreServer>>(nullptr);
     auto connect = [&]() -> Result<std::unique_ptr<comm::TcpStoreClient>> {
       if (!s.ok()) return s.status();
       return comm::TcpStoreClient::Connect(bind, *s != nullptr ? (*s)->port() : port,
-                                           Clock::Real()->Now() + std::chrono::seconds(10));
+                                           Clock::Real()->Now() + std::chrono::seconds(10),
+                                           {.token = a.store_token});
     };
     Result<std::unique_ptr<comm::TcpStoreClient>> c = connect();
     Result<std::unique_ptr<comm::TcpStoreClient>> c2 =

@@ -4,10 +4,12 @@
 #include <fmt/format.h>
 #include <netdb.h>
 #include <signal.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <charconv>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <memory>
@@ -161,6 +163,25 @@ Status PublishRun(comm::Store& store, const TrainArgs& a, const TrainSetup& p,
   return store.Set(std::string(kSharePrefix) + "run", run.dump());
 }
 
+std::string StoreToken(const TrainArgs& a) {
+  if (!a.store_token.empty()) return a.store_token;
+  const char* env = std::getenv(kStoreTokenVariable);
+  return env != nullptr ? env : "";
+}
+
+std::string NewStoreToken() {
+  unsigned char raw[32];
+  size_t got = 0;
+  while (got < sizeof raw) {
+    const ssize_t n = getrandom(raw + got, sizeof raw - got, 0);
+    if (n <= 0) return "";  // no token: the store takes any client, as before
+    got += static_cast<size_t>(n);
+  }
+  std::string out;
+  for (unsigned char b : raw) out += fmt::format("{:02x}", b);
+  return out;
+}
+
 SubprocessOptions WorkerCommand(const TrainArgs& a, const TrainSetup& p, const fault::RankLaunch& r,
                                 const std::string& store, const std::string& group,
                                 const std::string& host, const std::string& bind_address) {
@@ -172,6 +193,7 @@ SubprocessOptions WorkerCommand(const TrainArgs& a, const TrainSetup& p, const f
       // takes its workers with it.
       .die_with_parent = true};
   if (r.join) o.argv.push_back("--elastic-join");
+  if (!a.store_token.empty()) o.env.emplace_back(kStoreTokenVariable, a.store_token);
   if (!host.empty()) o.argv.insert(o.argv.end(), {"--worker-host", host});
   if (!bind_address.empty()) o.argv.insert(o.argv.end(), {"--bind-address", bind_address});
   // Pinned to its cores when they fit (a replacement to those its id would have had).
@@ -198,12 +220,20 @@ int RunHostShare(TrainArgs a) {
     return fail(fmt::format("--rendezvous: \"{}\" is not ADDR:PORT", a.rendezvous), kExitBadInput);
   }
   const Duration timeout = SecondsToDuration(a.timeout_s);
+  a.store_token = StoreToken(a);
   // Calls fail fast: a share cut off from the store must notice within its fence.
-  Result<std::unique_ptr<comm::TcpStoreClient>> client = comm::TcpStoreClient::Connect(
-      host, port, Clock::Real()->Now() + timeout, {.timeout = std::chrono::seconds(1)});
+  Result<std::unique_ptr<comm::TcpStoreClient>> client =
+      comm::TcpStoreClient::Connect(host, port, Clock::Real()->Now() + timeout,
+                                    {.timeout = std::chrono::seconds(1), .token = a.store_token});
   if (!client.ok()) return fail(std::string(client.status().message()), kExitFailure);
   Result<std::string> published =
       (*client)->Get(std::string(kSharePrefix) + "run", Clock::Real()->Now() + timeout);
+  if (published.status().code() == ErrorCode::kPermissionDenied) {
+    return fail(fmt::format("the run's store at {} refused this host: give it the launcher's "
+                            "token in ${} ({})",
+                            a.rendezvous, kStoreTokenVariable, published.status().message()),
+                kExitBadInput);
+  }
   if (!published.ok()) {
     return fail(fmt::format("no run to join at {} within {:.0f} s (--timeout): {}", a.rendezvous,
                             a.timeout_s, published.status().message()),

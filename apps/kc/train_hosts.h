@@ -38,6 +38,15 @@ Status CheckHostsArgs(const TrainArgs& a, const std::vector<fault::RemoteHost>& 
 Status PublishRun(comm::Store& store, const TrainArgs& a, const TrainSetup& p,
                   const std::string& group, const std::vector<fault::RemoteHost>& hosts);
 
+// The variable a launcher gives its ranks the store's token in (and a launcher and the shares
+// of a run across hosts started by hand read it from).
+inline constexpr char kStoreTokenVariable[] = "KC_RENDEZVOUS_TOKEN";
+
+// The token of the run's store: the run file's, else $KC_RENDEZVOUS_TOKEN, else "" (none).
+std::string StoreToken(const TrainArgs& a);
+// A new random token (32 bytes, hex): a launcher's own store's on one machine.
+std::string NewStoreToken();
+
 // What a worker process of `r` runs: this binary with the flags of `a` and `p` for that worker,
 // its store and group, pinned to its cores when they fit. `host` and `bind_address`, when
 // given, name the host it runs on and the address its TCP transport listens on.

@@ -77,6 +77,7 @@ Status ApplyTrainRun(TrainArgs* args) {
   a.config = a.job_file + ": model_yaml";
   a.model_yaml = job.model_yaml();
   a.run_id = as.run_id();
+  a.store_token = as.rendezvous_token();
   a.ranks = as.ranks_size();
   if (a.ranks < 1) return InvalidArgumentError(where + ": the assignment names no rank");
   a.steps = job.steps();

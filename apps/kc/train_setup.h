@@ -97,7 +97,11 @@ struct TrainArgs {
   // Internal: set by the launcher for its workers.
   bool elastic_join = false;  // a replacement: joins a later generation
   std::string worker_host;    // the host it runs on (ranks of one host share memory)
-  std::string bind_address;   // what its TCP transport listens on: one other hosts reach
+  // The secret every client of the run's store says first: the run file's, else
+  // $KC_RENDEZVOUS_TOKEN (train_hosts.h's StoreToken); the launcher passes it to its ranks
+  // by that variable, never on a command line.
+  std::string store_token;
+  std::string bind_address;  // what its TCP transport listens on: one other hosts reach
   int worker_rank = -1;
   std::string store;
   std::string group;

@@ -12,6 +12,7 @@
 #include <iostream>
 
 #include "apps/kc/command.h"
+#include "apps/kc/train_hosts.h"
 #include "apps/kc/train_output.h"
 #include "apps/kc/train_setup.h"
 #include "comm/tcp_store.h"
@@ -195,9 +196,11 @@ int RunTrainWorker(const TrainArgs& a, const TrainSetup& p) {
     std::string host;
     int port = 0;
     if (Status s = ParseHostPort(a.store, &host, &port); !s.ok()) return fail(s);
-    o.connect = [host, port, timeout]() -> Result<std::unique_ptr<comm::Store>> {
-      KC_ASSIGN_OR_RETURN(
-          auto c, comm::TcpStoreClient::Connect(host, port, Clock::Real()->Now() + timeout));
+    o.connect = [host, port, timeout,
+                 token = StoreToken(a)]() -> Result<std::unique_ptr<comm::Store>> {
+      KC_ASSIGN_OR_RETURN(auto c,
+                          comm::TcpStoreClient::Connect(host, port, Clock::Real()->Now() + timeout,
+                                                        {.token = token}));
       return std::unique_ptr<comm::Store>(std::move(c));
     };
   }

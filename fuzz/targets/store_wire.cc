@@ -37,6 +37,8 @@ void Apply(kc::comm::HashStore& store, const Request& r) {
     case Op::kDelete:
       store.Delete(r.keys[0]).status().IgnoreError();
       break;
+    case Op::kHello:  // a connection's token: nothing in the map changes
+      break;
     case Op::kCheck:
       store.Check(keys).status().IgnoreError();
       break;

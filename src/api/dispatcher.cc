@@ -886,9 +886,11 @@ struct Dispatcher::Impl {
     const int h = topology->host_of(d.devices.front());
     const std::string host = shares.empty() ? topology->hosts()[h].name : supervisor;
     std::shared_ptr<comm::TcpStoreServer> store;
+    std::string store_token;  // its clients say it first: the store is reachable by every host
     if (!shares.empty()) {
-      Result<std::unique_ptr<comm::TcpStoreServer>> started =
-          comm::TcpStoreServer::Start({.bind_address = o.store_address, .port = 0});
+      store_token = internal::RandomHex(32);
+      Result<std::unique_ptr<comm::TcpStoreServer>> started = comm::TcpStoreServer::Start(
+          {.bind_address = o.store_address, .port = 0, .token = store_token});
       if (!started.ok()) {
         KC_LOG(WARNING) << "dispatcher: job " << job
                         << ": cannot serve its store: " << started.status().message();
@@ -953,6 +955,7 @@ struct Dispatcher::Impl {
       if (store != nullptr) {
         order.mutable_assignment()->set_rendezvous(
             fmt::format("{}:{}", o.store_address, store->port()));
+        order.mutable_assignment()->set_rendezvous_token(store_token);
       }
     }
     order.set_token(token->token);

@@ -60,6 +60,15 @@ constexpr uint64_t kWakeTag = 0;
 constexpr uint64_t kListenerTag = 1;
 constexpr uint64_t kFirstConnectionId = 2;
 
+// Whether `a` equals the token `b`, in a time that does not depend on where they differ.
+bool SameToken(std::string_view a, std::string_view b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff |= static_cast<unsigned char>(a[i] ^ b[i % std::max<size_t>(1, b.size())]);
+  }
+  return diff == 0;
+}
+
 // One client connection; driven by the server thread only.
 struct Connection {
   Connection(uint64_t i, Fd f) : id(i), fd(std::move(f)) {}
@@ -73,6 +82,7 @@ struct Connection {
   uint32_t events = 0;         // the epoll interest registered now
   std::set<uint64_t> waiters;  // parked requests
   bool broken = false;         // peer closed, I/O error or malformed frame: close it
+  bool authenticated = false;  // it said the server's token (kHello)
 
   size_t backlog() const { return out.size() - out_sent; }
 };
@@ -88,8 +98,9 @@ struct Waiter {
 
 class TcpStoreServerImpl final : public TcpStoreServer {
  public:
-  TcpStoreServerImpl(Fd listen_fd, Fd wake_fd, Fd epoll_fd, int port)
+  TcpStoreServerImpl(Fd listen_fd, Fd wake_fd, Fd epoll_fd, int port, std::string token)
       : port_(port),
+        token_(std::move(token)),
         listen_fd_(std::move(listen_fd)),
         wake_fd_(std::move(wake_fd)),
         epoll_fd_(std::move(epoll_fd)),
@@ -131,6 +142,7 @@ class TcpStoreServerImpl final : public TcpStoreServer {
 
   // Immutable after construction.
   const int port_;
+  const std::string token_;  // "": any client
 
   // Owned by the server thread while it runs; it closes the listener and every connection
   // when it ends, the other descriptors close with the object.
@@ -307,7 +319,21 @@ void TcpStoreServerImpl::Execute(Connection& c, const Header& h, std::string_vie
   }
   if (Status s = internal::CheckRequestLimits(r); !s.ok()) return SendError(c, r, s);
   Reply reply{.op = r.op, .request_id = r.request_id};
+  if (r.op == Op::kHello) {
+    if (!token_.empty() && !SameToken(r.keys[0], token_)) {
+      return SendError(c, r, PermissionDeniedError("store hello: not this store's token"));
+    }
+    c.authenticated = true;
+    return Send(c, reply);
+  }
+  if (!token_.empty() && !c.authenticated) {
+    return SendError(c, r,
+                     PermissionDeniedError("store " + std::string(internal::OpName(r.op)) +
+                                           ": this store takes only clients with its token"));
+  }
   switch (r.op) {
+    case Op::kHello:
+      return;  // answered above
     case Op::kSet: {
       if (Status s = map_.Set(r.keys[0], r.value); !s.ok()) return SendError(c, r, s);
       Send(c, reply);
@@ -515,7 +541,8 @@ class TcpStoreClientImpl final : public TcpStoreClient {
         port_(port),
         peer_(std::move(peer)),
         options_(options),
-        fd_(std::move(fd)) {}
+        fd_(std::move(fd)),
+        hello_due_(!options.token.empty()) {}
   TcpStoreClientImpl(const TcpStoreClientImpl&) = delete;
   TcpStoreClientImpl& operator=(const TcpStoreClientImpl&) = delete;
 
@@ -626,6 +653,7 @@ class TcpStoreClientImpl final : public TcpStoreClient {
   Fd fd_;             // invalid after a failure until the next call reconnects
   std::string rbuf_;  // received bytes not yet parsed
   uint64_t next_request_id_ = 1;
+  bool hello_due_ = false;  // the connection has not said the token yet
 };
 
 Status TcpStoreClientImpl::Call(Request r, TimePoint deadline, std::string* body, Reply* reply) {
@@ -663,6 +691,15 @@ Status TcpStoreClientImpl::CallLocked(Request& r, TimePoint deadline, std::strin
     }
     fd_ = *std::move(fd);
     rbuf_.clear();
+    hello_due_ = !options_.token.empty();
+  }
+  if (hello_due_ && r.op != Op::kHello) {
+    // Every connection says the token first; a refusal is the caller's answer.
+    Request hello{.op = Op::kHello, .keys = {options_.token}};
+    std::string hello_body;
+    Reply hello_reply;
+    KC_RETURN_IF_ERROR(CallLocked(hello, deadline, &hello_body, &hello_reply));
+    hello_due_ = false;
   }
   r.request_id = next_request_id_++;
   if (r.op == Op::kGet || r.op == Op::kWait) {
@@ -817,7 +854,7 @@ Result<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
   }
   try {
     return std::unique_ptr<TcpStoreServer>(std::make_unique<TcpStoreServerImpl>(
-        std::move(fd), std::move(wake), std::move(epoll), port));
+        std::move(fd), std::move(wake), std::move(epoll), port, options.token));
   } catch (const std::system_error& e) {  // the thread could not be started
     return ResourceExhaustedError(where + ": " + e.what());
   }

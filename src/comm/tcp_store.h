@@ -17,6 +17,9 @@ namespace kc::comm {
 struct TcpStoreServerOptions {
   std::string bind_address = "0.0.0.0";  // a numeric IPv4 or IPv6 address
   int port = 0;                          // 0: an ephemeral port, see TcpStoreServer::port()
+  // When set, a client must say it first on each connection (TcpStoreClientOptions::token);
+  // anything else it asks is answered with kPermissionDenied. "": any client.
+  std::string token;
 };
 
 // Serves a HashStore to any number of TcpStoreClients from one thread of its own, until
@@ -52,6 +55,8 @@ struct TcpStoreClientOptions {
   // If set, called on Connect's thread after every failed attempt that will be retried,
   // with its error (for logging, or for a test to start the server).
   std::function<void(const Status&)> on_retry;
+  // The server's token, said first on every connection (reconnections too); "": none.
+  std::string token;
 };
 
 // A Store whose map lives in a TcpStoreServer. Deadlines are on the real steady clock

@@ -184,6 +184,40 @@ TEST(TcpStoreTest, ConnectRejectsABadPortOrHost) {
             ErrorCode::kInvalidArgument);
 }
 
+// A server with a token serves only clients that say it first on their connection (a run's
+// store served where other hosts reach it); others get kPermissionDenied and read nothing.
+TEST(TcpStoreTest, AServerWithATokenServesOnlyClientsThatSayIt) {
+  Result<std::unique_ptr<TcpStoreServer>> server =
+      TcpStoreServer::Start({.bind_address = "127.0.0.1", .port = 0, .token = "s3cret"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  auto connect = [&](const std::string& token) {
+    return TcpStoreClient::Connect("127.0.0.1", port, In(std::chrono::seconds(30)),
+                                   {.token = token});
+  };
+  Result<std::unique_ptr<TcpStoreClient>> good = connect("s3cret");
+  ASSERT_TRUE(good.ok()) << good.status();
+  ASSERT_TRUE((*good)->Set("k", "v").ok());
+  for (const std::string token : {"", "s3crex", "s3cret-and-more"}) {
+    Result<std::unique_ptr<TcpStoreClient>> bad = connect(token);
+    ASSERT_TRUE(bad.ok()) << bad.status();  // connecting says nothing yet
+    Result<std::string> got = (*bad)->Get("k", Far());
+    EXPECT_EQ(got.status().code(), ErrorCode::kPermissionDenied) << token;
+    EXPECT_THAT(got.status().message(), HasSubstr("token")) << token;
+    EXPECT_EQ((*bad)->Set("k", "forged").code(), ErrorCode::kPermissionDenied) << token;
+  }
+  Result<std::string> kept = (*good)->Get("k", Far());
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(*kept, "v");
+  // A client reconnecting (the server restarted on the same port) says it again.
+  (*server)->Stop();
+  Result<std::unique_ptr<TcpStoreServer>> again =
+      TcpStoreServer::Start({.bind_address = "127.0.0.1", .port = port, .token = "s3cret"});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ((*good)->Set("k", "v2").code(), ErrorCode::kUnavailable);  // the old connection
+  EXPECT_TRUE((*good)->Set("k", "v2").ok());
+}
+
 TEST(TcpStoreTest, CallsAfterTheServerStopsAreUnavailableNamingTheServer) {
   std::unique_ptr<TcpStoreServer> server = StartServer();
   ASSERT_NE(server, nullptr);

@@ -443,7 +443,7 @@ TEST_F(ClusterNetnsTest, AJobLargerThanAHostRunsAcrossBothWithTheLossesOfOneMach
 // host's ranks from their own state, and the job succeeds.
 TEST_F(ClusterNetnsTest, AJobAcrossHostsSurvivesTheLossOfTheHostOfRankZero) {
   StartSupervisor();
-  const int64_t id = SubmitFile(AcrossFile("survive", 3000, "min_devices: 2\n"));
+  const int64_t id = SubmitFile(AcrossFile("survive", 1000, "min_devices: 2\n"));
   Await(id,
         [](const nlohmann::json& j) { return j["phase"] == "running" && Int(j, "step") >= 100; });
   ASSERT_EQ(Show(id)["host"], "h1, h2 (launcher on ctl)");

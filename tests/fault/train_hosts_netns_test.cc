@@ -79,18 +79,21 @@ class TrainHostsNetnsTest : public ::testing::Test {
         model_, steps, data_->path(), dir_.Path("ckpt"), extra);
   }
   // The launcher in namespace a, the hosts in placement order (rank 0 on the first).
+  // Every part of the run has the store's token ($KC_RENDEZVOUS_TOKEN) unless told otherwise.
   std::unique_ptr<Daemon> Launcher(const std::string& flags, const std::string& hosts) {
-    return std::make_unique<Daemon>(
-        fmt::format("ip netns exec {} {} train {} --hosts {} --listen {}:{} --out {} 2>&1",
-                    hosts_.a(), KC_BINARY, flags, hosts, hosts_.ip_a(), port_, dir_.Path("out")));
+    return std::make_unique<Daemon>(fmt::format(
+        "ip netns exec {} env KC_RENDEZVOUS_TOKEN={} {} train {} --hosts {} --listen {}:{} --out "
+        "{} 2>&1",
+        hosts_.a(), kToken, KC_BINARY, flags, hosts, hosts_.ip_a(), port_, dir_.Path("out")));
   }
   std::unique_ptr<Daemon> Share(const std::string& ns, const std::string& host,
-                                const std::string& flags) {
+                                const std::string& flags, const std::string& token = kToken) {
     return std::make_unique<Daemon>(
-        fmt::format("ip netns exec {} {} train {} --share {} "
+        fmt::format("ip netns exec {} env KC_RENDEZVOUS_TOKEN={} {} train {} --share {} "
                     "--rendezvous {}:{} 2>&1",
-                    ns, KC_BINARY, flags, host, hosts_.ip_a(), port_));
+                    ns, token, KC_BINARY, flags, host, hosts_.ip_a(), port_));
   }
+  static constexpr char kToken[] = "0123abcd-the-runs-secret";
   // The same training on this machine alone.
   std::map<int64_t, double> OneHostLosses(int steps) {
     KcRun one = kc::testing::RunKc(
@@ -137,7 +140,7 @@ TEST_F(TrainHostsNetnsTest, TwoHostsGiveTheLossesOfOneHost) {
   ExpectSameLosses(Losses(dir_.Path("out/metrics.jsonl")), OneHostLosses(30));
 }
 
-TEST_F(TrainHostsNetnsTest, AShareWithOtherFlagsIsRefusedNamingThem) {
+TEST_F(TrainHostsNetnsTest, AShareWithOtherFlagsOrWithoutTheTokenIsRefused) {
   std::unique_ptr<Daemon> launcher = Launcher(Flags(30), "h1:2,h2:2");
   ASSERT_NE(launcher->WaitForLine("rendezvous at"), "");
   std::unique_ptr<Daemon> h2 = Share(hosts_.b(), "h2", Flags(31));
@@ -146,6 +149,10 @@ TEST_F(TrainHostsNetnsTest, AShareWithOtherFlagsIsRefusedNamingThem) {
   std::unique_ptr<Daemon> h3 = Share(hosts_.b(), "h3", Flags(30));
   EXPECT_EQ(h3->Finish(), 2) << h3->output();
   EXPECT_THAT(h3->output(), HasSubstr("the run's hosts are h1, h2"));
+  // Without the launcher's token the store tells a share nothing.
+  std::unique_ptr<Daemon> stranger = Share(hosts_.b(), "h2", Flags(30), "not-the-secret");
+  EXPECT_EQ(stranger->Finish(), 2) << stranger->output();
+  EXPECT_THAT(stranger->output(), HasSubstr("refused this host: give it the launcher's token"));
 }
 
 // The host of rank 0 (h2, in namespace b) is killed with its ranks mid-run: the launcher takes

@@ -3,8 +3,11 @@
 #include <fmt/format.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
+#include <openssl/rand.h>
 
+#include <algorithm>
 #include <chrono>
+#include <vector>
 
 namespace kc::api::internal {
 
@@ -36,6 +39,18 @@ std::string HmacSha256Hex(std::string_view key, std::string_view data) {
 
 double WallSeconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string RandomHex(int bytes) {
+  std::vector<unsigned char> raw(static_cast<size_t>(std::max(bytes, 0)));
+  if (!raw.empty() && RAND_bytes(raw.data(), static_cast<int>(raw.size())) != 1) return "";
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char b : raw) {
+    out += kDigits[b >> 4];
+    out += kDigits[b & 15];
+  }
+  return out;
 }
 
 }  // namespace kc::api::internal

@@ -12,6 +12,9 @@ std::string Sha256Hex(std::string_view data);
 // HMAC-SHA256 of `data` under `key`, as 64 lowercase hex digits.
 std::string HmacSha256Hex(std::string_view key, std::string_view data);
 
+// `bytes` random bytes from the system's source, as lowercase hex; "" if the source failed.
+std::string RandomHex(int bytes);
+
 // Seconds since the Unix epoch, now.
 double WallSeconds();
 

@@ -147,6 +147,8 @@ std::string_view OpName(Op op) {
       return "delete";
     case Op::kCheck:
       return "check";
+    case Op::kHello:
+      return "hello";
   }
   return "unknown";
 }
@@ -170,7 +172,7 @@ bool DecodeHeader(const unsigned char* in, Header* h) {
   std::memcpy(&code, in + 20, 4);
   const uint8_t op = in[16];
   if (magic != kMagic || op < static_cast<uint8_t>(Op::kSet) ||
-      op > static_cast<uint8_t>(Op::kCheck) || in[17] != 0 || in[18] != 0 || in[19] != 0 ||
+      op > static_cast<uint8_t>(Op::kHello) || in[17] != 0 || in[18] != 0 || in[19] != 0 ||
       !ValidCode(code)) {
     return false;
   }
@@ -208,6 +210,7 @@ void EncodeRequest(const Request& r, std::string* out) {
         w.Bytes(r.value);
         break;
       case Op::kDelete:
+      case Op::kHello:
         w.Bytes(r.keys.at(0));
         break;
     }
@@ -257,6 +260,7 @@ bool DecodeRequestBody(const Header& h, std::string_view body, Request* r) {
       break;
     }
     case Op::kDelete:
+    case Op::kHello:
       if (!in.Bytes(&key)) return false;
       r->keys.push_back(key);
       break;
@@ -283,6 +287,7 @@ void EncodeReply(const Reply& r, std::string* out) {
     switch (r.op) {
       case Op::kSet:
       case Op::kWait:
+      case Op::kHello:
         break;
       case Op::kGet:
         w.Bytes(r.value);
@@ -310,6 +315,7 @@ bool DecodeReplyBody(const Header& h, std::string_view body, Reply* r) {
   switch (h.op) {
     case Op::kSet:
     case Op::kWait:
+    case Op::kHello:
       break;
     case Op::kGet:
       if (!in.Bytes(&r->value)) return false;

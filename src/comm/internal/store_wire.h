@@ -43,6 +43,9 @@ enum class Op : uint8_t {
   kCompareSet = 5,
   kDelete = 6,
   kCheck = 7,
+  // The connection's credential: one "key", the server's token. A server with a token answers
+  // every other request on a connection that has not said it with kPermissionDenied.
+  kHello = 8,
 };
 std::string_view OpName(Op op);  // "set", "get", ...
 
