@@ -455,12 +455,9 @@ void AddAgent(CLI::App& app, Action* action) {
   auto login = std::make_shared<std::string>();
   c->add_option("--host", o->host,
                 "This host's name in the cluster's topology (default: hostname)");
-  c->add_option("--devices", o->devices,
-                "Devices on this host, as the topology lists them (0 with --supervisor)")
+  c->add_option("--devices", o->devices, "Devices on this host, as the topology lists them")
       ->required();
-  c->add_flag("--supervisor", o->supervisor,
-              "A supervisor agent: no devices; it runs the launchers of jobs across hosts "
-              "(--host names it, outside the topology)");
+  c->add_flag("--supervisor", o->supervisor, "Run launchers of jobs across hosts (--devices 0)");
   c->add_option("--work", o->work_dir, "Jobs' directories and checkpoints")->required();
   c->add_option("--data-root", o->data_root,
                 "What jobs' data paths are relative to (default WORK/data)");
