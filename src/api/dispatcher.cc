@@ -214,6 +214,8 @@ struct Dispatcher::Impl {
   // Per queued job: the pending reason last written to the store, and when.
   std::map<int64_t, std::pair<std::string, double>> shown_reasons KC_GUARDED_BY(mu);
   std::vector<char> up KC_GUARDED_BY(mu);  // per device: up in the scheduler
+  // Jobs across hosts waiting for a supervisor agent or a store address (logged once each).
+  std::set<int64_t> waiting_across KC_GUARDED_BY(mu);
   int64_t submissions KC_GUARDED_BY(mu) = 0;
   std::thread thread;
 
@@ -868,18 +870,21 @@ struct Dispatcher::Impl {
         if (agent.registered && agent.supervisor) supervisor = name;
       }
       if (supervisor.empty() || o.store_address.empty()) {
-        KC_LOG(WARNING) << "dispatcher: job " << job << " spans " << shares.size() << " hosts and "
-                        << (supervisor.empty() ? "no supervisor agent is registered"
-                                               : "kcd serves no stores (--listen)")
-                        << "; it waits";
+        const std::string why =
+            supervisor.empty()
+                ? "it spans hosts: waits for a supervisor agent (kc agent --supervisor)"
+                : "it spans hosts: kcd serves no stores (its --listen is not an address the "
+                  "hosts reach)";
+        if (waiting_across.insert(job).second) {
+          KC_LOG(WARNING) << "dispatcher: job " << job << ": " << why;
+        }
+        // Back to the scheduler in a while; queued meanwhile, saying why.
         Release(job, now);
         not_before[job] = now + 5;
-        Move(job, JobPhase::kQueued,
-             supervisor.empty()
-                 ? "it spans hosts: waits for a supervisor agent (kc agent --supervisor)"
-                 : "it spans hosts: waits for kcd to serve its store");
+        o.jobs->SetReason(job, why, WallSeconds()).IgnoreError();  // ended meanwhile: nothing
         return;
       }
+      waiting_across.erase(job);
     } else {
       shares.clear();
     }

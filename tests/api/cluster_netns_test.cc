@@ -418,8 +418,13 @@ TEST_F(ClusterNetnsTest, ACutHostStopsItsRunBeforeTheJobStartsElsewhereAndComesB
 // two ranks on each host, its store served by kcd; the losses are those of the same training
 // on one machine.
 TEST_F(ClusterNetnsTest, AJobLargerThanAHostRunsAcrossBothWithTheLossesOfOneMachine) {
-  StartSupervisor();
+  // Without a supervisor agent it waits, saying so.
   const int64_t id = SubmitFile(AcrossFile("across", 40));
+  Await(id, [](const nlohmann::json& j) {
+    return j["phase"] == "queued" &&
+           j["reason"].get<std::string>().find("waits for a supervisor agent") != std::string::npos;
+  });
+  StartSupervisor();
   const nlohmann::json done = Await(id, Ended);
   EXPECT_EQ(done["phase"], "succeeded") << done.dump();
   EXPECT_EQ(done["host"], "h1, h2 (launcher on ctl)") << done.dump();
