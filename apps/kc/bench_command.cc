@@ -316,8 +316,7 @@ class Worker {
       : a_(a), p_(p), store_(std::move(store)), rank_(rank) {}
 
   Status Run() {
-    const Duration timeout =
-        std::chrono::duration_cast<Duration>(std::chrono::duration<double>(a_.timeout_s));
+    const Duration timeout = SecondsToDuration(a_.timeout_s);
     KC_ASSIGN_OR_RETURN(comm_,
                         Communicator::Create({.store = store_.get(),
                                               .group = a_.group,
@@ -733,8 +732,7 @@ int RunBench(BenchArgs a) {
   // (peers notice a dead or silent rank); one that has not ended by then (stopped, or hung)
   // is killed, so the launcher never waits for ever.
   int rc = kExitOk;
-  const Duration grace = std::chrono::duration_cast<Duration>(
-      std::chrono::duration<double>(a.timeout_s + kFailureGraceS));
+  const Duration grace = SecondsToDuration(a.timeout_s + kFailureGraceS);
   std::optional<TimePoint> deadline;  // set at the first failure
   int first_failed = -1;
   auto report = [&](size_t i, int status) {

@@ -11,6 +11,10 @@
 
 namespace kc::app {
 
+Duration SecondsToDuration(double seconds) {
+  return std::chrono::duration_cast<Duration>(std::chrono::duration<double>(seconds));
+}
+
 Status ParseHostPort(const std::string& s, std::string* host, int* port) {
   const size_t colon = s.rfind(':');
   if (colon == std::string::npos || colon == 0) {

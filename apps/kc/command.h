@@ -5,6 +5,7 @@
 #include <string>
 #include <string_view>
 
+#include "base/clock.h"
 #include "base/status.h"
 
 namespace kc::app {
@@ -19,6 +20,9 @@ inline constexpr int kExitNeedsApproval = 3;
 
 // A parsed subcommand, run after the global settings are loaded. Returns the exit code.
 using Action = std::function<int()>;
+
+// A flag's seconds as the clocks' Duration.
+Duration SecondsToDuration(double seconds);
 
 // Splits the value of --store, "HOST:PORT" (port 0-65535), for the workers a launcher starts.
 Status ParseHostPort(const std::string& s, std::string* host, int* port);

@@ -266,8 +266,7 @@ int RunLauncher(TrainArgs a) {
     Result<std::unique_ptr<fault::RemoteLauncher>> r =
         fault::RemoteLauncher::Create({.store = share_view.get(),
                                        .hosts = hosts,
-                                       .share_timeout = std::chrono::duration_cast<Duration>(
-                                           std::chrono::duration<double>(a.host_timeout_s))});
+                                       .share_timeout = SecondsToDuration(a.host_timeout_s)});
     Status published = r.ok() ? PublishRun(*store, a, p, group, hosts) : r.status();
     if (!published.ok()) {
       std::cerr << "kc train: " << published << "\n";

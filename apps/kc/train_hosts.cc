@@ -27,10 +27,6 @@ namespace {
 
 using Json = nlohmann::json;
 
-Duration SecondsToDuration(double s) {
-  return std::chrono::duration_cast<Duration>(std::chrono::duration<double>(s));
-}
-
 // What a share must agree on with its launcher: everything that makes two ranks' steps the
 // same computation. Paths (the model file's, the data's, the checkpoints') may differ by host.
 Json Fingerprint(const TrainArgs& a, const TrainSetup& p) {

@@ -184,8 +184,7 @@ int RunTrainWorker(const TrainArgs& a, const TrainSetup& p) {
       hal::OpenComputeDevice(d, {.threads = p.blas_threads});
   if (!device.ok()) return fail(device.status());
 
-  const Duration timeout =
-      std::chrono::duration_cast<Duration>(std::chrono::duration<double>(a.timeout_s));
+  const Duration timeout = SecondsToDuration(a.timeout_s);
   fault::ElasticWorkerOptions o;
   o.worker = worker;
   o.join = a.elastic_join;

@@ -494,32 +494,19 @@ struct Agent::Impl {
       *run.mutable_job() = j.order.train_job();
       *run.mutable_assignment() = j.order.assignment();
       if (Status s = WriteTrainRun(run_file, run); !s.ok()) return fail(std::string(s.message()));
+      args = {o.kc_binary,
+              "train",
+              "--job",
+              run_file,
+              "--checkpoint-dir",
+              CheckpointDir(j.order, j.spec)};
       if (role == kc::v1::StartOrder::ROLE_SHARE) {
         // This host's ranks; the launcher (on a supervisor agent) reports for the run.
-        args = {o.kc_binary,
-                "train",
-                "--job",
-                run_file,
-                "--share",
-                o.host,
-                "--rendezvous",
-                j.order.assignment().rendezvous(),
-                "--checkpoint-dir",
-                CheckpointDir(j.order, j.spec)};
+        args.insert(args.end(),
+                    {"--share", o.host, "--rendezvous", j.order.assignment().rendezvous()});
       } else {
         j.reports_path = (fs::path(out) / "reports.binpb").string();
-        args = {o.kc_binary,
-                "train",
-                "--job",
-                run_file,
-                "--out",
-                out,
-                "--reports",
-                j.reports_path,
-                "--progress",
-                "lines",
-                "--checkpoint-dir",
-                CheckpointDir(j.order, j.spec)};
+        args.insert(args.end(), {"--out", out, "--reports", j.reports_path, "--progress", "lines"});
       }
       if (role == kc::v1::StartOrder::ROLE_SUPERVISOR) {
         args.insert(args.end(),

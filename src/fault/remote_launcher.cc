@@ -47,9 +47,7 @@ Json ExitJson(const RankExit& e) {
 
 class RemoteLauncher::Impl {
  public:
-  explicit Impl(RemoteLauncherOptions o) : o_(std::move(o)) {
-    for (const RemoteHost& h : o_.hosts) hosts_.push_back({.name = h.name, .slots = h.slots});
-  }
+  explicit Impl(RemoteLauncherOptions o) : o_(std::move(o)), hosts_(o_.hosts.size()) {}
   ~Impl() {
     Finish();
     {
@@ -75,14 +73,14 @@ class RemoteLauncher::Impl {
     int h = -1;
     if (!launch.join) {
       int position = launch.worker;
-      for (size_t i = 0; i < hosts_.size() && h < 0; ++i) {
-        if (position < hosts_[i].slots) h = static_cast<int>(i);
-        position -= hosts_[i].slots;
+      for (size_t i = 0; i < o_.hosts.size() && h < 0; ++i) {
+        if (position < o_.hosts[i].slots) h = static_cast<int>(i);
+        position -= o_.hosts[i].slots;
       }
     } else {
       int most = 0;
       for (size_t i = 0; i < hosts_.size(); ++i) {
-        const int free = hosts_[i].slots - Live(static_cast<int>(i));
+        const int free = o_.hosts[i].slots - Live(static_cast<int>(i));
         if (hosts_[i].up && free > most) {
           most = free;
           h = static_cast<int>(i);
@@ -109,6 +107,7 @@ class RemoteLauncher::Impl {
       auto w = workers_.find(worker);
       if (w == workers_.end() || w->second.exited) return;
       HostState& h = hosts_[static_cast<size_t>(w->second.host)];
+      const std::string& name = o_.hosts[static_cast<size_t>(w->second.host)].name;
       const bool kill = signal == RankSignal::kKill;
       if (!w->second.sent) {
         if (!kill && h.up) {
@@ -122,12 +121,12 @@ class RemoteLauncher::Impl {
         });
         ok = !kill;
         why = fmt::format("{} before it started: host {} has no share up",
-                          kill ? "killed" : "stopped", h.name);
+                          kill ? "killed" : "stopped", name);
       } else if (h.up && w->second.session == h.session) {
         Send(w->second.host, {{"op", kill ? "kill" : "stop"}, {"worker", worker}});
         return;
       } else if (kill) {
-        why = fmt::format("killed: host {} is down, its ranks are taken for lost", h.name);
+        why = fmt::format("killed: host {} is down, its ranks are taken for lost", name);
       } else {
         return;  // a stop cannot reach it; the kill that follows ends it
       }
@@ -141,19 +140,18 @@ class RemoteLauncher::Impl {
     MutexLock lock(&mu_);
     if (finished_) return;
     finished_ = true;
-    for (size_t h = 0; h < hosts_.size(); ++h) Send(static_cast<int>(h), {{"op", "end"}});
+    for (size_t h = 0; h < o_.hosts.size(); ++h) Send(static_cast<int>(h), {{"op", "end"}});
   }
 
   std::string HostOf(int worker) const {
     MutexLock lock(&mu_);
     auto w = workers_.find(worker);
-    return w == workers_.end() ? "" : hosts_[static_cast<size_t>(w->second.host)].name;
+    return w == workers_.end() ? "" : o_.hosts[static_cast<size_t>(w->second.host)].name;
   }
 
  private:
+  // What is known of a host's share (its name and slots are the options' host of its index).
   struct HostState {
-    std::string name;
-    int slots = 1;
     int64_t session = -1;  // the newest share's; -1: none came up yet
     bool up = false;
     int64_t beat = -1;
@@ -175,9 +173,9 @@ class RemoteLauncher::Impl {
     for (const auto& [id, w] : workers_) n += w.host == host && !w.exited;
     return n;
   }
-  int TotalSlots() const KC_REQUIRES(mu_) {
+  int TotalSlots() const {
     int n = 0;
-    for (const HostState& h : hosts_) n += h.slots;
+    for (const RemoteHost& h : o_.hosts) n += h.slots;
     return n;
   }
   bool PendingOrders() const KC_REQUIRES(mu_) {
@@ -207,12 +205,11 @@ class RemoteLauncher::Impl {
   // One look at every host: new shares, beats, events, and the orders waiting for them.
   void Poll() {
     comm::Store& store = *o_.store;
-    for (size_t i = 0; i < o_.hosts.size(); ++i) {  // hosts_ has as many, in the same order
-      std::string name;
+    for (size_t i = 0; i < o_.hosts.size(); ++i) {
+      const std::string& name = o_.hosts[i].name;
       int64_t session;
       {
         MutexLock lock(&mu_);
-        name = hosts_[i].name;
         session = hosts_[i].session;
       }
       std::vector<std::pair<int, RankEvents*>> lost;
