@@ -6,6 +6,8 @@
 #include "apps/kc/diagnose_command.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <google/protobuf/util/json_util.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -14,11 +16,15 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "api/train_job.h"
 #include "apps/kc/kcd_client.h"
 #include "apps/kc/train_setup.h"
+#include "base/clock.h"
 #include "kc/v1/jobs.grpc.pb.h"
 #include "parallel/plan.h"
 
@@ -32,6 +38,8 @@ struct DiagnoseArgs {
   std::string run;
   bool json = false;
   std::string login;
+  bool live = false;   // ask the running run where every rank is
+  double wait_s = 15;  // for its answer
 };
 
 struct Finding {
@@ -176,6 +184,105 @@ Result<RunRecords> ReadRun(const std::string& run) {
   }
   return r;
 }
+
+// --live: where every rank of a running run is, from its supervisor.
+
+double UnixNow() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// A local run: the request beside its metrics, the answer waited for there.
+Result<kc::v1::ProgressReport> InspectRun(const std::string& run, const RunRecords& r,
+                                          double wait_s) {
+  const fs::path dir = fs::is_directory(run) ? fs::path(run) : fs::path(run).parent_path();
+  if (r.summary.is_object()) {
+    return FailedPreconditionError(
+        fmt::format("{}: the run has ended (its summary is recorded): nothing live to ask", run));
+  }
+  const int64_t request = static_cast<int64_t>(UnixNow() * 1e3);
+  const std::string text = Json{{"request", request}}.dump() + "\n";
+  KC_RETURN_IF_ERROR(WriteFileAtomically((dir / api::kInspectRequestFile).string(), text));
+  const TimePoint until = Clock::Real()->Now() + std::chrono::duration_cast<Duration>(
+                                                     std::chrono::duration<double>(wait_s));
+  const fs::path answer = dir / api::kInspectAnswerFile;
+  do {
+    std::ifstream in(answer);
+    const std::string got((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    kc::v1::ProgressReport p;
+    if (in && google::protobuf::util::JsonStringToMessage(got, &p).ok() && p.request() == request) {
+      return p;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the answer is a file
+  } while (Clock::Real()->Now() < until);
+  return DeadlineExceededError(fmt::format(
+      "{}: no answer within {:g} s (--wait): its kc train is not running (a run killed leaves no "
+      "summary), or its launcher is stuck",
+      run, wait_s));
+}
+
+// A kcd job: JobService.Inspect, then its records until the answer is among them.
+Result<kc::v1::ProgressReport> InspectJob(int64_t id, const std::string& login, double wait_s) {
+  KC_ASSIGN_OR_RETURN(Session s, Session::Open(login));
+  kc::v1::InspectJobRequest ask;
+  ask.set_id(id);
+  kc::v1::InspectJobResponse asked;
+  KC_RETURN_IF_ERROR(s.Call(&kc::v1::JobService::Stub::Inspect, ask, &asked));
+  const TimePoint until = Clock::Real()->Now() + std::chrono::duration_cast<Duration>(
+                                                     std::chrono::duration<double>(wait_s));
+  do {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the answer rides heartbeats
+    kc::v1::JobRecordsRequest req;
+    req.set_id(id);
+    kc::v1::JobRecordsResponse resp;
+    KC_RETURN_IF_ERROR(s.Call(&kc::v1::JobService::Stub::Records, req, &resp));
+    for (const kc::v1::TrainReport& t : resp.reports()) {
+      if (t.has_progress() && t.run_id() == asked.run_id() &&
+          t.progress().request() == asked.request()) {
+        return t.progress();
+      }
+    }
+  } while (Clock::Real()->Now() < until);
+  return DeadlineExceededError(fmt::format(
+      "job {}: no answer from {} within {:g} s (--wait): its agent or launcher did not answer "
+      "(is the agent up?)",
+      id, asked.run_id(), wait_s));
+}
+
+// The answer for people: who holds up whom, then each rank's newest operations per group.
+std::vector<std::string> LiveLines(const kc::v1::ProgressReport& p) {
+  std::vector<std::string> out;
+  out.push_back(p.hang().empty() ? "no rank waits in a collective: every one is between them"
+                                 : p.hang());
+  for (const kc::v1::ProgressReport::Rank& rank : p.ranks()) {
+    if (!rank.published()) {
+      out.push_back(fmt::format("worker {}: nothing published yet (no heartbeat since it started)",
+                                rank.worker()));
+      continue;
+    }
+    if (rank.groups().empty()) {
+      out.push_back(fmt::format("worker {}: no communicator (between generations, or starting)",
+                                rank.worker()));
+    }
+    for (const kc::v1::ProgressReport::Group& g : rank.groups()) {
+      std::vector<std::string> ops;
+      const int shown = std::min(g.ops_size(), 4);
+      for (int i = g.ops_size() - shown; i < g.ops_size(); ++i) {
+        const kc::v1::ProgressReport::Op& o = g.ops(i);
+        ops.push_back(fmt::format(
+            "{} #{} ({:.1f} MB) {}", o.op(), o.seq(), static_cast<double>(o.bytes()) / 1e6,
+            o.took_s() < 0    ? fmt::format("in it for {:.1f} s", o.ago_s())
+            : o.took_s() == 0 ? std::string("finished")  // within a tick of the coarse clock
+                              : fmt::format("took {:.0f} ms", o.took_s() * 1e3)));
+      }
+      out.push_back(fmt::format("worker {} {}: {}", rank.worker(), g.group(),
+                                ops.empty() ? std::string("no operation yet")
+                                            : fmt::format("{}", fmt::join(ops, " | "))));
+    }
+  }
+  return out;
+}
+
+constexpr const char* kDidNotFinish = "the run did not finish";
 
 double Number(const Json& j, const char* key, double fallback = -1) {
   return j.is_object() && j.contains(key) && j[key].is_number() ? j[key].get<double>() : fallback;
@@ -440,7 +547,7 @@ std::vector<Finding> Diagnose(const RunRecords& r) {
   if (r.summary.is_null()) {
     out.push_back({.layer = 4,
                    .fault = true,
-                   .what = "the run did not finish",
+                   .what = kDidNotFinish,
                    .evidence = fmt::format("{} steps recorded of {}", r.steps.size(),
                                            static_cast<int64_t>(Number(h, "steps", 0))),
                    .fix = r.here ? "kc train's output says why; with --checkpoint-dir the same "
@@ -466,7 +573,30 @@ int RunDiagnose(const DiagnoseArgs& a) {
     std::cerr << "kc diagnose: " << r.status().message() << "\n";
     return kExitBadInput;
   }
-  const std::vector<Finding> findings = Diagnose(*r);
+  std::vector<Finding> findings = Diagnose(*r);
+  std::optional<kc::v1::ProgressReport> live;
+  if (a.live) {
+    Result<kc::v1::ProgressReport> got =
+        job ? InspectJob(std::stoll(a.run), a.login, a.wait_s) : InspectRun(a.run, *r, a.wait_s);
+    if (!got.ok()) {
+      std::cerr << "kc diagnose: --live: " << got.status().message() << "\n";
+      return kExitFailure;
+    }
+    live = *std::move(got);
+    // It answered: it is still going, not a run that did not finish.
+    std::erase_if(findings, [](const Finding& f) { return f.what == kDidNotFinish; });
+    if (!live->hang().empty()) {
+      findings.insert(
+          findings.begin(),
+          {.layer = 2,
+           .fault = true,
+           .what = "a hang: ranks wait in a collective that others have not entered",
+           .evidence = live->hang(),
+           .fix = "look at the ranks that have not entered it: stopped, wedged or far slower (read "
+                  "their stacks: gdb -p, py-spy); killing one lets an elastic run go on without "
+                  "it"});
+    }
+  }
   if (a.json) {
     Json out = Json::array();
     for (const Finding& f : findings) {
@@ -476,13 +606,19 @@ int RunDiagnose(const DiagnoseArgs& a) {
                      {"evidence", f.evidence},
                      {"fix", f.fix}});
     }
-    std::cout << Json{{"run", a.run}, {"findings", out}}.dump(2) << "\n";
+    Json doc{{"run", a.run}, {"findings", out}};
+    if (live) doc["live"] = Json::parse(api::ProgressReportJson(*live), nullptr, false);
+    std::cout << doc.dump(2) << "\n";
     return kExitOk;
   }
   std::cout << fmt::format("kc diagnose {}: {} ({} rank{}, {} steps recorded)\n", a.run,
                            r->header.value("model", std::string("?")),
                            static_cast<int>(Number(r->header, "ranks", 1)),
                            Number(r->header, "ranks", 1) == 1 ? "" : "s", r->steps.size());
+  if (live) {
+    std::cout << fmt::format("  live, request {}: where every rank is\n", live->request());
+    for (const std::string& line : LiveLines(*live)) std::cout << "    " << line << "\n";
+  }
   if (findings.empty()) {
     std::cout << "  nothing found at L1 (devices), L2 (communication), L3 (the plan) or L4 "
                  "(faults)\n";
@@ -508,6 +644,11 @@ void AddDiagnoseCommand(CLI::App& app, Action* action) {
       ->required();
   c->add_option("--login", a->login, "For a job: the login file (default CONFIG/kc/login.json)");
   c->add_flag("--json", a->json, "The findings as JSON");
+  c->add_flag("--live", a->live,
+              "Also ask the running run where every rank is in its collectives (its newest "
+              "operations, and who holds up whom)");
+  c->add_option("--wait", a->wait_s, "--live: seconds to wait for the run's answer")
+      ->check(CLI::PositiveNumber);
   c->callback([action, a] { *action = [a] { return RunDiagnose(*a); }; });
 }
 

@@ -26,9 +26,10 @@
 #include <thread>
 #include <vector>
 
+#include "api/train_job.h"
+#include "apps/kc/train_follow.h"
 #include "apps/kc/train_hosts.h"
 #include "apps/kc/train_output.h"
-#include "apps/kc/train_resize.h"
 #include "apps/kc/train_setup.h"
 #include "base/clock.h"
 #include "base/subprocess.h"
@@ -289,7 +290,7 @@ int RunLauncher(TrainArgs a) {
   LauncherView view(
       a, &metrics,
       a.fault_log.empty() ? metrics_path.parent_path() / "faults.jsonl" : fs::path(a.fault_log),
-      group, &progress, reports.get());
+      group, &progress, reports.get(), metrics_path.parent_path() / api::kInspectAnswerFile);
   Result<std::unique_ptr<fault::Supervisor>> supervisor =
       fault::Supervisor::Create({.ranks = a.ranks,
                                  .shape = ShapeOf(a, p),
@@ -317,10 +318,16 @@ int RunLauncher(TrainArgs a) {
       }
       (*supervisor)->RequestStop();
     });
-    std::optional<ResizeFollower> resizes;
+    std::optional<FileFollower> resizes;
     if (!a.resize_file.empty()) {
-      resizes.emplace(a.resize_file, [&](int ranks) { (*supervisor)->Resize(ranks); });
+      resizes.emplace(a.resize_file, "{\"ranks\": N} with N at least 1",
+                      ResizeParser([&](int ranks) { (*supervisor)->Resize(ranks); }));
     }
+    // kc diagnose --live (or kc agent for kcd's JobService.Inspect) asks where every rank is.
+    const fs::path inspect = metrics_path.parent_path() / api::kInspectRequestFile;
+    fs::remove(inspect, ec);  // a request of an earlier run here is not this run's
+    FileFollower inspects(inspect.string(), "{\"request\": N} with N at least 1",
+                          InspectParser([&](int64_t n) { (*supervisor)->Inspect(n); }));
     ran = (*supervisor)->Run();
   }
   if (!ran.ok()) {

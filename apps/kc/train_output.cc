@@ -11,9 +11,11 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <span>
 #include <variant>
 
 #include "api/train_job.h"
+#include "base/file.h"
 #include "hal/compute.h"
 #include "hal/measure.h"
 
@@ -171,13 +173,15 @@ bool AppendSummaryReport(std::FILE* reports, const std::string& run_id, const Js
 }
 
 LauncherView::LauncherView(const TrainArgs& a, std::ofstream* metrics, fs::path fault_log,
-                           std::string job, TrainProgress* progress, std::FILE* reports)
+                           std::string job, TrainProgress* progress, std::FILE* reports,
+                           fs::path inspect_answer)
     : a_(a),
       metrics_(metrics),
       fault_log_path_(std::move(fault_log)),
       job_(std::move(job)),
       progress_(progress),
       reports_(reports),
+      inspect_answer_(std::move(inspect_answer)),
       interval_steps_(a.checkpoint_every == "auto" ? 0 : std::atoll(a.checkpoint_every.c_str())),
       ranks_(a.ranks) {}
 
@@ -231,6 +235,24 @@ void LauncherView::OnReport(int, const fault::Report& report) {
     interval_reason_ = fmt::format("Young/Daly: cost {:.2f} s, MTBF {:.0f} s ({})", i->cost_s,
                                    i->mtbf_s, i->source);
   }
+}
+
+void LauncherView::OnProgress(const fault::ProgressSnapshot& snapshot) {
+  kc::v1::TrainReport out;
+  *out.mutable_progress() = api::ToProgressReport(snapshot);
+  if (!inspect_answer_.empty()) {
+    const std::string text = api::ProgressReportJson(out.progress());
+    const Status s = WriteFileAtomically(inspect_answer_.string(),
+                                         std::as_bytes(std::span(text.data(), text.size())));
+    if (!s.ok()) {
+      progress_->OnLine(
+          fmt::format("kc train: warning: {}: {}", inspect_answer_.string(), s.message()));
+    }
+  }
+  progress_->OnLine(fmt::format(
+      "kc train: inspected (request {}): {}", snapshot.request,
+      snapshot.hang.empty() ? "no rank waits in a collective" : "hang report: " + snapshot.hang));
+  Append(std::move(out));
 }
 
 void LauncherView::OnFault(const fault::FaultEvent& e) {

@@ -60,13 +60,17 @@ class LauncherView final : public fault::SupervisorObserver {
  public:
   // `metrics` (not owned) stays open while the supervisor runs; so does `reports` (not owned;
   // null: none), where the run's typed reports are appended (--reports).
+  // Answers to Supervisor::Inspect go to `inspect_answer` (ProgressReport as JSON, replaced
+  // whole each time; empty: not written) and to `reports`.
   LauncherView(const TrainArgs& a, std::ofstream* metrics, std::filesystem::path fault_log,
-               std::string job, TrainProgress* progress, std::FILE* reports = nullptr);
+               std::string job, TrainProgress* progress, std::FILE* reports = nullptr,
+               std::filesystem::path inspect_answer = {});
 
   void OnReport(int worker, const fault::Report& report) override;
   void OnFault(const fault::FaultEvent& e) override;
   void OnOutput(int worker, const std::string& line) override;
   void OnReplacement(int worker, const Status& started) override;
+  void OnProgress(const fault::ProgressSnapshot& snapshot) override;
 
   // The recovered and stopped events, for the summary.
   const std::vector<fault::FaultEvent>& recoveries() const { return recoveries_; }
@@ -79,6 +83,7 @@ class LauncherView final : public fault::SupervisorObserver {
   TrainProgress* const progress_;  // not owned
   std::ofstream fault_log_;        // opened at the first event
   std::FILE* const reports_;
+  const std::filesystem::path inspect_answer_;
   // The checkpoint interval in force and why, for the checkpoint reports.
   int64_t interval_steps_ = 0;
   std::string interval_reason_;

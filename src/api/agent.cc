@@ -60,6 +60,7 @@ struct Job {
   std::string resize_path;  // an elastic train job: the size kc train follows (--resize-file)
   // A train job's typed reports (kc train --reports), and how far they were read.
   std::string reports_path;
+  std::string inspect_path;  // where kc train looks for JobService.Inspect's requests
   int64_t reports_offset = 0;
   std::deque<kc::v1::TrainReport> reports;  // those not yet delivered to kcd
   double step_relayed_s = 0;                // when a step report was last queued for kcd
@@ -506,6 +507,7 @@ struct Agent::Impl {
                     {"--share", o.host, "--rendezvous", j.order.assignment().rendezvous()});
       } else {
         j.reports_path = (fs::path(out) / "reports.binpb").string();
+        j.inspect_path = (fs::path(out) / kInspectRequestFile).string();
         args.insert(args.end(), {"--out", out, "--reports", j.reports_path, "--progress", "lines"});
       }
       if (role == kc::v1::StartOrder::ROLE_SUPERVISOR) {
@@ -891,6 +893,19 @@ struct Agent::Impl {
       }
       if (auto it = jobs.find(r.job()); it != jobs.end() && it->second.order.run() == r.run()) {
         ResizeJob(it->second, r);
+      }
+    }
+    for (const kc::v1::InspectOrder& i : resp.inspect()) {
+      auto it = jobs.find(i.job());
+      if (it == jobs.end() || it->second.order.run() != i.run() || it->second.ended ||
+          it->second.inspect_path.empty()) {
+        continue;  // not running here (any more): the asker hears nothing and says so
+      }
+      const std::string text = nlohmann::json{{"request", i.request()}}.dump() + "\n";
+      if (Status w = WriteFileAtomically(it->second.inspect_path,
+                                         std::as_bytes(std::span(text.data(), text.size())));
+          !w.ok()) {
+        KC_LOG(WARNING) << "agent: job " << i.job() << ": " << w.message();
       }
     }
     for (const kc::v1::CheckpointAdvice& advice : resp.advice()) {

@@ -71,6 +71,9 @@ constexpr double kMaxRunTokenS = 90 * 86400.0;
 // The most an agent's stop grace delays the requeue of its runs when it falls silent.
 constexpr double kMaxAgentStopGraceS = 600;
 
+// A run's id in its reports (RunAssignment.run_id).
+std::string RunId(int64_t job, int64_t run) { return fmt::format("job-{}-run-{}", job, run); }
+
 // A job's ranks on one host.
 struct Run {
   int64_t run = 0;
@@ -96,6 +99,7 @@ struct Run {
   // its ranks (their devices), and its store is kcd's (stopped when the run ends).
   std::map<std::string, std::vector<int>> shares;
   std::shared_ptr<comm::TcpStoreServer> store;
+  bool command = false;  // a command job's: no supervisor to inspect
 };
 
 struct Agent {
@@ -106,6 +110,7 @@ struct Agent {
   std::vector<kc::v1::StartOrder> starts;
   std::vector<kc::v1::StopOrder> stops;
   std::vector<kc::v1::ResizeOrder> resizes;
+  std::vector<kc::v1::InspectOrder> inspects;
 };
 
 std::string DevicesText(const std::vector<int>& devices) {
@@ -199,6 +204,7 @@ struct Dispatcher::Impl {
   internal::Database db KC_GUARDED_BY(mu);
   std::map<std::string, Agent> agents KC_GUARDED_BY(mu);        // by host name
   std::map<int64_t, Run> runs KC_GUARDED_BY(mu);                // by job id: its live run
+  int64_t inspections KC_GUARDED_BY(mu) = 0;                    // JobService.Inspect requests made
   std::map<int64_t, std::string> queued KC_GUARDED_BY(mu);      // job id -> scheduler id, pending
   std::map<std::string, int64_t> sched_jobs KC_GUARDED_BY(mu);  // scheduler id -> job id
   std::vector<sched::Decision> deferred KC_GUARDED_BY(mu);      // starts waiting for victims
@@ -608,7 +614,7 @@ struct Dispatcher::Impl {
                                       const std::vector<int>& devices, std::string* what) const {
     kc::v1::RunAssignment a;
     a.set_job(j.id);
-    a.set_run_id(fmt::format("job-{}-run-{}", j.id, run));
+    a.set_run_id(RunId(j.id, run));
     for (size_t i = 0; i < devices.size(); ++i) {
       kc::v1::RunAssignment::Rank* r = a.add_ranks();
       r->set_rank(static_cast<int>(i));
@@ -942,6 +948,7 @@ struct Dispatcher::Impl {
       run.auto_interval = true;
       run.job_class = spec->job_class;
     }
+    run.command = spec.ok() && !spec->command.empty();
     queued.erase(job);
     if (runs.count(job) != 0) EndRun(job);  // a preempted run not yet reported stopped
     kc::v1::StartOrder order;
@@ -1644,9 +1651,37 @@ Result<kc::v1::AgentHeartbeatResponse> Dispatcher::Heartbeat(
   for (kc::v1::StartOrder& s : a.starts) *out.add_start() = std::move(s);
   for (kc::v1::StopOrder& s : a.stops) *out.add_stop() = std::move(s);
   for (kc::v1::ResizeOrder& r : a.resizes) *out.add_resize() = std::move(r);
+  for (kc::v1::InspectOrder& i : a.inspects) *out.add_inspect() = std::move(i);
   a.starts.clear();
   a.stops.clear();
   a.resizes.clear();
+  a.inspects.clear();
+  return out;
+}
+
+Result<kc::v1::InspectJobResponse> Dispatcher::Inspect(int64_t job) {
+  Impl& m = *impl_;
+  MutexLock lock(&m.mu);
+  const auto r = m.runs.find(job);
+  if (r == m.runs.end() || r->second.stopping) {
+    return FailedPreconditionError(
+        fmt::format("job {} has no run going on: there is nothing live to inspect", job));
+  }
+  const Run& run = r->second;
+  if (run.command) {
+    return FailedPreconditionError(fmt::format(
+        "job {} is a command job: kc supervises its processes, not its collectives, so there "
+        "is no supervisor to ask where its ranks are",
+        job));
+  }
+  kc::v1::InspectOrder order;
+  order.set_job(job);
+  order.set_run(run.run);
+  order.set_request(++m.inspections);
+  m.agents[run.host].inspects.push_back(order);
+  kc::v1::InspectJobResponse out;
+  out.set_request(order.request());
+  out.set_run_id(RunId(job, run.run));
   return out;
 }
 

@@ -17,6 +17,7 @@
 #include "api/tokens.h"
 #include "base/status.h"
 #include "kc/v1/agent.pb.h"
+#include "kc/v1/jobs.pb.h"
 
 namespace kc::api {
 
@@ -57,6 +58,11 @@ class Dispatcher {
   // The agent service's calls (proto/kc/v1/agent.proto), with its errors.
   Result<kc::v1::RegisterAgentResponse> Register(const kc::v1::RegisterAgentRequest& request);
   Result<kc::v1::AgentHeartbeatResponse> Heartbeat(const kc::v1::AgentHeartbeatRequest& request);
+
+  // JobService.Inspect: asks the supervisor of job `job`'s run where every rank is, through
+  // the agent of its launcher with its next heartbeat. kFailedPrecondition when no run of it
+  // goes on, or it is a command job.
+  Result<kc::v1::InspectJobResponse> Inspect(int64_t job);
 
   // Runs a pass soon (a job was submitted, cancelled, paused or resumed).
   void Wake();

@@ -301,4 +301,19 @@ grpc::Status JobServiceImpl::Records(grpc::ServerContext* context,
   });
 }
 
+grpc::Status JobServiceImpl::Inspect(grpc::ServerContext* context,
+                                     const kc::v1::InspectJobRequest* req,
+                                     kc::v1::InspectJobResponse* response) {
+  return guard_->Serve(context, "kc.v1.JobService.Inspect", [&](const Principal& caller) -> Status {
+    KC_ASSIGN_OR_RETURN(JobRecord j, jobs_->Get(req->id()));
+    KC_RETURN_IF_ERROR(Allowed(caller, Action::kJobLogs, j));  // what it tells, as Records
+    if (dispatcher_ == nullptr) {
+      return FailedPreconditionError(
+          fmt::format("job {}: this kcd runs no jobs (no dispatcher): nothing to inspect", j.id));
+    }
+    KC_ASSIGN_OR_RETURN(*response, dispatcher_->Inspect(j.id));
+    return OkStatus();
+  });
+}
+
 }  // namespace kc::api

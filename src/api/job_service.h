@@ -55,6 +55,8 @@ class JobServiceImpl final : public kc::v1::JobService::Service {
                     kc::v1::JobLogsResponse* response) override;
   grpc::Status Records(grpc::ServerContext* context, const kc::v1::JobRecordsRequest* request,
                        kc::v1::JobRecordsResponse* response) override;
+  grpc::Status Inspect(grpc::ServerContext* context, const kc::v1::InspectJobRequest* request,
+                       kc::v1::InspectJobResponse* response) override;
 
  private:
   // The permission check for `action` on job `j`; a denial is audited and returned.

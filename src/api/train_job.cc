@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <vector>
 
@@ -247,6 +248,48 @@ Result<kc::v1::TrainRun> ReadTrainRun(const std::string& path) {
         "{}: not a run file (kc.v1.TrainRun, as kc agent writes it beside a run)", path));
   }
   return run;
+}
+
+kc::v1::ProgressReport ToProgressReport(const fault::ProgressSnapshot& s) {
+  using Json = nlohmann::json;
+  kc::v1::ProgressReport out;
+  out.set_request(s.request);
+  out.set_hang(s.hang);
+  for (int w : s.workers) {
+    kc::v1::ProgressReport::Rank* rank = out.add_ranks();
+    rank->set_worker(w);
+    const auto text = s.progress.find(w);
+    if (text == s.progress.end()) continue;
+    const Json groups = Json::parse(text->second, nullptr, /*allow_exceptions=*/false);
+    if (!groups.is_array()) continue;
+    rank->set_published(true);
+    for (const Json& g : groups) {
+      if (!g.is_object()) continue;
+      kc::v1::ProgressReport::Group* group = rank->add_groups();
+      group->set_group(g.value("group", std::string()));
+      group->set_for_s(g.value("for_s", 0.0));
+      const Json recent = g.value("recent", Json::array());
+      for (const Json& o : recent) {
+        if (!o.is_object()) continue;
+        kc::v1::ProgressReport::Op* op = group->add_ops();
+        op->set_op(o.value("op", std::string()));
+        op->set_seq(o.value("seq", uint64_t{0}));
+        op->set_bytes(o.value("bytes", int64_t{0}));
+        op->set_ago_s(o.value("ago_s", 0.0));
+        op->set_took_s(o.value("took_s", -1.0));
+      }
+    }
+  }
+  return out;
+}
+
+std::string ProgressReportJson(const kc::v1::ProgressReport& report) {
+  std::string text;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  if (!google::protobuf::util::MessageToJsonString(report, &text, options).ok()) return "{}";
+  return text;
 }
 
 kc::v1::FaultReport ToFaultReport(const fault::FaultEvent& e) {

@@ -56,6 +56,19 @@ kc::v1::FaultReport ToFaultReport(const fault::FaultEvent& e);
 // One line of it for people and the audit log: {"event":"detected","worker":1,...}.
 std::string FaultReportJson(const kc::v1::FaultReport& report);
 
+// An inspection of a running kc train (where every rank is): the request, {"request": N},
+// written whole beside the run's metrics by kc agent or kc diagnose --live, and the answer,
+// ProgressReport as JSON, written whole there by kc train (and appended to its reports).
+inline constexpr const char* kInspectRequestFile = "inspect.json";
+inline constexpr const char* kInspectAnswerFile = "progress.json";
+
+// A supervisor's answer to Supervisor::Inspect as its report: each worker's published
+// progress (fault::ProgressToJson's text) read into groups and operations; text that does not
+// parse counts as nothing published.
+kc::v1::ProgressReport ToProgressReport(const fault::ProgressSnapshot& s);
+// kInspectAnswerFile's text: the report as JSON, with the proto's field names, zeros included.
+std::string ProgressReportJson(const kc::v1::ProgressReport& report);
+
 // Appends `report` to `out` length-delimited. False when the write failed.
 bool AppendReport(std::FILE* out, const kc::v1::TrainReport& report);
 

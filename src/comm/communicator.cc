@@ -3,6 +3,7 @@
 // algorithm choice. Design: docs/design/collectives.md.
 #include "comm/communicator.h"
 
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -235,11 +236,23 @@ class RegionBuffer final : public Buffer {
 // ---------------------------------------------------------------------------------------
 // State shared by a root communicator and every sub-group made from it on this rank.
 
-// One communicator's newest operation (Communicator::progress), written by its worker thread
-// on every operation: relaxed stores, no lock, no clock (a few nanoseconds). When it began is
-// left to the readers: the first to see an operation in a state stamps it, so `since` is late
-// by at most the time between two looks (a heartbeat period). A reader may see the fields of
-// two neighbouring operations mixed, which a diagnosis can bear.
+// The coarse monotonic clock (vDSO, no system call, a few nanoseconds), in steady_clock
+// ticks: steady_clock is CLOCK_MONOTONIC, and the coarse clock is that clock read at the last
+// tick.
+int64_t CoarseNowTicks() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+             std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec))
+      .count();
+}
+
+// One communicator's newest operations (Communicator::progress), written by its worker thread
+// on every operation: relaxed stores, no lock, two reads of the coarse clock (a few
+// nanoseconds each). The newest operation's state is also kept apart, and when a reader first
+// sees it in a state it stamps `since`, late by at most the time between two looks (a
+// heartbeat period). A reader may see the newest's fields of two neighbouring operations
+// mixed, which a diagnosis can bear; the ring's entries are each read whole or left out.
 class ProgressSlot {
  public:
   explicit ProgressSlot(std::string group) : group_(std::move(group)) {}
@@ -248,8 +261,22 @@ class ProgressSlot {
     bytes_.store(bytes, std::memory_order_relaxed);
     seq_.store(seq, std::memory_order_relaxed);
     done_.store(false, std::memory_order_release);
+    Entry& e = ring_[seq % kOpHistory];
+    const uint64_t v = BeginWrite(e);
+    e.op.store(op, std::memory_order_relaxed);
+    e.seq.store(seq, std::memory_order_relaxed);
+    e.bytes.store(bytes, std::memory_order_relaxed);
+    e.start.store(CoarseNowTicks(), std::memory_order_relaxed);
+    e.end.store(kNotEnded, std::memory_order_relaxed);
+    e.version.store(v + 2, std::memory_order_release);
   }
-  void Leave() { done_.store(true, std::memory_order_release); }
+  void Leave() {
+    done_.store(true, std::memory_order_release);
+    Entry& e = ring_[seq_.load(std::memory_order_relaxed) % kOpHistory];
+    const uint64_t v = BeginWrite(e);
+    e.end.store(CoarseNowTicks(), std::memory_order_relaxed);
+    e.version.store(v + 2, std::memory_order_release);
+  }
   OpProgress Get() const {
     const bool done = done_.load(std::memory_order_acquire);
     const uint64_t seq = seq_.load(std::memory_order_relaxed);
@@ -264,10 +291,52 @@ class ProgressSlot {
             .bytes = bytes_.load(std::memory_order_relaxed),
             .done = done,
             .since = TimePoint(
-                std::chrono::steady_clock::duration(seen_at_.load(std::memory_order_relaxed)))};
+                std::chrono::steady_clock::duration(seen_at_.load(std::memory_order_relaxed))),
+            .recent = Recent()};
   }
 
  private:
+  static constexpr int64_t kNotEnded = -1;
+  // A seqlock: `version` is odd while the single writer rewrites the entry, and a reader keeps
+  // what it read only when the version was even and the same before and after.
+  struct Entry {
+    std::atomic<uint64_t> version{0};
+    std::atomic<const char*> op{nullptr};  // nullptr: never written
+    std::atomic<uint64_t> seq{0};
+    std::atomic<int64_t> bytes{0};
+    std::atomic<int64_t> start{0};  // steady_clock ticks
+    std::atomic<int64_t> end{kNotEnded};
+  };
+
+  static uint64_t BeginWrite(Entry& e) {
+    const uint64_t v = e.version.load(std::memory_order_relaxed);
+    e.version.store(v + 1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    return v;
+  }
+
+  std::vector<OpRecord> Recent() const {
+    std::vector<OpRecord> out;
+    out.reserve(kOpHistory);
+    for (const Entry& e : ring_) {
+      const uint64_t v = e.version.load(std::memory_order_acquire);
+      if (v % 2 != 0) continue;
+      const char* op = e.op.load(std::memory_order_relaxed);
+      OpRecord r{.seq = e.seq.load(std::memory_order_relaxed),
+                 .bytes = e.bytes.load(std::memory_order_relaxed),
+                 .start = TimePoint(Duration(e.start.load(std::memory_order_relaxed)))};
+      const int64_t end = e.end.load(std::memory_order_relaxed);
+      std::atomic_thread_fence(std::memory_order_acquire);
+      if (op == nullptr || e.version.load(std::memory_order_relaxed) != v) continue;
+      r.op = op;
+      if (end != kNotEnded) r.end = TimePoint(Duration(end));
+      out.push_back(std::move(r));
+    }
+    std::sort(out.begin(), out.end(),
+              [](const OpRecord& a, const OpRecord& b) { return a.seq < b.seq; });
+    return out;
+  }
+
   const std::string group_;
   std::atomic<const char*> op_{""};
   std::atomic<uint64_t> seq_{0};
@@ -275,6 +344,7 @@ class ProgressSlot {
   std::atomic<bool> done_{true};
   mutable std::atomic<uint64_t> seen_state_{0};
   mutable std::atomic<int64_t> seen_at_{0};  // steady_clock ticks
+  Entry ring_[kOpHistory];
 };
 
 struct Root {

@@ -137,6 +137,20 @@ struct CommunicatorMetrics {
   Duration rate_limit_wait{};  // total time they waited
 };
 
+// One operation of a communicator as its rank ran it (OpProgress::recent). Times are read
+// from the coarse monotonic clock (CLOCK_MONOTONIC_COARSE, a few milliseconds of resolution,
+// the steady clock's epoch), so operations shorter than a tick show as taking no time.
+struct OpRecord {
+  std::string op;  // "allreduce", "barrier", ...
+  uint64_t seq = 0;
+  int64_t bytes = 0;
+  TimePoint start{};
+  std::optional<TimePoint> end;  // empty: not finished
+};
+
+// How many of its newest operations a communicator keeps for OpProgress::recent.
+inline constexpr int kOpHistory = 16;
+
 // Where one rank is in the collectives of one communicator (hang localisation): the newest
 // operation it started, and whether it has finished. Every rank of a communicator runs its
 // collectives in one order, so ranks whose `seq` differ, or that finished one the others are
@@ -150,6 +164,9 @@ struct OpProgress {
   // When it was first seen in this state, started or finished (the real steady clock): late
   // by at most the time since the previous look, so ask regularly (a heartbeat does).
   TimePoint since{};
+  // Its newest operations (up to kOpHistory), oldest first; the last is the one above. One
+  // being rewritten at the moment of the look is left out.
+  std::vector<OpRecord> recent;
 };
 
 class Communicator {

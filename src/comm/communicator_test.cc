@@ -346,6 +346,34 @@ TEST(CommunicatorTest, ProgressSaysWhichOperationEachRankIsIn) {
   });
 }
 
+// Each communicator keeps its newest kOpHistory operations, oldest first, each with when it
+// started and ended; the ones before them are gone.
+TEST(CommunicatorTest, ProgressKeepsTheNewestOperationsWithTheirTimes) {
+  RunRanks({.size = 2}, [&](Communicator& c) {
+    std::vector<float> x(256, 1);
+    const TimePoint before = Clock::Real()->Now();
+    const int ops = kOpHistory + 4;
+    for (int i = 0; i < ops; ++i) {
+      auto w = i % 2 == 0 ? c.Allreduce(std::span(x), ReduceOp::kSum) : c.Barrier();
+      ASSERT_TRUE(w.ok());
+      ASSERT_TRUE((*w)->Wait().ok());
+    }
+    const std::vector<OpRecord> recent = c.progress().at(0).recent;
+    ASSERT_EQ(recent.size(), static_cast<size_t>(kOpHistory));
+    for (size_t i = 0; i < recent.size(); ++i) {
+      const uint64_t seq = static_cast<uint64_t>(ops - kOpHistory) + i;
+      EXPECT_EQ(recent[i].seq, seq);
+      EXPECT_EQ(recent[i].op, seq % 2 == 0 ? "allreduce" : "barrier");
+      EXPECT_EQ(recent[i].bytes, seq % 2 == 0 ? 1024 : 0);
+      ASSERT_TRUE(recent[i].end.has_value());
+      EXPECT_LE(recent[i].start, *recent[i].end);
+      // The coarse clock lags the steady one by at most a tick (a few milliseconds).
+      EXPECT_GE(recent[i].start, before - std::chrono::milliseconds(50));
+      if (i > 0) EXPECT_LE(*recent[i - 1].end, recent[i].start);
+    }
+  });
+}
+
 TEST(CommunicatorTest, AbortFailsThePeersPendingWorkAndStaysFailed) {
   for (TransportKind kind : {TransportKind::kAuto, TransportKind::kTcp}) {
     RunRanks({.size = 3, .transport = kind}, [](Communicator& c) {

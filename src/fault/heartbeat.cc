@@ -21,12 +21,22 @@ std::string ComputeKey(int worker) {
 std::string ProgressToJson(const std::vector<comm::OpProgress>& ops, TimePoint now) {
   nlohmann::json out = nlohmann::json::array();
   for (const comm::OpProgress& p : ops) {
+    nlohmann::json recent = nlohmann::json::array();
+    for (const comm::OpRecord& r : p.recent) {
+      nlohmann::json o = {{"op", r.op},
+                          {"seq", r.seq},
+                          {"bytes", r.bytes},
+                          {"ago_s", std::max(0.0, Seconds(now - r.start).count())}};
+      if (r.end) o["took_s"] = std::max(0.0, Seconds(*r.end - r.start).count());
+      recent.push_back(std::move(o));
+    }
     out.push_back({{"group", p.group},
                    {"op", p.op},
                    {"seq", p.seq},
                    {"bytes", p.bytes},
                    {"done", p.done},
-                   {"for_s", std::chrono::duration<double>(now - p.since).count()}});
+                   {"for_s", Seconds(now - p.since).count()},
+                   {"recent", std::move(recent)}});
   }
   return out.dump();
 }

@@ -86,13 +86,15 @@ class Supervisor::Impl final : public RankEvents {
   }
   void RequestStop() { Push({.kind = Event::kStop}); }
   void Resize(int ranks) { Push({.kind = Event::kResize, .worker = ranks}); }
+  void Inspect(int64_t request) { Push({.kind = Event::kInspect, .request = request}); }
 
   Result<RunOutcome> Run();
 
  private:
   struct Event {
-    enum Kind { kOutput, kReport, kExit, kStop, kResize } kind = kOutput;
-    int worker = -1;  // kResize: the ranks asked for
+    enum Kind { kOutput, kReport, kExit, kStop, kResize, kInspect } kind = kOutput;
+    int worker = -1;      // kResize: the ranks asked for
+    int64_t request = 0;  // kInspect
     std::string line;
     Report report;
     RankExit exit;
@@ -169,7 +171,7 @@ class Supervisor::Impl final : public RankEvents {
   void OnRankExit(int id, const RankExit& exit);
   void OnRecovery(const RecoveryReport& r);
   void CheckHeartbeats();
-  std::string HangReportNow();
+  std::map<int, std::string> ProgressNow();
   // What a worker published under `key` in the store (its heartbeat's progress, its compute
   // time); nullopt when it has published nothing there, or the store did not answer.
   std::optional<std::string> Published(const std::string& key);
@@ -303,6 +305,14 @@ void Supervisor::Impl::OnEvent(Event& e) {
       return;
     case Event::kResize:
       resize_to_ = e.worker;
+      return;
+    case Event::kInspect:
+      if (o_.observer != nullptr) {
+        ProgressSnapshot snapshot{.request = e.request, .workers = Alive()};
+        snapshot.progress = ProgressNow();
+        snapshot.hang = HangReport(snapshot.progress);
+        o_.observer->OnProgress(snapshot);
+      }
       return;
     case Event::kStop:
       if (!stop_passed_on_) {
@@ -525,12 +535,13 @@ void Supervisor::Impl::MaybeReportRanks() {
 }
 
 // Where every live worker was in its collectives, from what their heartbeats published.
-std::string Supervisor::Impl::HangReportNow() {
+std::map<int, std::string> Supervisor::Impl::ProgressNow() {
   std::map<int, std::string> progress;
+  if (o_.store == nullptr) return progress;
   for (int w : Alive()) {
     if (std::optional<std::string> text = Published(ProgressKey(w))) progress[w] = *std::move(text);
   }
-  return HangReport(progress);
+  return progress;
 }
 
 void Supervisor::Impl::CheckHeartbeats() {
@@ -538,7 +549,7 @@ void Supervisor::Impl::CheckHeartbeats() {
     Worker& w = workers_[r];
     if (w.exited) continue;
     w.silent_s = std::max(beats_->silent_for(r).count(), 1e-9);
-    w.hang = HangReportNow();
+    w.hang = HangReport(ProgressNow());
     // A stopped or wedged process does not act on a stop: killed. Its exit is the failure
     // (in an elastic run, the next generation).
     o_.launcher->Signal(r, RankSignal::kKill);
@@ -604,5 +615,6 @@ Result<RunOutcome> Supervisor::Run() { return impl_->Run(); }
 void Supervisor::RequestStop() { impl_->RequestStop(); }
 
 void Supervisor::Resize(int ranks) { impl_->Resize(ranks); }
+void Supervisor::Inspect(int64_t request) { impl_->Inspect(request); }
 
 }  // namespace kc::fault

@@ -15,10 +15,12 @@
 // Design: docs/design/runtime.md, docs/design/elastic-recovery.md.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "base/clock.h"
 #include "base/status.h"
@@ -93,6 +95,17 @@ struct RunOutcome {
   int faults = 0;  // ranks that failed
 };
 
+// Where every live rank is in its collectives, asked for while the run goes on
+// (Supervisor::Inspect; `kc diagnose --live`).
+struct ProgressSnapshot {
+  int64_t request = 0;       // the asker's id, echoed
+  std::vector<int> workers;  // the live workers, each asked
+  // What each published with its last heartbeat (ProgressToJson's text: its communicators,
+  // each with its newest operations); a worker absent has published nothing yet.
+  std::map<int, std::string> progress;
+  std::string hang;  // HangReport of it: who holds up whom; "" when no rank waits in one
+};
+
 // What a supervisor reports, all from the thread running Supervisor::Run.
 class SupervisorObserver {
  public:
@@ -105,6 +118,8 @@ class SupervisorObserver {
   virtual void OnOutput(int /*worker*/, const std::string& /*line*/) {}
   // A replacement worker was started (OK), or could not be (why).
   virtual void OnReplacement(int /*worker*/, const Status& /*started*/) {}
+  // The answer to Supervisor::Inspect.
+  virtual void OnProgress(const ProgressSnapshot& /*snapshot*/) {}
 };
 
 struct SupervisorOptions {
@@ -151,6 +166,11 @@ class Supervisor {
   // state, and the retired ones are killed; their ends are no faults. The last call wins; one
   // made while a generation forms is carried out once it has.
   void Resize(int ranks);
+
+  // From any thread: the observer is told where every live rank is in its collectives, from
+  // their last heartbeats (OnProgress, within a heartbeat period or so), tagged `request`.
+  // A run without a store (one rank) answers with no progress.
+  void Inspect(int64_t request);
 
  private:
   class Impl;

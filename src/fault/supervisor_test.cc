@@ -11,7 +11,10 @@
 
 #include <cmath>
 #include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
 
+#include "base/mutex.h"
 #include "base/notification.h"
 #include "comm/hash_store.h"
 #include "fault/elastic_worker.h"
@@ -26,6 +29,12 @@ using parallel::testing::OneCore;
 using parallel::testing::TinyCorpus;
 using parallel::testing::TinyModel;
 using ::testing::HasSubstr;
+
+int64_t WallMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 const TinyCorpus& Corpus() {
   static const TinyCorpus corpus;
@@ -42,6 +51,8 @@ struct Drill {
                  // once the stop reached it
     kAwaitJoin,  // waits until a replacement has joined (or its generation ends)
     kResize,     // Supervisor::Resize(ranks), as the scheduler's grow or shrink
+    kInspect,    // holds back from its step, asking Supervisor::Inspect until the answer says
+                 // the others wait for it (RunResult::inspected)
   };
   int worker = 0;
   int64_t step = 0;  // 1-based: before this step
@@ -70,6 +81,7 @@ struct RunResult {
   std::vector<int> replacements;
   int64_t last_checkpoint = -1;
   int64_t resumed_from = -1;
+  std::optional<ProgressSnapshot> inspected;  // kInspect: the answer that named the others
 };
 
 class Recorder final : public SupervisorObserver {
@@ -94,6 +106,26 @@ class Recorder final : public SupervisorObserver {
     out_->faults.push_back(event);
     if (event.kind == FaultEvent::Kind::kJoined && !joined.HasBeenNotified()) joined.Notify();
   }
+  void OnProgress(const ProgressSnapshot& snapshot) override {
+    MutexLock lock(&mu_);
+    answers_.push_back(snapshot);
+    cv_.SignalAll();
+  }
+  // Waits up to 10 s for the answer to request `request`.
+  std::optional<ProgressSnapshot> Answer(int64_t request) {
+    MutexLock lock(&mu_);
+    const TimePoint until = Clock::Real()->Now() + std::chrono::seconds(10);
+    for (;;) {
+      for (const ProgressSnapshot& a : answers_) {
+        if (a.request == request) return a;
+      }
+      if (!AwaitWithDeadline(Clock::Real(), &cv_, &mu_, until, [&]() KC_REQUIRES(mu_) {
+            return !answers_.empty() && answers_.back().request == request;
+          })) {
+        return std::nullopt;
+      }
+    }
+  }
   void OnReplacement(int worker, const Status& started) override {
     EXPECT_TRUE(started.ok()) << started;
     out_->replacements.push_back(worker);
@@ -102,6 +134,9 @@ class Recorder final : public SupervisorObserver {
  private:
   RunResult* const out_;
   std::vector<int64_t> steps_;
+  Mutex mu_;
+  CondVar cv_;
+  std::vector<ProgressSnapshot> answers_ KC_GUARDED_BY(mu_);
 };
 
 // Runs `spec` to its end: a supervisor on this thread, every rank a thread.
@@ -182,6 +217,21 @@ RunResult Train(const RunSpec& spec) {
                  break;
                case Drill::How::kResize:
                  supervisor->Resize(d.ranks);
+                 break;
+               case Drill::How::kInspect:
+                 // Until a heartbeat of the others has published them waiting in the
+                 // all-reduce worker 2 has not entered since its own last beat (for up to
+                 // 20 s).
+                 for (int64_t request = 1, until = WallMs() + 20000; WallMs() < until; ++request) {
+                   supervisor->Inspect(request);
+                   std::optional<ProgressSnapshot> a = recorder.Answer(request);
+                   if (!a) break;
+                   if (a->hang.find("worker 2 has not entered it (last: allreduce") !=
+                       std::string::npos) {
+                     out.inspected = std::move(a);
+                     break;
+                   }
+                 }
                  break;
              }
            }
@@ -445,6 +495,36 @@ TEST(SupervisorTest, TheHangReportNamesTheRankTheOthersWaitFor) {
                                   "allreduce #[0-9]+, finished\\); workers 0, 2 wait in it"));
   EXPECT_THAT(detected->reason, HasSubstr("hang report: "));
   EXPECT_EQ(detected->ToJson().value("hang", ""), detected->hang);
+}
+
+// Asked while the run goes on (kc diagnose --live), the supervisor says where every rank is:
+// here worker 2 holds back from step 6, and the others wait in its all-reduce. Each rank's
+// newest operations come with it, finished ones with their time.
+TEST(SupervisorTest, InspectSaysWhereEveryRankIsWhileTheRunGoesOn) {
+  RunResult r = Train(
+      {.ranks = 3, .steps = 8, .drills = {{.worker = 2, .step = 6, .how = Drill::How::kInspect}}});
+  EXPECT_EQ(r.outcome.end, RunOutcome::End::kCompleted);
+  EXPECT_EQ(r.outcome.faults, 0);
+  ASSERT_TRUE(r.inspected.has_value());
+  EXPECT_EQ(r.inspected->workers, (std::vector<int>{0, 1, 2}));
+  EXPECT_THAT(r.inspected->hang,
+              ::testing::ContainsRegex("allreduce #[0-9]+ of .*: worker 2 has not entered it "
+                                       "\\(last: allreduce #[0-9]+, finished\\); workers 0, 1 "
+                                       "wait in it"));
+  ASSERT_EQ(r.inspected->progress.size(), 3u);
+  const nlohmann::json zero = nlohmann::json::parse(r.inspected->progress.at(0));
+  ASSERT_TRUE(zero.is_array() && !zero.empty());
+  const nlohmann::json& recent = zero[0]["recent"];
+  ASSERT_GE(recent.size(), 2u);  // five steps and more of all-reduces, the newest kOpHistory
+  EXPECT_LE(recent.size(), static_cast<size_t>(comm::kOpHistory));
+  EXPECT_EQ(recent.back()["seq"], zero[0]["seq"]);
+  EXPECT_FALSE(recent.back().contains("took_s"));  // the one it waits in
+  EXPECT_TRUE(recent[recent.size() - 2].contains("took_s"));
+  for (size_t i = 1; i < recent.size(); ++i) {
+    EXPECT_EQ(recent[i]["seq"].get<uint64_t>(), recent[i - 1]["seq"].get<uint64_t>() + 1);
+  }
+  ASSERT_EQ(r.losses.size(), 8u);
+  EXPECT_LE(MaxRelativeDifference(r.losses, Uninterrupted()), 1e-5);
 }
 
 TEST(SupervisorTest, AStopStopsEveryRankAfterTheSameStepWithACheckpointToResumeFrom) {

@@ -1083,7 +1083,8 @@ TEST_F(ClusterTest, TheAdminsCommLimitsReachTheJobsRanksAndShowInJobShow) {
 }
 
 // kc diagnose of a kcd job, from what its runs reported to kcd: the seed's misconfiguration
-// (the gradient lane not first, from the admin's comm limits) at L2, and its pause at L4.
+// (the gradient lane not first, from the admin's comm limits) at L2, and its pause at L4; and
+// --live while it runs: where every rank is, asked of its supervisor through kcd and the agent.
 TEST_F(ClusterTest, KcDiagnoseOfAJobNamesItsLaneMisconfigurationAndItsPause) {
   KcRun init = Kc("init " + dir_.Path("cluster"));
   ASSERT_EQ(init.exit_code, 0) << init.err;
@@ -1101,8 +1102,23 @@ TEST_F(ClusterTest, KcDiagnoseOfAJobNamesItsLaneMisconfigurationAndItsPause) {
   Await(id, [&](const nlohmann::json& j) {
     return j["phase"] == "running" && Int(j, "step") >= paused_at + 5;
   });
+  // Live: kcd asks the run's supervisor through its agent where every rank is.
+  KcRun live = Kc(fmt::format("diagnose {} --live --json --wait 60", id));
+  ASSERT_EQ(live.exit_code, 0) << live.err;
+  const nlohmann::json answer = nlohmann::json::parse(live.out)["live"];
+  ASSERT_TRUE(answer.is_object()) << live.out;
+  EXPECT_GT(Int(answer, "request"), 0);
+  ASSERT_EQ(answer["ranks"].size(), 2u) << live.out;
+  for (const nlohmann::json& rank : answer["ranks"]) {
+    ASSERT_TRUE(rank["published"].get<bool>()) << live.out;
+    ASSERT_FALSE(rank["groups"].empty()) << live.out;
+    EXPECT_FALSE(rank["groups"][0]["ops"].empty()) << live.out;  // it has trained
+  }
   ASSERT_EQ(Kc(fmt::format("job cancel {}", id)).exit_code, 0);
   Await(id, [](const nlohmann::json& j) { return Ended(j["phase"]); });
+  KcRun ended = Kc(fmt::format("diagnose {} --live", id));
+  EXPECT_EQ(ended.exit_code, 1);
+  EXPECT_THAT(ended.err, HasSubstr("no run going on")) << ended.err;
 
   KcRun diagnose = Kc(fmt::format("diagnose {}", id));
   ASSERT_EQ(diagnose.exit_code, 0) << diagnose.err;

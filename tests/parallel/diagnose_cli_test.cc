@@ -160,6 +160,56 @@ TEST_F(KcDiagnoseTest, ARankThrottledByAnotherProcessIsAnL1Straggler) {
   EXPECT_TRUE(Has(f, "L1", "rank 1 is a straggler")) << f.dump(2);
 }
 
+// kc diagnose --live on a running run whose rank 1 stopped (SIGSTOP) before a step, with a
+// heartbeat timeout long enough that nothing declares it failed: the supervisor's answer names
+// it as the rank the other waits for, with each rank's newest operations. (What rank 1 did last
+// is what its last heartbeat said: stopped within its first beats, that may be nothing yet.)
+TEST_F(KcDiagnoseTest, LiveNamesTheStoppedRankTheOthersWaitFor) {
+  const std::string out = dir_.Path("stopped");
+  testing::Daemon train(fmt::format(
+      "{} train {} --data {} --progress none --eval-every 0 --out {} --ranks 2 --steps 10000000 "
+      "--heartbeat-period 0.2 --heartbeat-timeout 600 --inject-fault 1:5:stop",
+      KC_BINARY, micro_, data_->Path("fortunes/manifest.json"), out));
+  // Until an answer says so: the first ones may come before the heartbeats published the wait.
+  nlohmann::json live;
+  for (int i = 0; i < 60; ++i) {
+    testing::KcRun d = testing::RunKc(KC_BINARY, "diagnose --json --live --wait 10 " + out);
+    if (d.exit_code != 0) {
+      EXPECT_THAT(d.err, HasSubstr("no metrics.jsonl")) << d.err;  // not started yet
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      continue;
+    }
+    const nlohmann::json j = nlohmann::json::parse(d.out, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << d.out;
+    live = j.value("live", nlohmann::json());
+    if (live.value("hang", std::string()).find("worker 1 has not entered") != std::string::npos) {
+      EXPECT_TRUE(Has(j["findings"], "L2", "a hang")) << j.dump(2);
+      break;
+    }
+  }
+  train.Stop(SIGKILL);
+  ASSERT_TRUE(live.is_object());
+  EXPECT_THAT(live.value("hang", std::string()),
+              ::testing::ContainsRegex("allreduce #[0-9]+ of .*: worker 1 has not entered it "
+                                       "\\(last: [^)]+\\); worker 0 waits in it"));
+  ASSERT_EQ(live["ranks"].size(), 2u) << live.dump(2);
+  const nlohmann::json& zero = live["ranks"][0];
+  EXPECT_EQ(zero["worker"], 0);
+  ASSERT_FALSE(zero["groups"].empty());
+  const nlohmann::json& ops = zero["groups"][0]["ops"];
+  ASSERT_GE(ops.size(), 2u);
+  EXPECT_EQ(ops.back()["took_s"], -1);  // the one it waits in
+  EXPECT_GE(ops[ops.size() - 2]["took_s"].get<double>(), 0);
+}
+
+// A run that has ended has nothing live to ask.
+TEST_F(KcDiagnoseTest, LiveOnARunThatEndedSaysSo) {
+  ASSERT_EQ(Train(micro_, "ended", "--steps 3").exit_code, 0);
+  testing::KcRun d = testing::RunKc(KC_BINARY, "diagnose --live " + dir_.Path("ended"));
+  EXPECT_EQ(d.exit_code, 1);
+  EXPECT_THAT(d.err, HasSubstr("the run has ended"));
+}
+
 TEST_F(KcDiagnoseTest, ADirectoryWithoutARunIsRefused) {
   testing::KcRun d = testing::RunKc(KC_BINARY, "diagnose " + dir_.Path("nothing"));
   EXPECT_EQ(d.exit_code, 2);
