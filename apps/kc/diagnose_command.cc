@@ -17,6 +17,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -25,7 +26,10 @@
 #include "apps/kc/kcd_client.h"
 #include "apps/kc/train_setup.h"
 #include "base/clock.h"
+#include "hal/host_load.h"
+#include "hal/inventory.h"
 #include "kc/v1/jobs.grpc.pb.h"
+#include "kc/v1/topology.grpc.pb.h"
 #include "parallel/plan.h"
 
 namespace kc::app {
@@ -61,6 +65,8 @@ struct RunRecords {
   // (else the cores here say nothing of its ranks').
   std::vector<Json> history;
   bool here = true;
+  // The launcher's cores' rates as the run started (the header's "start", RunReport.start).
+  std::optional<kc::v1::HostLoadReport> start;
 };
 
 // A step record, keeping the last of each step: after a recovery the steps since the
@@ -111,6 +117,7 @@ Result<RunRecords> ReadJob(int64_t id, const std::string& login) {
                   {"ranks", h.ranks()},
                   {"threads_per_rank", h.threads_per_rank()},
                   {"steps", h.steps()}};
+      if (h.has_start()) r.start = h.start();
       if (!h.plan().empty()) r.header["plan"] = h.plan();
       if (h.predicted_step_s() > 0) r.header["predicted_step_s"] = h.predicted_step_s();
       if (h.has_comm_limits()) {
@@ -177,6 +184,12 @@ Result<RunRecords> ReadRun(const std::string& run) {
     return InvalidArgumentError(
         fmt::format("{}: no run record (the first line kc train writes)", metrics.string()));
   }
+  if (r.header.contains("start") && r.header["start"].is_object()) {
+    kc::v1::HostLoadReport start;
+    if (google::protobuf::util::JsonStringToMessage(r.header["start"].dump(), &start).ok()) {
+      r.start = std::move(start);
+    }
+  }
   std::ifstream faults(metrics.parent_path() / "faults.jsonl");
   for (std::string line; std::getline(faults, line);) {
     Json j = Json::parse(line, nullptr, false);
@@ -185,15 +198,79 @@ Result<RunRecords> ReadRun(const std::string& run) {
   return r;
 }
 
+double Number(const Json& j, const char* key, double fallback = -1) {
+  return j.is_object() && j.contains(key) && j[key].is_number() ? j[key].get<double>() : fallback;
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
 // --live: where every rank of a running run is, from its supervisor.
 
 double UnixNow() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-// A local run: the request beside its metrics, the answer waited for there.
-Result<kc::v1::ProgressReport> InspectRun(const std::string& run, const RunRecords& r,
-                                          double wait_s) {
+// The inventory's figure for one core of the run's devices on a host: fp32 FLOP/s. (Its
+// memory bandwidth is STREAM's over arrays far past the caches, which the short copy of a live
+// look is not: the copy is compared with the run's start only.)
+struct InventoryRates {
+  double flops = 0;
+};
+
+// What a running run said when asked, and what its hosts are doing.
+struct Live {
+  kc::v1::ProgressReport progress;
+  std::vector<kc::v1::HostLoadReport> hosts;
+  std::map<std::string, InventoryRates> inventory;  // by host: a kcd job's, from its topology
+  std::vector<std::string> notes;                   // what could not be measured, and why
+};
+
+// Per host, the mean per-core figures of the run's devices there (HostLoadReport.devices), as
+// the cluster's inventory declares or kc topo probe measured them.
+Result<std::map<std::string, InventoryRates>> InventoryOf(Session& s, const Live& live) {
+  kc::v1::TopologyInfo topo;
+  KC_RETURN_IF_ERROR(
+      s.Call(&kc::v1::TopologyService::Stub::Get, kc::v1::GetTopologyRequest(), &topo));
+  KC_ASSIGN_OR_RETURN(hal::TopologySpec spec,
+                      hal::LoadInventoryString(topo.inventory(), "topology.yaml"));
+  std::map<std::string, InventoryRates> out;
+  for (const kc::v1::HostLoadReport& h : live.hosts) {
+    double flops = 0, cores = 0;
+    for (const std::string& id : h.devices()) {
+      for (const hal::DeviceDescriptor& d : spec.devices) {
+        if (d.id != id || d.cpus.empty()) continue;
+        flops += d.peak_flops_fp32;
+        cores += static_cast<double>(d.cpus.size());
+      }
+    }
+    if (cores > 0) out[h.host()] = {.flops = flops / cores};
+  }
+  return out;
+}
+
+// The sgemm rate of core `cpu` as the run started, when `now` is of the host the launcher
+// measured then: a local run's, or a kcd run's on one host (`hosts`: of the run now; the
+// launcher of a run across hosts is on a supervisor agent, a machine of its own). 0: unknown.
+double StartRate(const RunRecords& r, const kc::v1::HostLoadReport& now, int cpu, size_t hosts) {
+  if (!r.start) return 0;
+  if (r.here ? r.start->host() != now.host() : hosts != 1) return 0;
+  for (const kc::v1::HostLoadReport::Core& c : r.start->cores()) {
+    if (c.cpu() == cpu) return c.sgemm_flops();
+  }
+  return 0;
+}
+
+Duration SecondsOf(double s) {
+  return std::chrono::duration_cast<Duration>(std::chrono::duration<double>(s));
+}
+
+// A local run: the request beside its metrics, the answer waited for there; its host's load
+// measured here when the run is on this machine.
+Result<Live> InspectRun(const std::string& run, const RunRecords& r, double wait_s) {
   const fs::path dir = fs::is_directory(run) ? fs::path(run) : fs::path(run).parent_path();
   if (r.summary.is_object()) {
     return FailedPreconditionError(
@@ -202,50 +279,88 @@ Result<kc::v1::ProgressReport> InspectRun(const std::string& run, const RunRecor
   const int64_t request = static_cast<int64_t>(UnixNow() * 1e3);
   const std::string text = Json{{"request", request}}.dump() + "\n";
   KC_RETURN_IF_ERROR(WriteFileAtomically((dir / api::kInspectRequestFile).string(), text));
-  const TimePoint until = Clock::Real()->Now() + std::chrono::duration_cast<Duration>(
-                                                     std::chrono::duration<double>(wait_s));
+  const TimePoint until = Clock::Real()->Now() + SecondsOf(wait_s);
   const fs::path answer = dir / api::kInspectAnswerFile;
-  do {
+  Live live;
+  for (;;) {
     std::ifstream in(answer);
     const std::string got((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    kc::v1::ProgressReport p;
-    if (in && google::protobuf::util::JsonStringToMessage(got, &p).ok() && p.request() == request) {
-      return p;
+    if (in && google::protobuf::util::JsonStringToMessage(got, &live.progress).ok() &&
+        live.progress.request() == request) {
+      break;
+    }
+    if (Clock::Real()->Now() >= until) {
+      return DeadlineExceededError(fmt::format(
+          "{}: no answer within {:g} s (--wait): its kc train is not running (a run killed "
+          "leaves no summary), or its launcher is stuck",
+          run, wait_s));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the answer is a file
-  } while (Clock::Real()->Now() < until);
-  return DeadlineExceededError(fmt::format(
-      "{}: no answer within {:g} s (--wait): its kc train is not running (a run killed leaves no "
-      "summary), or its launcher is stuck",
-      run, wait_s));
+  }
+  const std::string host = r.header.value("host", std::string());
+  const int pid = static_cast<int>(r.header.value("pid", int64_t{0}));
+  if (host != hal::HostName() || pid <= 0) {
+    live.notes.push_back(
+        fmt::format("the run's host ({}) is not this machine: its load is not "
+                    "measured from here",
+                    host.empty() ? "not recorded" : host));
+  } else if (Result<hal::HostLoad> load = hal::MeasureHostLoad({.roots = {pid}}); load.ok()) {
+    live.hosts.push_back(api::ToHostLoadReport(*load, host, request));
+  } else {
+    live.notes.push_back(fmt::format("host load: {}", load.status().message()));
+  }
+  return live;
 }
 
-// A kcd job: JobService.Inspect, then its records until the answer is among them.
-Result<kc::v1::ProgressReport> InspectJob(int64_t id, const std::string& login, double wait_s) {
+// A kcd job: JobService.Inspect, then its records until the answers are among them: the
+// supervisor's, and each host's load (or the wait is over: those missing are noted).
+Result<Live> InspectJob(int64_t id, const std::string& login, double wait_s) {
   KC_ASSIGN_OR_RETURN(Session s, Session::Open(login));
   kc::v1::InspectJobRequest ask;
   ask.set_id(id);
   kc::v1::InspectJobResponse asked;
   KC_RETURN_IF_ERROR(s.Call(&kc::v1::JobService::Stub::Inspect, ask, &asked));
-  const TimePoint until = Clock::Real()->Now() + std::chrono::duration_cast<Duration>(
-                                                     std::chrono::duration<double>(wait_s));
+  const TimePoint until = Clock::Real()->Now() + SecondsOf(wait_s);
+  Live live;
+  bool answered = false;
+  std::set<std::string> measured;
   do {
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the answer rides heartbeats
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the answers ride heartbeats
     kc::v1::JobRecordsRequest req;
     req.set_id(id);
     kc::v1::JobRecordsResponse resp;
     KC_RETURN_IF_ERROR(s.Call(&kc::v1::JobService::Stub::Records, req, &resp));
     for (const kc::v1::TrainReport& t : resp.reports()) {
-      if (t.has_progress() && t.run_id() == asked.run_id() &&
-          t.progress().request() == asked.request()) {
-        return t.progress();
+      if (t.run_id() != asked.run_id()) continue;
+      if (t.has_progress() && t.progress().request() == asked.request() && !answered) {
+        live.progress = t.progress();
+        answered = true;
+      }
+      if (t.has_host() && t.host().request() == asked.request() &&
+          measured.insert(t.host().host()).second) {
+        live.hosts.push_back(t.host());
       }
     }
-  } while (Clock::Real()->Now() < until);
-  return DeadlineExceededError(fmt::format(
-      "job {}: no answer from {} within {:g} s (--wait): its agent or launcher did not answer "
-      "(is the agent up?)",
-      id, asked.run_id(), wait_s));
+  } while ((!answered || measured.size() < static_cast<size_t>(asked.hosts_size())) &&
+           Clock::Real()->Now() < until);
+  if (!answered) {
+    return DeadlineExceededError(fmt::format(
+        "job {}: no answer from {} within {:g} s (--wait): its agent or launcher did not answer "
+        "(is the agent up?)",
+        id, asked.run_id(), wait_s));
+  }
+  for (const std::string& h : asked.hosts()) {
+    if (measured.count(h) == 0) {
+      live.notes.push_back(fmt::format("host {}: its agent sent no load within --wait", h));
+    }
+  }
+  if (Result<std::map<std::string, InventoryRates>> inv = InventoryOf(s, live); inv.ok()) {
+    live.inventory = *std::move(inv);
+  } else {
+    live.notes.push_back(
+        fmt::format("the inventory's figures are not compared: {}", inv.status().message()));
+  }
+  return live;
 }
 
 // The answer for people: who holds up whom, then each rank's newest operations per group.
@@ -282,16 +397,165 @@ std::vector<std::string> LiveLines(const kc::v1::ProgressReport& p) {
   return out;
 }
 
-constexpr const char* kDidNotFinish = "the run did not finish";
-
-double Number(const Json& j, const char* key, double fallback = -1) {
-  return j.is_object() && j.contains(key) && j[key].is_number() ? j[key].get<double>() : fallback;
+// Each host's load for people: its cores (busy, the run's share, the rate now and at the
+// start), then the processes outside the run on them.
+std::vector<std::string> LoadLines(const Live& live, const RunRecords& r) {
+  std::vector<std::string> out;
+  for (const kc::v1::HostLoadReport& h : live.hosts) {
+    std::vector<std::string> cores;
+    for (const kc::v1::HostLoadReport::Core& c : h.cores()) {
+      std::string rate;
+      if (c.sgemm_flops() > 0) {
+        rate = fmt::format(", {:.1f} GFLOP/s", c.sgemm_flops() / 1e9);
+        if (const double then = StartRate(r, h, c.cpu(), live.hosts.size()); then > 0) {
+          rate += fmt::format(" ({:.1f} at the start)", then / 1e9);
+        }
+      }
+      cores.push_back(fmt::format(
+          "core {} busy {:.0f}% (the run {:.0f}%){}{}", c.cpu(), 100 * c.busy(), 100 * c.run(),
+          rate,
+          c.steal() >= 0.01 ? fmt::format(", stolen {:.0f}%", 100 * c.steal()) : std::string()));
+    }
+    out.push_back(
+        fmt::format("host {} ({:.1f} s): {}", h.host(), h.window_s(), fmt::join(cores, " | ")));
+    if (h.copy_bytes_per_s() > 0) {
+      std::string then;
+      if (r.start && r.start->copy_bytes_per_s() > 0 &&
+          (r.here ? r.start->host() == h.host() : live.hosts.size() == 1)) {
+        then = fmt::format(" ({:.1f} at the start)", r.start->copy_bytes_per_s() / 1e9);
+      }
+      out.push_back(fmt::format("  copy {:.1f} GB/s{} (8 MiB arrays){}", h.copy_bytes_per_s() / 1e9,
+                                then,
+                                live.inventory.count(h.host()) != 0
+                                    ? fmt::format("; the inventory: {:.1f} GFLOP/s a core",
+                                                  live.inventory.at(h.host()).flops / 1e9)
+                                    : std::string()));
+    }
+    std::vector<std::string> others;
+    for (const kc::v1::HostLoadReport::Process& p : h.others()) {
+      others.push_back(fmt::format("pid {} ({}) {:.0f}% of a core, on core {}", p.pid(),
+                                   p.command(), 100 * p.cpu_share(), p.cpu()));
+    }
+    if (!others.empty()) {
+      out.push_back(fmt::format("  others on its cores: {}", fmt::join(others, "; ")));
+    }
+  }
+  for (const std::string& n : live.notes) out.push_back(n);
+  return out;
 }
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
-  return v[v.size() / 2];
+// What the hosts' loads say: other work on the run's cores (L4), a core computing slower than
+// at the run's start (L1), a hypervisor taking the cores (L1).
+std::vector<Finding> LoadFindings(const Live& live, const RunRecords& r) {
+  std::vector<Finding> out;
+  for (const kc::v1::HostLoadReport& h : live.hosts) {
+    double others = 0;
+    std::vector<std::string> who;
+    for (const kc::v1::HostLoadReport::Process& p : h.others()) {
+      others += p.cpu_share();
+      if (who.size() < 3) {
+        who.push_back(fmt::format("pid {} ({}) {:.0f}% of core {}", p.pid(), p.command(),
+                                  100 * p.cpu_share(), p.cpu()));
+      }
+    }
+    if (others >= 0.2) {
+      out.push_back(
+          {.layer = 4,
+           .fault = true,
+           .what = fmt::format("other work on the run's cores on {}: {:.0f}% of a core", h.host(),
+                               100 * others),
+           .evidence =
+               fmt::format("measured now over {:.1f} s: {}", h.window_s(), fmt::join(who, "; ")),
+           .fix = "move that work (or the run) off these cores: on a kc cluster, jobs get cores "
+                  "of their own, so this is a process outside kc, or a job pinned by hand"});
+    }
+    std::vector<std::string> slow;
+    double worst = 1;
+    for (const kc::v1::HostLoadReport::Core& c : h.cores()) {
+      const double then = StartRate(r, h, c.cpu(), live.hosts.size());
+      if (then <= 0 || c.sgemm_flops() <= 0) continue;
+      const double ratio = c.sgemm_flops() / then;
+      if (ratio < 0.7) {
+        slow.push_back(fmt::format("core {}: {:.1f} GFLOP/s, {:.1f} at the start ({:.2f}x)",
+                                   c.cpu(), c.sgemm_flops() / 1e9, then / 1e9, ratio));
+        worst = std::min(worst, ratio);
+      }
+    }
+    if (!slow.empty()) {
+      out.push_back({.layer = 1,
+                     .fault = true,
+                     .what = fmt::format("a core computes {:.2f}x what it did at the run's start "
+                                         "on {}: throttled",
+                                         worst, h.host()),
+                     .evidence = fmt::format("{} (a short sgemm pinned to each, now and as the "
+                                             "run started)",
+                                             fmt::join(slow, "; ")),
+                     .fix = "a core slowed by heat or a power cap: look at its frequency "
+                            "(cpupower frequency-info) and temperature; kc topo probe measures "
+                            "the host again"});
+    }
+    // Memory: the copy now against the start's (the same host) and the inventory's.
+    const bool same_host =
+        r.start && (r.here ? r.start->host() == h.host() : live.hosts.size() == 1);
+    if (same_host && r.start->copy_bytes_per_s() > 0 && h.copy_bytes_per_s() > 0 &&
+        h.copy_bytes_per_s() < 0.5 * r.start->copy_bytes_per_s()) {
+      out.push_back(
+          {.layer = 1,
+           .fault = true,
+           .what = fmt::format("memory copies at {:.2f}x the run's start on {}",
+                               h.copy_bytes_per_s() / r.start->copy_bytes_per_s(), h.host()),
+           .evidence = fmt::format("{:.1f} GB/s now, {:.1f} GB/s as the run started (a copy of "
+                                   "8 MiB arrays)",
+                                   h.copy_bytes_per_s() / 1e9, r.start->copy_bytes_per_s() / 1e9),
+           .fix = "memory bandwidth taken by other work on the host (another job's copies), or "
+                  "a throttled memory controller: look at what else runs there"});
+    }
+    if (const auto inv = live.inventory.find(h.host()); inv != live.inventory.end()) {
+      std::vector<double> rates;
+      for (const kc::v1::HostLoadReport::Core& c : h.cores()) {
+        if (c.sgemm_flops() > 0) rates.push_back(c.sgemm_flops());
+      }
+      const double now = Median(rates);
+      std::vector<std::string> below;
+      if (inv->second.flops > 0 && now > 0 && now < 0.7 * inv->second.flops) {
+        below.push_back(
+            fmt::format("compute {:.1f} GFLOP/s a core (the median), the inventory "
+                        "{:.1f}",
+                        now / 1e9, inv->second.flops / 1e9));
+      }
+      if (!below.empty()) {
+        out.push_back({.layer = 1,
+                       .fault = false,
+                       .what = fmt::format("the run's devices on {} do less than the inventory "
+                                           "says",
+                                           h.host()),
+                       .evidence = fmt::format("{} (measured now)", fmt::join(below, "; ")),
+                       .fix = "a throttled device, or an inventory whose figures are not this "
+                              "machine's: kc topo probe measures them and writes what it "
+                              "finds"});
+      }
+    }
+    for (const kc::v1::HostLoadReport::Core& c : h.cores()) {
+      if (c.steal() < 0.1) continue;
+      out.push_back({.layer = 1,
+                     .fault = false,
+                     .what = fmt::format("the hypervisor takes {:.0f}% of core {} on {}",
+                                         100 * c.steal(), c.cpu(), h.host()),
+                     .evidence = "steal time in /proc/stat over the window",
+                     .fix = "the virtual machine's cores are shared with other machines: ask for "
+                            "dedicated cores, or expect the steps to vary"});
+    }
+  }
+  return out;
+}
+
+constexpr const char* kDidNotFinish = "the run did not finish";
+
+// Faults first, bottom-up; then warnings, bottom-up.
+void SortFindings(std::vector<Finding>* findings) {
+  std::stable_sort(findings->begin(), findings->end(), [](const Finding& a, const Finding& b) {
+    return a.fault != b.fault ? a.fault : a.layer < b.layer;
+  });
 }
 
 std::vector<Finding> Diagnose(const RunRecords& r) {
@@ -554,9 +818,7 @@ std::vector<Finding> Diagnose(const RunRecords& r) {
                                    "command resumes"
                                  : "its history (kc job show) and output (kc job logs) say why"});
   }
-  std::stable_sort(out.begin(), out.end(), [](const Finding& a, const Finding& b) {
-    return a.fault != b.fault ? a.fault : a.layer < b.layer;
-  });
+  SortFindings(&out);
   return out;
 }
 
@@ -574,9 +836,9 @@ int RunDiagnose(const DiagnoseArgs& a) {
     return kExitBadInput;
   }
   std::vector<Finding> findings = Diagnose(*r);
-  std::optional<kc::v1::ProgressReport> live;
+  std::optional<Live> live;
   if (a.live) {
-    Result<kc::v1::ProgressReport> got =
+    Result<Live> got =
         job ? InspectJob(std::stoll(a.run), a.login, a.wait_s) : InspectRun(a.run, *r, a.wait_s);
     if (!got.ok()) {
       std::cerr << "kc diagnose: --live: " << got.status().message() << "\n";
@@ -585,13 +847,15 @@ int RunDiagnose(const DiagnoseArgs& a) {
     live = *std::move(got);
     // It answered: it is still going, not a run that did not finish.
     std::erase_if(findings, [](const Finding& f) { return f.what == kDidNotFinish; });
-    if (!live->hang().empty()) {
+    for (Finding& f : LoadFindings(*live, *r)) findings.push_back(std::move(f));
+    SortFindings(&findings);
+    if (!live->progress.hang().empty()) {
       findings.insert(
           findings.begin(),
           {.layer = 2,
            .fault = true,
            .what = "a hang: ranks wait in a collective that others have not entered",
-           .evidence = live->hang(),
+           .evidence = live->progress.hang(),
            .fix = "look at the ranks that have not entered it: stopped, wedged or far slower (read "
                   "their stacks: gdb -p, py-spy); killing one lets an elastic run go on without "
                   "it"});
@@ -607,7 +871,15 @@ int RunDiagnose(const DiagnoseArgs& a) {
                      {"fix", f.fix}});
     }
     Json doc{{"run", a.run}, {"findings", out}};
-    if (live) doc["live"] = Json::parse(api::ProgressReportJson(*live), nullptr, false);
+    if (live) {
+      doc["live"] = Json::parse(api::ReportJson(live->progress), nullptr, false);
+      Json hosts = Json::array();
+      for (const kc::v1::HostLoadReport& h : live->hosts) {
+        hosts.push_back(Json::parse(api::ReportJson(h), nullptr, false));
+      }
+      doc["live"]["hosts"] = std::move(hosts);
+      doc["live"]["notes"] = live->notes;
+    }
     std::cout << doc.dump(2) << "\n";
     return kExitOk;
   }
@@ -616,8 +888,10 @@ int RunDiagnose(const DiagnoseArgs& a) {
                            static_cast<int>(Number(r->header, "ranks", 1)),
                            Number(r->header, "ranks", 1) == 1 ? "" : "s", r->steps.size());
   if (live) {
-    std::cout << fmt::format("  live, request {}: where every rank is\n", live->request());
-    for (const std::string& line : LiveLines(*live)) std::cout << "    " << line << "\n";
+    std::cout << fmt::format("  live, request {}: where every rank is\n", live->progress.request());
+    for (const std::string& line : LiveLines(live->progress)) std::cout << "    " << line << "\n";
+    std::cout << "  live: what its hosts' cores do now\n";
+    for (const std::string& line : LoadLines(*live, *r)) std::cout << "    " << line << "\n";
   }
   if (findings.empty()) {
     std::cout << "  nothing found at L1 (devices), L2 (communication), L3 (the plan) or L4 "

@@ -13,10 +13,12 @@
 #include <string>
 #include <vector>
 
+#include "api/train_job.h"
 #include "base/log.h"
 #include "hal/cpu_devices.h"
 #include "hal/cuda_probe.h"
 #include "hal/grouping.h"
+#include "hal/host_load.h"
 #include "hal/host_probe.h"
 #include "hal/inventory.h"
 #include "hal/measure.h"
@@ -400,6 +402,44 @@ int RunServe(const ServeArgs& args) {
   return kExitOk;
 }
 
+struct LoadArgs {
+  std::vector<int> pids;
+  double window_s = 0.5;
+  std::string host;
+  bool json = false;
+};
+
+// What the cores of some processes (a run: its launcher, with its ranks below it) do now.
+int RunLoad(const LoadArgs& a) {
+  Result<hal::HostLoad> load = hal::MeasureHostLoad(
+      {.roots = a.pids,
+       .window = std::chrono::milliseconds(static_cast<int64_t>(a.window_s * 1e3))});
+  if (!load.ok()) {
+    std::cerr << "kc topo load: " << load.status().message() << "\n";
+    return load.status().code() == ErrorCode::kInvalidArgument ? kExitBadInput : kExitFailure;
+  }
+  const kc::v1::HostLoadReport r =
+      api::ToHostLoadReport(*load, a.host.empty() ? hal::HostName() : a.host, 0);
+  if (a.json) {
+    std::cout << api::ReportJson(r) << "\n";
+    return kExitOk;
+  }
+  std::cout << fmt::format("{}: {} process{} of the run, over {:.1f} s\n", r.host(),
+                           load->run_processes, load->run_processes == 1 ? "" : "es", r.window_s());
+  for (const kc::v1::HostLoadReport::Core& c : r.cores()) {
+    std::cout << fmt::format(
+        "  core {:>3}: busy {:>3.0f}%, the run {:>3.0f}%, stolen {:>2.0f}%, "
+        "{:.1f} GFLOP/s\n",
+        c.cpu(), 100 * c.busy(), 100 * c.run(), 100 * c.steal(), c.sgemm_flops() / 1e9);
+  }
+  std::cout << fmt::format("  copy: {:.1f} GB/s (8 MiB arrays)\n", r.copy_bytes_per_s() / 1e9);
+  for (const kc::v1::HostLoadReport::Process& p : r.others()) {
+    std::cout << fmt::format("  other: pid {} ({}) {:.0f}% of a core, on core {}\n", p.pid(),
+                             p.command(), 100 * p.cpu_share(), p.cpu());
+  }
+  return kExitOk;
+}
+
 }  // namespace
 
 void AddTopoCommand(CLI::App& app, Action* action) {
@@ -433,6 +473,19 @@ void AddTopoCommand(CLI::App& app, Action* action) {
   report->add_option("--write-groups", ra->write_groups, "Write the groups in use to this file");
   report->add_flag("--json", ra->json, "Print JSON instead of text");
   report->callback([action, ra] { *action = [ra] { return RunReport(*ra); }; });
+
+  CLI::App* load = topo->add_subcommand(
+      "load",
+      "What the cores of a run's processes do now: how busy, with whose work, and each core's "
+      "rate (kc diagnose --live runs it on each of a run's hosts)");
+  auto la = std::make_shared<LoadArgs>();
+  load->add_option("pids", la->pids, "The run's processes (its launcher): these and below them")
+      ->required();
+  load->add_option("--window", la->window_s, "Seconds the load is measured over")
+      ->check(CLI::Range(0.01, 10.0));
+  load->add_option("--host", la->host, "The host's name in the report (default: this machine's)");
+  load->add_flag("--json", la->json, "Print the report as JSON (kc.v1.HostLoadReport)");
+  load->callback([action, la] { *action = [la] { return RunLoad(*la); }; });
 
   CLI::App* serve = topo->add_subcommand("serve", "Answer other hosts' `kc topo probe --peers`");
   auto sa = std::make_shared<ServeArgs>();

@@ -37,6 +37,7 @@
 #include "fault/local_launcher.h"
 #include "fault/remote_launcher.h"
 #include "fault/supervisor.h"
+#include "hal/host_load.h"
 #include "hal/measure.h"
 
 namespace kc::app {
@@ -154,8 +155,19 @@ int RunLauncher(TrainArgs a) {
     std::cerr << "kc train: cannot write " << metrics_path.string() << "\n";
     return kExitBadInput;
   }
+  // The launcher's cores' rates before any rank runs: kc diagnose --live compares them with
+  // the rates then (a throttled core). About 10 ms a core; not for a CUDA run.
+  std::optional<kc::v1::HostLoadReport> start;
+  if (!p.cuda) {
+    Result<hal::HostLoad> load = hal::MeasureHostLoad(
+        {.roots = {getpid()}, .window = std::chrono::milliseconds(10), .max_rate_cores = 16});
+    if (load.ok()) start = api::ToHostLoadReport(*load, hal::HostName(), 0);
+  }
   metrics << Json{{"type", "run"},
                   {"model", p.spec.name},
+                  {"host", hal::HostName()},
+                  {"pid", getpid()},
+                  {"start", start ? Json::parse(api::ReportJson(*start)) : Json()},
                   {"config", a.config},
                   {"ranks", a.ranks},
                   {"threads_per_rank", p.threads},
@@ -182,7 +194,7 @@ int RunLauncher(TrainArgs a) {
       std::cerr << "kc train: --reports " << a.reports << ": " << std::strerror(errno) << "\n";
       return kExitBadInput;
     }
-    if (!AppendRunReport(reports.get(), a, p)) return kExitFailure;
+    if (!AppendRunReport(reports.get(), a, p, start)) return kExitFailure;
   }
   if (done_at >= 0) {  // said by ResolveResume
     metrics << Json{{"type", "done"}, {"step", done_at}, {"checkpoint_step", done_at}}.dump()

@@ -138,7 +138,8 @@ bool AppendDoneReports(std::FILE* reports, const std::string& run_id, int64_t st
   return api::AppendReport(reports, r) && api::AppendReport(reports, c);
 }
 
-bool AppendRunReport(std::FILE* reports, const TrainArgs& a, const TrainSetup& p) {
+bool AppendRunReport(std::FILE* reports, const TrainArgs& a, const TrainSetup& p,
+                     const std::optional<kc::v1::HostLoadReport>& start) {
   kc::v1::TrainReport r;
   r.set_run_id(a.run_id);
   kc::v1::RunReport* run = r.mutable_run();
@@ -151,6 +152,7 @@ bool AppendRunReport(std::FILE* reports, const TrainArgs& a, const TrainSetup& p
   run->set_predicted_step_s(p.predicted_step_s.value_or(0));
   if (p.rate_limit) *run->mutable_comm_limits() = api::ToCommLimits(*p.rate_limit, p.lanes);
   run->set_device(a.device);
+  if (start) *run->mutable_start() = *start;
   return api::AppendReport(reports, r);
 }
 
@@ -241,7 +243,7 @@ void LauncherView::OnProgress(const fault::ProgressSnapshot& snapshot) {
   kc::v1::TrainReport out;
   *out.mutable_progress() = api::ToProgressReport(snapshot);
   if (!inspect_answer_.empty()) {
-    const std::string text = api::ProgressReportJson(out.progress());
+    const std::string text = api::ReportJson(out.progress());
     const Status s = WriteFileAtomically(inspect_answer_.string(),
                                          std::as_bytes(std::span(text.data(), text.size())));
     if (!s.ok()) {

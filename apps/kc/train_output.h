@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -101,7 +102,8 @@ nlohmann::json CommLimitsJson(const TrainSetup& p);
 // a checkpoint at `step`), appended to `reports`; false when the write failed.
 bool AppendDoneReports(std::FILE* reports, const std::string& run_id, int64_t step);
 // The run's start (what it runs: its metrics' "run" record) and its summary as typed reports.
-bool AppendRunReport(std::FILE* reports, const TrainArgs& a, const TrainSetup& p);
+bool AppendRunReport(std::FILE* reports, const TrainArgs& a, const TrainSetup& p,
+                     const std::optional<kc::v1::HostLoadReport>& start);
 bool AppendSummaryReport(std::FILE* reports, const std::string& run_id,
                          const nlohmann::json& summary);
 

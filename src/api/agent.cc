@@ -251,6 +251,10 @@ struct Agent::Impl {
   std::chrono::steady_clock::time_point last_contact KC_GUARDED_BY(mu);
   bool fenced KC_GUARDED_BY(mu) = false;  // since the lease ran out, until kcd answers again
   std::thread fence_thread;
+  // JobService.Inspect's requests: each run's host load is measured (for about a second) on a
+  // thread of its own, so that heartbeats and the runs' output go on meanwhile.
+  std::deque<kc::v1::InspectOrder> to_probe KC_GUARDED_BY(mu);
+  std::thread probe_thread;
 
   Status Connect() KC_REQUIRES(mu) {
     KC_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel, ConnectToKcd(o.kcd));
@@ -897,10 +901,14 @@ struct Agent::Impl {
     }
     for (const kc::v1::InspectOrder& i : resp.inspect()) {
       auto it = jobs.find(i.job());
-      if (it == jobs.end() || it->second.order.run() != i.run() || it->second.ended ||
-          it->second.inspect_path.empty()) {
+      if (it == jobs.end() || it->second.order.run() != i.run() || it->second.ended) {
         continue;  // not running here (any more): the asker hears nothing and says so
       }
+      if (it->second.order.role() != kc::v1::StartOrder::ROLE_SUPERVISOR) {
+        to_probe.push_back(i);  // its ranks run here
+        wake.SignalAll();
+      }
+      if (it->second.inspect_path.empty()) continue;  // a share: its launcher is elsewhere
       const std::string text = nlohmann::json{{"request", i.request()}}.dump() + "\n";
       if (Status w = WriteFileAtomically(it->second.inspect_path,
                                          std::as_bytes(std::span(text.data(), text.size())));
@@ -961,6 +969,47 @@ struct Agent::Impl {
                std::chrono::duration<double>(seconds));
   }
 
+  // Measures the load of each run JobService.Inspect asked about: its cores, who else runs on
+  // them, their rates now (hal::MeasureHostLoad), as a report of the run for kcd.
+  void ProbeLoop() {
+    MutexLock lock(&mu);
+    while (!stopped) {
+      if (to_probe.empty()) {
+        wake.Wait(&mu);
+        continue;
+      }
+      const kc::v1::InspectOrder i = to_probe.front();
+      to_probe.pop_front();
+      auto it = jobs.find(i.job());
+      if (it == jobs.end() || it->second.order.run() != i.run() || it->second.pid <= 0) continue;
+      const int pid = it->second.pid;
+      std::vector<std::string> devices;
+      for (const auto& r : it->second.order.assignment().ranks()) {
+        if (r.host() == o.host) devices.push_back(r.device());
+      }
+      mu.Unlock();
+      const double t0 = WallSeconds();
+      Result<hal::HostLoad> load = hal::MeasureHostLoad({.roots = {pid}});
+      KC_LOG(INFO) << "agent: job " << i.job() << ": host load measured in "
+                   << fmt::format("{:.2f}", WallSeconds() - t0) << " s (request " << i.request()
+                   << ")";
+      mu.Lock();
+      it = jobs.find(i.job());
+      if (it == jobs.end() || it->second.order.run() != i.run()) continue;
+      if (!load.ok()) {
+        KC_LOG(WARNING) << "agent: job " << i.job() << ": host load: " << load.status().message();
+        continue;
+      }
+      kc::v1::TrainReport r;
+      r.set_run_id(it->second.order.assignment().run_id());
+      *r.mutable_host() = ToHostLoadReport(*load, o.host, i.request());
+      for (std::string& d : devices) r.mutable_host()->add_devices(std::move(d));
+      it->second.reports.push_back(std::move(r));
+      beat_now = true;
+      wake.SignalAll();
+    }
+  }
+
   void BeatLoop() {
     MutexLock lock(&mu);
     while (!stopped) {
@@ -1012,6 +1061,7 @@ Agent::~Agent() {
   if (impl_->beat_thread.joinable()) impl_->beat_thread.join();
   if (impl_->fence_thread.joinable()) impl_->fence_thread.join();
   if (impl_->worker_thread.joinable()) impl_->worker_thread.join();
+  if (impl_->probe_thread.joinable()) impl_->probe_thread.join();
 }
 
 int Agent::running_jobs() const {
@@ -1059,6 +1109,7 @@ Result<std::unique_ptr<Agent>> Agent::Start(AgentOptions o) {
   impl->worker_thread = std::thread([p = impl.get()] { p->WorkLoop(); });
   impl->beat_thread = std::thread([p = impl.get()] { p->BeatLoop(); });
   impl->fence_thread = std::thread([p = impl.get()] { p->FenceLoop(); });
+  impl->probe_thread = std::thread([p = impl.get()] { p->ProbeLoop(); });
   return std::unique_ptr<Agent>(new Agent(std::move(impl)));
 }
 

@@ -1537,6 +1537,14 @@ Result<kc::v1::AgentHeartbeatResponse> Dispatcher::Heartbeat(
     }
     if (m.StopIfUnknown(a, r)) continue;
     if (Run& run = m.runs[r.job()]; run.host != req.host()) {
+      // A share's own reports: its host's load, when JobService.Inspect asked.
+      std::vector<JobReport> loads;
+      for (const kc::v1::TrainReport& t : r.reports()) {
+        if (t.has_host() && run.shares.count(req.host()) != 0) {
+          loads.push_back({.bytes = t.SerializeAsString(), .event = true});
+        }
+      }
+      if (!loads.empty()) m.o.jobs->AppendReports(r.job(), loads).IgnoreError();
       changed |= m.ShareReport(run, req.host(), r, now);
       continue;
     }
@@ -1544,7 +1552,8 @@ Result<kc::v1::AgentHeartbeatResponse> Dispatcher::Heartbeat(
     std::vector<JobReport> kept;
     for (const kc::v1::TrainReport& t : r.reports()) {
       kept.push_back({.bytes = t.SerializeAsString(),
-                      .event = t.has_run() || t.has_summary() || t.has_fault()});
+                      .event = t.has_run() || t.has_summary() || t.has_fault() ||
+                               t.has_progress() || t.has_host()});
     }
     m.o.jobs->AppendReports(r.job(), kept).IgnoreError();
     Run& run = m.runs[r.job()];
@@ -1679,9 +1688,12 @@ Result<kc::v1::InspectJobResponse> Dispatcher::Inspect(int64_t job) {
   order.set_run(run.run);
   order.set_request(++m.inspections);
   m.agents[run.host].inspects.push_back(order);
+  for (const auto& [host, devices] : run.shares) m.agents[host].inspects.push_back(order);
   kc::v1::InspectJobResponse out;
   out.set_request(order.request());
   out.set_run_id(RunId(job, run.run));
+  if (run.shares.empty()) out.add_hosts(run.host);
+  for (const auto& [host, devices] : run.shares) out.add_hosts(host);
   return out;
 }
 

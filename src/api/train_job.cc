@@ -283,7 +283,32 @@ kc::v1::ProgressReport ToProgressReport(const fault::ProgressSnapshot& s) {
   return out;
 }
 
-std::string ProgressReportJson(const kc::v1::ProgressReport& report) {
+kc::v1::HostLoadReport ToHostLoadReport(const hal::HostLoad& load, const std::string& host,
+                                        int64_t request) {
+  kc::v1::HostLoadReport out;
+  out.set_request(request);
+  out.set_host(host);
+  out.set_window_s(load.window_s);
+  out.set_copy_bytes_per_s(load.copy_bytes_per_s);
+  for (const hal::CoreLoad& c : load.cores) {
+    kc::v1::HostLoadReport::Core* core = out.add_cores();
+    core->set_cpu(c.cpu);
+    core->set_busy(c.busy);
+    core->set_run(c.run);
+    core->set_steal(c.steal);
+    core->set_sgemm_flops(c.sgemm_flops);
+  }
+  for (const hal::OtherProcess& p : load.others) {
+    kc::v1::HostLoadReport::Process* other = out.add_others();
+    other->set_pid(p.pid);
+    other->set_command(p.command);
+    other->set_cpu_share(p.cpu_share);
+    other->set_cpu(p.cpu);
+  }
+  return out;
+}
+
+std::string ReportJson(const google::protobuf::Message& report) {
   std::string text;
   google::protobuf::util::JsonPrintOptions options;
   options.preserve_proto_field_names = true;

@@ -17,6 +17,7 @@
 #include "comm/lanes.h"
 #include "comm/rate_limit.h"
 #include "fault/supervisor.h"
+#include "hal/host_load.h"
 #include "kc/v1/train_job.pb.h"
 #include "parallel/plan.h"
 
@@ -66,8 +67,13 @@ inline constexpr const char* kInspectAnswerFile = "progress.json";
 // progress (fault::ProgressToJson's text) read into groups and operations; text that does not
 // parse counts as nothing published.
 kc::v1::ProgressReport ToProgressReport(const fault::ProgressSnapshot& s);
-// kInspectAnswerFile's text: the report as JSON, with the proto's field names, zeros included.
-std::string ProgressReportJson(const kc::v1::ProgressReport& report);
+// A report as JSON, with the proto's field names, zeros included: kInspectAnswerFile's text,
+// kc diagnose --json's "live", the metrics header's "start".
+std::string ReportJson(const google::protobuf::Message& report);
+
+// A host's load as its report (`host` its name, `request` JobService.Inspect's or 0).
+kc::v1::HostLoadReport ToHostLoadReport(const hal::HostLoad& load, const std::string& host,
+                                        int64_t request);
 
 // Appends `report` to `out` length-delimited. False when the write failed.
 bool AppendReport(std::FILE* out, const kc::v1::TrainReport& report);

@@ -41,7 +41,7 @@ std::string ProgressToJson(const std::vector<comm::OpProgress>& ops, TimePoint n
   return out.dump();
 }
 
-std::string HangReport(const std::map<int, std::string>& progress) {
+std::string HangReport(const std::map<int, std::string>& progress, double min_wait_s) {
   struct Place {
     std::string op;
     uint64_t seq = 0;
@@ -92,6 +92,7 @@ std::string HangReport(const std::map<int, std::string>& progress) {
         }
       }
     }
+    if (longest < min_wait_s) continue;
     std::sort(behind.begin(), behind.end());
     std::string what = fmt::format("{} #{} of {} ({:.1f} MB)", waited->op, waited->seq, group,
                                    static_cast<double>(waited->bytes) / 1e6);

@@ -45,8 +45,10 @@ std::string ProgressToJson(const std::vector<comm::OpProgress>& ops, TimePoint n
 // published nothing), in words: for each communicator whose newest operation some rank is in,
 // the ranks that have not entered it (with what they did last) and those waiting in it, e.g.
 // "allreduce #36 of job/g0/sub0.0 (4.0 MB): worker 1 has not entered it (last: allreduce #35,
-// finished); workers 0, 2 wait in it (2.0 s)". "" when no rank waits.
-std::string HangReport(const std::map<int, std::string>& progress);
+// finished); workers 0, 2 wait in it (2.0 s)". "" when no rank waits. A communicator whose
+// longest waiter has waited less than `min_wait_s` is left out: ranks of a healthy run, each
+// seen at its own last beat, are often a collective apart for a moment.
+std::string HangReport(const std::map<int, std::string>& progress, double min_wait_s = 0);
 
 // A thread that sets HeartbeatKey(rank) to a counter every `period` until destroyed. The store
 // (not owned) must outlive it and be for it alone (its calls block the thread).

@@ -147,6 +147,10 @@ TEST(HangReportTest, NamesWhoHasNotEnteredWhatTheOthersWaitIn) {
   EXPECT_EQ(HangReport({{0, ProgressToJson({at("j/g0", "barrier", 2, true, 0)}, now)},
                         {1, ProgressToJson({at("j/g0", "barrier", 2, true, 0)}, now)}}),
             "");
+  // Waits shorter than the minimum are the flow of a healthy run: left out.
+  EXPECT_EQ(HangReport(progress, 2.2),
+            "allreduce #7 of j/g0/sub1 (4.0 MB): worker 3 has not entered it (last: allreduce #6, "
+            "finished); worker 2 waits in it (2.5 s)");
   // A worker with no communicator (not yet built) has entered nothing.
   EXPECT_EQ(
       HangReport({{0, ProgressToJson({at("j/g1", "allreduce", 0, false, 1)}, now)}, {1, "[]"}}),

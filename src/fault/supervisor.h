@@ -103,7 +103,9 @@ struct ProgressSnapshot {
   // What each published with its last heartbeat (ProgressToJson's text: its communicators,
   // each with its newest operations); a worker absent has published nothing yet.
   std::map<int, std::string> progress;
-  std::string hang;  // HangReport of it: who holds up whom; "" when no rank waits in one
+  // HangReport of it: who holds up whom; "" when no rank has waited in one for two heartbeat
+  // periods.
+  std::string hang;
 };
 
 // What a supervisor reports, all from the thread running Supervisor::Run.

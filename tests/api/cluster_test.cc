@@ -1102,10 +1102,23 @@ TEST_F(ClusterTest, KcDiagnoseOfAJobNamesItsLaneMisconfigurationAndItsPause) {
   Await(id, [&](const nlohmann::json& j) {
     return j["phase"] == "running" && Int(j, "step") >= paused_at + 5;
   });
-  // Live: kcd asks the run's supervisor through its agent where every rank is.
-  KcRun live = Kc(fmt::format("diagnose {} --live --json --wait 60", id));
-  ASSERT_EQ(live.exit_code, 0) << live.err;
-  const nlohmann::json answer = nlohmann::json::parse(live.out)["live"];
+  // Live: kcd asks the run's supervisor through its agent where every rank is. (Until both
+  // ranks' heartbeats have published a communicator: just resumed, a rank's last beat may
+  // have come before it had one.)
+  KcRun live;
+  nlohmann::json answer;
+  auto both_published = [&] {
+    if (!answer.is_object() || answer["ranks"].size() != 2) return false;
+    for (const nlohmann::json& rank : answer["ranks"]) {
+      if (!rank["published"].get<bool>() || rank["groups"].empty()) return false;
+    }
+    return true;
+  };
+  for (int i = 0; i < 20 && !both_published(); ++i) {
+    live = Kc(fmt::format("diagnose {} --live --json --wait 60", id));
+    ASSERT_EQ(live.exit_code, 0) << live.err;
+    answer = nlohmann::json::parse(live.out)["live"];
+  }
   ASSERT_TRUE(answer.is_object()) << live.out;
   EXPECT_GT(Int(answer, "request"), 0);
   ASSERT_EQ(answer["ranks"].size(), 2u) << live.out;
@@ -1114,6 +1127,10 @@ TEST_F(ClusterTest, KcDiagnoseOfAJobNamesItsLaneMisconfigurationAndItsPause) {
     ASSERT_FALSE(rank["groups"].empty()) << live.out;
     EXPECT_FALSE(rank["groups"][0]["ops"].empty()) << live.out;  // it has trained
   }
+  // And its host's load, measured by the agent: the ranks' cores, each with its rate.
+  ASSERT_EQ(answer["hosts"].size(), 1u) << live.out;
+  EXPECT_FALSE(answer["hosts"][0]["cores"].empty()) << live.out;
+  EXPECT_GT(answer["hosts"][0]["cores"][0]["sgemm_flops"], 1e8) << live.out;
   ASSERT_EQ(Kc(fmt::format("job cancel {}", id)).exit_code, 0);
   Await(id, [](const nlohmann::json& j) { return Ended(j["phase"]); });
   KcRun ended = Kc(fmt::format("diagnose {} --live", id));

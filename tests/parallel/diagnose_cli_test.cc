@@ -69,6 +69,31 @@ class KcDiagnoseTest : public ::testing::Test {
 
 testing::TempDir* KcDiagnoseTest::data_ = nullptr;
 
+// The cores this process may run on (kc train's ranks go to them in order).
+std::vector<int> UsableCpus() {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+  }
+  return cpus;
+}
+
+// A child spinning on `cpu` for ever, at `nice` (negative: ahead of the ranks).
+pid_t Hog(int cpu, int nice) {
+  const pid_t hog = fork();
+  if (hog != 0) return hog;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cpu, &one);
+  sched_setaffinity(0, sizeof one, &one);
+  if (nice != 0) setpriority(PRIO_PROCESS, 0, nice);
+  for (volatile uint64_t spin = 0;; spin = spin + 1) {
+  }
+}
+
 // (12 steps: too few for the drift check, whose verdict on a machine shared with other tests
 // would be the machine's, not the run's.)
 TEST_F(KcDiagnoseTest, AHealthyRunHasNoFault) {
@@ -116,27 +141,12 @@ TEST_F(KcDiagnoseTest, ARankKilledIsAnL4Fault) {
 // A rank that shares its core with a busy process of higher priority: L1 names it as the
 // straggler, from the ranks' compute times the supervisor records ("ranks" records).
 TEST_F(KcDiagnoseTest, ARankThrottledByAnotherProcessIsAnL1Straggler) {
-  cpu_set_t allowed;
-  CPU_ZERO(&allowed);
-  ASSERT_EQ(sched_getaffinity(0, sizeof allowed, &allowed), 0);
-  std::vector<int> cpus;
-  for (int c = 0; c < CPU_SETSIZE; ++c) {
-    if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
-  }
+  const std::vector<int> cpus = UsableCpus();
   if (cpus.size() < 2) GTEST_SKIP() << "needs two cores: one rank each";
   // kc train pins rank r to the r-th usable core with one thread per rank (they fit); the
   // hog takes rank 1's, ahead of it.
-  const pid_t hog = fork();
+  const pid_t hog = Hog(cpus[1], -10);
   ASSERT_GE(hog, 0);
-  if (hog == 0) {
-    cpu_set_t one;
-    CPU_ZERO(&one);
-    CPU_SET(cpus[1], &one);
-    sched_setaffinity(0, sizeof one, &one);
-    setpriority(PRIO_PROCESS, 0, -10);
-    for (volatile uint64_t spin = 0;; spin = spin + 1) {
-    }
-  }
   testing::ChildGuard hog_guard(hog);
   const std::string out = dir_.Path("throttled");
   testing::Daemon train(
@@ -200,6 +210,42 @@ TEST_F(KcDiagnoseTest, LiveNamesTheStoppedRankTheOthersWaitFor) {
   ASSERT_GE(ops.size(), 2u);
   EXPECT_EQ(ops.back()["took_s"], -1);  // the one it waits in
   EXPECT_GE(ops[ops.size() - 2]["took_s"].get<double>(), 0);
+}
+
+// kc diagnose --live measures the run's host now: a busy process on rank 1's core is named
+// as other work on the run's cores (L4), with its pid, and each core's rate is there with the
+// rate it had as the run started.
+TEST_F(KcDiagnoseTest, LiveNamesAnotherProcessOnTheRunsCores) {
+  const std::vector<int> cpus = UsableCpus();
+  if (cpus.size() < 2) GTEST_SKIP() << "needs two cores: one rank each";
+  const std::string out = dir_.Path("shared");
+  testing::Daemon train(
+      fmt::format("{} train {} --data {} --progress none --eval-every 0 --out {} --ranks 2 "
+                  "--threads-per-rank 1 --steps 10000000",
+                  KC_BINARY, micro_, data_->Path("fortunes/manifest.json"), out));
+  const pid_t hog = Hog(cpus[1], 0);
+  ASSERT_GE(hog, 0);
+  testing::ChildGuard hog_guard(hog);
+  nlohmann::json j;
+  for (int i = 0; i < 100; ++i) {
+    testing::KcRun d = testing::RunKc(KC_BINARY, "diagnose --json --live --wait 10 " + out);
+    if (d.exit_code == 0) {
+      j = nlohmann::json::parse(d.out, nullptr, false);
+      break;
+    }
+    EXPECT_THAT(d.err, HasSubstr("no metrics.jsonl")) << d.err;  // not started yet
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  train.Stop(SIGKILL);
+  hog_guard.KillAndReap();
+  ASSERT_TRUE(j.is_object());
+  EXPECT_TRUE(Has(j["findings"], "L4", "other work on the run's cores")) << j.dump(2);
+  const nlohmann::json& hosts = j["live"]["hosts"];
+  ASSERT_EQ(hosts.size(), 1u) << j.dump(2);
+  ASSERT_FALSE(hosts[0]["others"].empty()) << j.dump(2);
+  EXPECT_EQ(hosts[0]["others"][0]["pid"], hog) << j.dump(2);
+  ASSERT_EQ(hosts[0]["cores"].size(), 2u) << j.dump(2);  // the ranks', pinned one a core
+  for (const nlohmann::json& core : hosts[0]["cores"]) EXPECT_GT(core["sgemm_flops"], 1e8);
 }
 
 // A run that has ended has nothing live to ask.
