@@ -10,6 +10,7 @@
 #include <google/protobuf/util/json_util.h>
 
 #include <algorithm>
+#include <array>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -26,6 +27,7 @@
 #include "apps/kc/kcd_client.h"
 #include "apps/kc/train_setup.h"
 #include "base/clock.h"
+#include "comm/lanes.h"
 #include "hal/host_load.h"
 #include "hal/inventory.h"
 #include "kc/v1/jobs.grpc.pb.h"
@@ -75,6 +77,12 @@ void AddStep(RunRecords* r, Json step) {
   const int64_t n = step["step"];
   while (!r->steps.empty() && r->steps.back()["step"].get<int64_t>() >= n) r->steps.pop_back();
   r->steps.push_back(std::move(step));
+}
+
+std::vector<double> Millis(const google::protobuf::RepeatedField<double>& seconds) {
+  std::vector<double> out;
+  for (double s : seconds) out.push_back(s * 1e3);
+  return out;
 }
 
 // What kcd keeps of job `id`: its history and its runs' typed reports (JobService.Records), as
@@ -132,7 +140,12 @@ Result<RunRecords> ReadJob(int64_t id, const std::string& login) {
     } else if (t.has_step()) {
       AddStep(&r, {{"step", t.step().step()},
                    {"step_ms", t.step().step_s() * 1e3},
-                   {"rate_limit_wait_ms", t.step().rate_limit_wait_s() * 1e3}});
+                   {"rate_limit_wait_ms", t.step().rate_limit_wait_s() * 1e3},
+                   {"lane_wait_ms", Millis(t.step().lane_wait_s())},
+                   {"lane_backlog", std::vector<int64_t>(t.step().lane_backlog().begin(),
+                                                         t.step().lane_backlog().end())},
+                   {"retransmits", t.step().retransmits()},
+                   {"rtt_ms", t.step().rtt_s() * 1e3}});
     } else if (t.has_ranks()) {
       std::vector<double> ms;
       for (double seconds : t.ranks().compute_s()) ms.push_back(seconds * 1e3);
@@ -551,6 +564,79 @@ std::vector<Finding> LoadFindings(const Live& live, const RunRecords& r) {
 
 constexpr const char* kDidNotFinish = "the run did not finish";
 
+// L2 from rank 0's TCP links, as its steps recorded them (the steps over shared memory record
+// none): retransmits, round trips, and the lanes' send queues.
+std::vector<Finding> LinkFindings(const RunRecords& r) {
+  std::vector<Finding> out;
+  std::vector<const Json*> steps;
+  for (const Json& st : r.steps) {
+    if (st.contains("lane_wait_ms") && st["lane_wait_ms"].is_array() &&
+        st["lane_wait_ms"].size() == static_cast<size_t>(comm::kNumLanes)) {
+      steps.push_back(&st);
+    }
+  }
+  if (steps.empty()) return out;
+  // Retransmits: each step says its generation's count so far; a drop is a new communicator.
+  double retransmits = 0, last = 0;
+  std::vector<double> rtt, step_ms;
+  std::array<std::vector<double>, comm::kNumLanes> wait;
+  int64_t deepest[comm::kNumLanes] = {};
+  for (const Json* st : steps) {
+    const double n = Number(*st, "retransmits", 0);
+    retransmits += n >= last ? n - last : n;
+    last = n;
+    rtt.push_back(Number(*st, "rtt_ms", 0));
+    step_ms.push_back(Number(*st, "step_ms", 0));
+    for (int l = 0; l < comm::kNumLanes; ++l) {
+      wait[l].push_back((*st)["lane_wait_ms"][l].get<double>());
+      if ((*st).contains("lane_backlog") && (*st)["lane_backlog"].size() > static_cast<size_t>(l)) {
+        deepest[l] = std::max(deepest[l], (*st)["lane_backlog"][l].get<int64_t>());
+      }
+    }
+  }
+  const double per_step = retransmits / static_cast<double>(steps.size());
+  if (retransmits >= 10 && per_step >= 0.5) {
+    out.push_back(
+        {.layer = 2,
+         .fault = true,
+         .what = "the links between hosts retransmit: a lossy or congested link",
+         .evidence = fmt::format("{:.0f} TCP segments retransmitted over {} steps ({:.1f} a "
+                                 "step) on rank 0's links; round trip {:.2f} ms (median)",
+                                 retransmits, steps.size(), per_step, Median(rtt)),
+         .fix = "look at the link: its NICs' error and drop counters (ip -s link), the "
+                "switch port, a shaping or loss rule (tc qdisc show); kc bench comm measures "
+                "it"});
+  }
+  if (Median(rtt) > 5) {
+    out.push_back({.layer = 2,
+                   .fault = false,
+                   .what = "a slow link: the round trip between hosts is long for a cluster",
+                   .evidence = fmt::format("smoothed round trip {:.1f} ms (median over {} "
+                                           "steps) on rank 0's links",
+                                           Median(rtt), steps.size()),
+                   .fix = "hosts far apart or a congested path: place the job's hosts closer "
+                          "(one rack), or look at the path's queues"});
+  }
+  const double step = Median(step_ms);
+  for (comm::Lane lane : comm::kAllLanes) {
+    const int l = static_cast<int>(lane);
+    const double w = Median(wait[static_cast<size_t>(l)]);
+    if (step <= 0 || w < 0.2 * step) continue;
+    out.push_back(
+        {.layer = 2,
+         .fault = lane == comm::Lane::kGradient || lane == comm::Lane::kActivation,
+         .what = fmt::format("{} traffic waits in its send queue", comm::LaneName(lane)),
+         .evidence = fmt::format("its chunks queued {:.1f} ms a step together (median; the step "
+                                 "{:.1f} ms), at most {} chunks queued at once, on rank 0's "
+                                 "links",
+                                 w, step, deepest[l]),
+         .fix = "if the lanes' priority puts another lane first, put gradient first (the seed's "
+                "incident); else the link is the bottleneck: a faster link, fewer bytes (larger "
+                "buckets, --bucket-mb), or fewer ranks a host"});
+  }
+  return out;
+}
+
 // Faults first, bottom-up; then warnings, bottom-up.
 void SortFindings(std::vector<Finding>* findings) {
   std::stable_sort(findings->begin(), findings->end(), [](const Finding& a, const Finding& b) {
@@ -701,6 +787,7 @@ std::vector<Finding> Diagnose(const RunRecords& r) {
                    .fix = "larger gradient buckets (--bucket-mb), overlap (--grad-sync bucketed), "
                           "or fewer ranks per link; kc bench comm measures the links"});
   }
+  for (Finding& f : LinkFindings(r)) out.push_back(std::move(f));
   if (h.contains("comm_limits") && h["comm_limits"].is_object()) {
     const Json& lanes = h["comm_limits"]["lanes"];
     if (lanes.is_object() && lanes.contains("priority") && lanes["priority"].is_array() &&

@@ -214,6 +214,10 @@ void LauncherView::OnReport(int, const fault::Report& report) {
     step->set_compute_s(r->compute_ms / 1e3);
     step->set_comm_exposed_s(r->comm_exposed_ms / 1e3);
     step->set_rate_limit_wait_s(r->rate_limit_wait_ms / 1e3);
+    for (double ms : r->lane_wait_ms) step->add_lane_wait_s(ms / 1e3);
+    for (int64_t chunks : r->lane_backlog) step->add_lane_backlog(chunks);
+    step->set_retransmits(r->retransmits);
+    step->set_rtt_s(r->rtt_ms / 1e3);
     step->set_ranks(ranks_);
     Append(std::move(out));
   } else if (const auto* c = std::get_if<fault::CheckpointReport>(&report)) {

@@ -686,8 +686,13 @@ class CommunicatorImpl final : public Communicator {
   }
 
   CommunicatorMetrics metrics() const override {
-    MutexLock lock(&mu_);
-    return metrics_;
+    CommunicatorMetrics m;
+    {
+      MutexLock lock(&mu_);
+      m = metrics_;
+    }
+    if (root_->transport != nullptr) m.links = root_->transport->link_stats();
+    return m;
   }
 
   std::vector<OpProgress> progress() const override {

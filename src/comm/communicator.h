@@ -38,6 +38,7 @@
 #include "comm/rate_limit.h"
 #include "comm/reduce.h"
 #include "comm/store.h"
+#include "comm/transport.h"
 #include "hal/compute.h"
 
 namespace kc::comm {
@@ -135,6 +136,9 @@ struct CommunicatorMetrics {
   uint64_t failed = 0;
   uint64_t rate_limited = 0;   // operations that waited for the rate limiter
   Duration rate_limit_wait{};  // total time they waited
+  // Its links' (Transport::link_stats; a sub-group's are its root's): the TCP send queues'
+  // lanes, retransmits and round trips.
+  LinkStats links;
 };
 
 // One operation of a communicator as its rank ran it (OpProgress::recent). Times are read

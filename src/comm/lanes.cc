@@ -11,6 +11,7 @@
 #include "base/layer_guard.h"
 #include "base/mutex.h"
 #include "base/thread_annotations.h"
+#include "comm/transport.h"
 
 namespace kc::comm {
 
@@ -308,6 +309,35 @@ Result<std::unique_ptr<LaneScheduler>> LaneScheduler::Create(const LaneOptions& 
   KC_CHECK(clock != nullptr) << "LaneScheduler needs a clock";
   KC_RETURN_IF_ERROR(ValidateLaneOptions(options));
   return std::unique_ptr<LaneScheduler>(std::make_unique<LaneSchedulerImpl>(options, clock));
+}
+
+LinkStats& LinkStats::operator+=(const LinkStats& o) {
+  if (o.lanes) {
+    if (!lanes) lanes.emplace();
+    for (size_t l = 0; l < o.lanes->lanes.size(); ++l) {
+      LaneMetrics& m = lanes->lanes[l];
+      const LaneMetrics& x = o.lanes->lanes[l];
+      m.enqueued_messages += x.enqueued_messages;
+      m.enqueued_chunks += x.enqueued_chunks;
+      m.enqueued_bytes += x.enqueued_bytes;
+      m.sent_chunks += x.sent_chunks;
+      m.sent_bytes += x.sent_bytes;
+      m.depth_chunks += x.depth_chunks;
+      m.depth_bytes += x.depth_bytes;
+      m.max_depth_chunks = std::max(m.max_depth_chunks, x.max_depth_chunks);
+      m.total_queued_time += x.total_queued_time;
+      m.preemptions += x.preemptions;
+      m.passed_over += x.passed_over;
+      m.guard_chunks += x.guard_chunks;
+      m.blocked_enqueues += x.blocked_enqueues;
+      m.blocked_now += x.blocked_now;
+      m.enqueue_deadline_exceeded += x.enqueue_deadline_exceeded;
+    }
+  }
+  connections += o.connections;
+  retransmits += o.retransmits;
+  max_rtt_s = std::max(max_rtt_s, o.max_rtt_s);
+  return *this;
 }
 
 }  // namespace kc::comm

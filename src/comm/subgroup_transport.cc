@@ -29,6 +29,7 @@ class SubgroupTransport final : public Transport {
   }
 
   Status status() const override { return parent_->status(); }
+  LinkStats link_stats() const override { return parent_->link_stats(); }
   void Abort(Status reason) override { parent_->Abort(std::move(reason)); }
 
  private:

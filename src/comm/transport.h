@@ -39,6 +39,16 @@ class Request {
   virtual std::optional<Status> Test() = 0;
 };
 
+// What a transport's links did since it was made (Transport::link_stats): a plain value.
+struct LinkStats {
+  // Its send queues' lanes, summed over peers; absent where it has none (shared memory).
+  std::optional<LaneSchedulerMetrics> lanes;
+  int connections = 0;       // TCP connections
+  uint64_t retransmits = 0;  // TCP segments retransmitted over them (TCP_INFO)
+  double max_rtt_s = 0;      // the largest smoothed round-trip time among them
+  LinkStats& operator+=(const LinkStats& o);
+};
+
 // A rank's endpoint. Send/Recv are safe for concurrent use from several threads.
 class Transport {
  public:
@@ -66,6 +76,8 @@ class Transport {
   // Fails the transport with `reason` (kAborted if reason is OK): every pending request
   // completes with it and peers see the connection close. Idempotent.
   virtual void Abort(Status reason) = 0;
+  // Its links' counters (safe from any thread); a transport without lanes or sockets has none.
+  virtual LinkStats link_stats() const { return {}; }
 };
 
 }  // namespace kc::comm

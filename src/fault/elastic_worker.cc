@@ -124,6 +124,30 @@ void ElasticWorker::PublishCompute(double compute_ms) {
   compute_published_ = now;
 }
 
+// The links' counters (comm::LinkStats) for the step's report: each lane's queued time in the
+// step, the deepest backlog, the retransmits so far (a sampled step still counts them all),
+// the round trip.
+void ElasticWorker::AddLinks(const comm::Communicator& comm, StepReport* report) {
+  const comm::LinkStats now = comm.metrics().links;
+  if (links_of_ != &comm) links_seen_ = {};  // a new generation's communicator
+  links_of_ = &comm;
+  if (now.lanes) {
+    for (comm::Lane lane : comm::kAllLanes) {
+      const comm::LaneMetrics& m = now.lanes->lane(lane);
+      const Duration before =
+          links_seen_.lanes ? links_seen_.lanes->lane(lane).total_queued_time : Duration::zero();
+      // (A new communicator at the old one's address starts below the last count.)
+      const Duration queued =
+          m.total_queued_time >= before ? m.total_queued_time - before : m.total_queued_time;
+      report->lane_wait_ms.push_back(std::chrono::duration<double, std::milli>(queued).count());
+      report->lane_backlog.push_back(m.max_depth_chunks);
+    }
+  }
+  report->retransmits = static_cast<int64_t>(now.retransmits);
+  report->rtt_ms = now.max_rtt_s * 1e3;
+  links_seen_ = now;
+}
+
 Result<int> ElasticWorker::Run() {
   KC_LAYER_ENTRY(Layer::kFault, "elastic_worker");
   const bool elastic = o_.shape.min_ranks < std::max(o_.ranks, o_.shape.max_ranks);
@@ -348,6 +372,7 @@ Status ElasticWorker::RunGeneration(Generation& g) {
             std::chrono::duration<double, std::milli>(waited - rate_limit_waited_).count();
         rate_limit_waited_ = waited;
       }
+      AddLinks(*g.comm, &report);
       Report(report, leader);
       PublishCompute(s.compute_s * 1e3);
       return OkStatus();

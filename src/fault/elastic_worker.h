@@ -131,6 +131,7 @@ class ElasticWorker {
   // Adds a step's compute time and, about once a second, publishes the mean of those since
   // under ComputeKey (the supervisor's RanksReport finds stragglers by it).
   void PublishCompute(double compute_ms);
+  void AddLinks(const comm::Communicator& comm, StepReport* report);
 
   const ElasticWorkerOptions o_;
   std::atomic<bool> stop_{false};
@@ -141,8 +142,11 @@ class ElasticWorker {
   double compute_ms_sum_ = 0;  // steps' compute since the last publish (the worker's thread)
   int compute_steps_ = 0;
   std::chrono::steady_clock::time_point compute_published_{};
-  int64_t stop_after_ = -1;             // the agreed step to stop after, once known
-  Duration rate_limit_waited_{};        // the rate limiter's total wait at the last step
+  int64_t stop_after_ = -1;       // the agreed step to stop after, once known
+  Duration rate_limit_waited_{};  // the rate limiter's total wait at the last step
+  // The links' counters at the last step, of that communicator (a new one starts from zero).
+  const comm::Communicator* links_of_ = nullptr;
+  comm::LinkStats links_seen_;
   StateSnapshot snapshot_;              // this worker's state when its last generation ended
   parallel::LoaderState loader_after_;  // the loader after the trainer's last step
 

@@ -57,7 +57,11 @@ struct Encoder {
             {"stage_bubble", r.stage_bubble},
             {"tokens", r.tokens},
             {"tokens_per_s", r.tokens_per_s},
-            {"rate_limit_wait_ms", r.rate_limit_wait_ms}};
+            {"rate_limit_wait_ms", r.rate_limit_wait_ms},
+            {"lane_wait_ms", r.lane_wait_ms},
+            {"lane_backlog", r.lane_backlog},
+            {"retransmits", r.retransmits},
+            {"rtt_ms", r.rtt_ms}};
   }
   Json operator()(const EvaluationReport& r) const {
     return {{"type", "val"}, {"step", r.step}, {"loss", r.loss}};
@@ -129,7 +133,11 @@ Result<Report> Decode(const Json& j) {  // nlohmann's accessors throw Json::exce
                       .stage_bubble = j.at("stage_bubble").get<std::vector<double>>(),
                       .tokens = j.at("tokens").get<int64_t>(),
                       .tokens_per_s = j.at("tokens_per_s").get<double>(),
-                      .rate_limit_wait_ms = j.value("rate_limit_wait_ms", 0.0)};
+                      .rate_limit_wait_ms = j.value("rate_limit_wait_ms", 0.0),
+                      .lane_wait_ms = j.value("lane_wait_ms", std::vector<double>()),
+                      .lane_backlog = j.value("lane_backlog", std::vector<int64_t>()),
+                      .retransmits = j.value("retransmits", int64_t{0}),
+                      .rtt_ms = j.value("rtt_ms", 0.0)};
   }
   if (type == "val") {
     return EvaluationReport{.step = j.at("step").get<int64_t>(),

@@ -48,6 +48,15 @@ struct StepReport {
   // This rank's collectives' wait for the job's comm limits (the admin's token buckets) in
   // the step; 0 without limits.
   double rate_limit_wait_ms = 0;
+  // This rank's TCP links (none over shared memory): per lane (comm::Lane order: gradient,
+  // activation, control, telemetry) the time its chunks queued in the step, summed over the
+  // chunks, and the most chunks queued at once so far; the segments retransmitted since its
+  // generation's communicator was made; the largest smoothed round trip now. Empty lanes: no
+  // TCP links.
+  std::vector<double> lane_wait_ms;
+  std::vector<int64_t> lane_backlog;
+  int64_t retransmits = 0;
+  double rtt_ms = 0;
 };
 StepReport ToStepReport(const parallel::StepStats& stats);
 

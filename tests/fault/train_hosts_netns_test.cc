@@ -138,6 +138,10 @@ TEST_F(TrainHostsNetnsTest, TwoHostsGiveTheLossesOfOneHost) {
   EXPECT_EQ(h2->Finish(), 0) << h2->output();
   EXPECT_THAT(h2->output(), HasSubstr("the run is over"));
   ExpectSameLosses(Losses(dir_.Path("out/metrics.jsonl")), OneHostLosses(30));
+  // A clean link: kc diagnose finds nothing wrong with it.
+  KcRun d = kc::testing::RunKc(KC_BINARY, "diagnose --json " + dir_.Path("out"));
+  ASSERT_EQ(d.exit_code, 0) << d.err;
+  EXPECT_THAT(d.out, ::testing::Not(HasSubstr("retransmit"))) << d.out;
 }
 
 TEST_F(TrainHostsNetnsTest, AShareWithOtherFlagsOrWithoutTheTokenIsRefused) {
@@ -201,3 +205,37 @@ TEST_F(TrainHostsNetnsTest, ACutHostKillsItsRanksAndTheOtherTrainsOn) {
 }
 
 }  // namespace
+
+// A congested link between the hosts (tc tbf at 200 Mbit/s with a queue of a few packets, so
+// that each burst of an all-reduce overflows it and TCP retransmits): rank 0's step records
+// carry its TCP links' counters (each lane's queue, retransmits, round trip), and kc diagnose
+// names the link at L2.
+TEST_F(TrainHostsNetnsTest, KcDiagnoseNamesALossyLinkBetweenTheHosts) {
+  for (const auto& [ns, dev] :
+       {std::pair(hosts_.a(), hosts_.dev_a()), std::pair(hosts_.b(), hosts_.dev_b())}) {
+    if (Sh("ip netns exec " + ns + " tc qdisc add dev " + dev +
+           " root tbf rate 500mbit burst 32kb limit 16kb") != 0) {
+      GTEST_SKIP() << "tc tbf is not available here";
+    }
+  }
+  const std::string flags = Flags(12);
+  std::unique_ptr<Daemon> launcher = Launcher(flags, "h1:2,h2:2");
+  ASSERT_NE(launcher->WaitForLine("rendezvous at"), "");
+  std::unique_ptr<Daemon> h1 = Share(hosts_.a(), "h1", flags);
+  std::unique_ptr<Daemon> h2 = Share(hosts_.b(), "h2", flags);
+  ASSERT_EQ(launcher->Finish(), 0) << launcher->output();
+  EXPECT_EQ(h1->Finish(), 0) << h1->output();
+  EXPECT_EQ(h2->Finish(), 0) << h2->output();
+  std::ifstream metrics(dir_.Path("out/metrics.jsonl"));
+  int64_t retransmits = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_object() || j.value("type", "") != "step") continue;
+    ASSERT_EQ(j["lane_wait_ms"].size(), 4u) << line;  // rank 0 has TCP links: their lanes
+    retransmits = std::max(retransmits, j.value("retransmits", int64_t{0}));
+  }
+  EXPECT_GT(retransmits, 0);
+  KcRun d = kc::testing::RunKc(KC_BINARY, "diagnose --json " + dir_.Path("out"));
+  ASSERT_EQ(d.exit_code, 0) << d.err;
+  EXPECT_THAT(d.out, HasSubstr("the links between hosts retransmit")) << d.out;
+}

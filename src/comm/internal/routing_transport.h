@@ -2,6 +2,7 @@
 // through the shared-memory one, the others through TCP. Each peer has one route.
 #pragma once
 
+#include <algorithm>
 #include <memory>
 #include <span>
 #include <utility>
@@ -48,6 +49,20 @@ class RoutingTransport final : public Transport {
     for (const Route& r : routes_) {
       if (r.transport != nullptr) r.transport->Abort(reason);
     }
+  }
+  // Each transport routed through once (several peers share one).
+  LinkStats link_stats() const override {
+    LinkStats out;
+    std::vector<const Transport*> seen;
+    for (const Route& r : routes_) {
+      if (r.transport == nullptr ||
+          std::find(seen.begin(), seen.end(), r.transport.get()) != seen.end()) {
+        continue;
+      }
+      seen.push_back(r.transport.get());
+      out += r.transport->link_stats();
+    }
+    return out;
   }
 
  private:

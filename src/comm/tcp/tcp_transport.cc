@@ -542,6 +542,27 @@ class TcpTransport final : public Transport {
     return std::shared_ptr<Request>(std::move(req));
   }
 
+  // The send queues' counters, and each connection's TCP_INFO (read from this thread: the
+  // sockets stay open until destruction).
+  LinkStats link_stats() const override {
+    LinkStats out;
+    out.lanes.emplace();
+    for (const auto& p : peers_) {
+      if (p == nullptr || p->scheduler == nullptr) continue;
+      LinkStats one{.lanes = p->scheduler->metrics()};
+      out += one;
+    }
+    for (const Conn* c : conns_) {
+      tcp_info info{};
+      socklen_t len = sizeof info;
+      if (getsockopt(c->fd.get(), IPPROTO_TCP, TCP_INFO, &info, &len) != 0) continue;
+      ++out.connections;
+      out.retransmits += info.tcpi_total_retrans;
+      out.max_rtt_s = std::max(out.max_rtt_s, info.tcpi_rtt / 1e6);
+    }
+    return out;
+  }
+
   Status status() const override {
     MutexLock lock(&mu_);
     return status_;
