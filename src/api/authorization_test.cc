@@ -116,6 +116,13 @@ TEST_F(AuthorizationTest, EveryRoleMayActOnTheJobsAndPlansTheTableSaysAndNoOther
          kc::v1::JobRecordsResponse out;
          return As(u, jobs_.get(), &kc::v1::JobService::Stub::Records, r, &out);
        }},
+      {"kc.v1.JobService.Inspect",
+       [&](const std::string& u, int64_t id) {
+         kc::v1::InspectJobRequest r;
+         r.set_id(id);
+         kc::v1::InspectJobResponse out;
+         return As(u, jobs_.get(), &kc::v1::JobService::Stub::Inspect, r, &out);
+       }},
       {"kc.v1.JobService.Modify",
        [&](const std::string& u, int64_t id) {
          kc::v1::ModifyJobRequest r;

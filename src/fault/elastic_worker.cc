@@ -372,7 +372,7 @@ Status ElasticWorker::RunGeneration(Generation& g) {
             std::chrono::duration<double, std::milli>(waited - rate_limit_waited_).count();
         rate_limit_waited_ = waited;
       }
-      AddLinks(*g.comm, &report);
+      if (g.comm != nullptr) AddLinks(*g.comm, &report);  // none for a run of one rank
       Report(report, leader);
       PublishCompute(s.compute_s * 1e3);
       return OkStatus();
