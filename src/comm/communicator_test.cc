@@ -374,6 +374,36 @@ TEST(CommunicatorTest, ProgressKeepsTheNewestOperationsWithTheirTimes) {
   });
 }
 
+// Over TCP a communicator's metrics carry its links': the lanes' send queues (gradient traffic
+// by default) and the connections' TCP_INFO; read while operations run, from another thread.
+// Over shared memory there are none.
+TEST(CommunicatorTest, MetricsCarryTheLinksLanesAndConnections) {
+  RunRanks({.size = 2, .transport = TransportKind::kTcp}, [&](Communicator& c) {
+    std::vector<float> x(1 << 18, 1);
+    std::atomic<bool> done{false};
+    std::thread reader([&] {
+      while (!done.load()) (void)c.metrics();
+    });
+    for (int i = 0; i < 4; ++i) {
+      auto w = c.Allreduce(std::span(x), ReduceOp::kSum);
+      ASSERT_TRUE(w.ok());
+      ASSERT_TRUE((*w)->Wait().ok());
+    }
+    done = true;
+    reader.join();
+    const LinkStats links = c.metrics().links;
+    ASSERT_TRUE(links.lanes.has_value());
+    EXPECT_GT(links.lanes->lane(Lane::kGradient).sent_chunks, 0u);
+    EXPECT_EQ(links.lanes->lane(Lane::kTelemetry).sent_chunks, 0u);
+    EXPECT_GE(links.connections, 1);
+    EXPECT_GT(links.max_rtt_s, 0);
+  });
+  RunRanks({.size = 2, .transport = TransportKind::kShm}, [&](Communicator& c) {
+    EXPECT_FALSE(c.metrics().links.lanes.has_value());
+    EXPECT_EQ(c.metrics().links.connections, 0);
+  });
+}
+
 TEST(CommunicatorTest, AbortFailsThePeersPendingWorkAndStaysFailed) {
   for (TransportKind kind : {TransportKind::kAuto, TransportKind::kTcp}) {
     RunRanks({.size = 3, .transport = kind}, [](Communicator& c) {
