@@ -30,6 +30,7 @@
 #include "base/log.h"
 #include "base/mutex.h"
 #include "base/subprocess.h"
+#include "comm/lanes.h"
 #include "kc/v1/agent.grpc.pb.h"
 #include "kc/v1/permission.grpc.pb.h"
 
@@ -68,6 +69,12 @@ struct Job {
   int64_t checkpoint_step = 0;
   // Its last step record, for the metrics: how fast it trains and where the time goes.
   double loss = 0, tokens_per_s = 0, step_s = 0, compute_s = 0, comm_exposed_s = 0;
+  // And rank 0's TCP links then (none over shared memory): per lane its queue time in the step
+  // and deepest backlog, retransmits, round trip.
+  std::vector<double> lane_wait_s;
+  std::vector<int64_t> lane_backlog;
+  int64_t retransmits = 0;
+  double rtt_s = 0;
   double next_check_s = 0;
   bool stopping = false;
   double kill_at_s = 0;
@@ -206,7 +213,8 @@ struct Agent::Impl {
     MutexLock lock(&mu);
     std::string out;
     int64_t running = 0;
-    std::vector<MetricSample> step, loss, tokens, step_s, compute_s, exposed_s;
+    std::vector<MetricSample> step, loss, tokens, step_s, compute_s, exposed_s, lane_wait,
+        lane_backlog, retransmits, rtt;
     for (const auto& [id, j] : jobs) {
       if (j.ended) continue;
       ++running;
@@ -219,6 +227,18 @@ struct Agent::Impl {
       step_s.push_back({.labels = l, .value = j.step_s});
       compute_s.push_back({.labels = l, .value = j.compute_s});
       exposed_s.push_back({.labels = l, .value = j.comm_exposed_s});
+      if (j.lane_wait_s.size() != static_cast<size_t>(comm::kNumLanes)) continue;  // no TCP links
+      for (comm::Lane lane : comm::kAllLanes) {
+        auto with_lane = l;
+        with_lane.emplace_back("lane", std::string(comm::LaneName(lane)));
+        const auto i = static_cast<size_t>(lane);
+        lane_wait.push_back({.labels = with_lane, .value = j.lane_wait_s[i]});
+        if (i < j.lane_backlog.size()) {
+          lane_backlog.push_back({.labels = with_lane, .value = double(j.lane_backlog[i])});
+        }
+      }
+      retransmits.push_back({.labels = l, .value = double(j.retransmits)});
+      rtt.push_back({.labels = l, .value = j.rtt_s});
     }
     AppendMetric(&out, "kc_agent_jobs_running", "gauge", "Jobs whose processes run on this host",
                  {{.labels = {{"host", o.host}}, .value = double(running)}});
@@ -230,6 +250,17 @@ struct Agent::Impl {
     AppendMetric(&out, "kc_run_compute_seconds", "gauge", "Of it, computing", compute_s);
     AppendMetric(&out, "kc_run_comm_exposed_seconds", "gauge",
                  "Of it, communication not hidden behind compute", exposed_s);
+    AppendMetric(&out, "kc_run_lane_wait_seconds", "gauge",
+                 "Rank 0's TCP send queue of a lane: its chunks' time queued in that step, summed",
+                 lane_wait);
+    AppendMetric(&out, "kc_run_lane_backlog_chunks", "gauge",
+                 "Rank 0's TCP send queue of a lane: the most chunks queued at once so far",
+                 lane_backlog);
+    AppendMetric(&out, "kc_run_tcp_retransmits", "gauge",
+                 "TCP segments rank 0's links retransmitted since its generation began",
+                 retransmits);
+    AppendMetric(&out, "kc_run_tcp_rtt_seconds", "gauge",
+                 "The largest smoothed round trip of rank 0's TCP links", rtt);
     return out;
   }
   // Resize orders for runs still launching: carried out once they are up.
@@ -611,6 +642,10 @@ struct Agent::Impl {
         j.step_s = r.step().step_s();
         j.compute_s = r.step().compute_s();
         j.comm_exposed_s = r.step().comm_exposed_s();
+        j.lane_wait_s.assign(r.step().lane_wait_s().begin(), r.step().lane_wait_s().end());
+        j.lane_backlog.assign(r.step().lane_backlog().begin(), r.step().lane_backlog().end());
+        j.retransmits = r.step().retransmits();
+        j.rtt_s = r.step().rtt_s();
       }
       if (r.has_checkpoint())
         j.checkpoint_step = std::max(j.checkpoint_step, r.checkpoint().step());

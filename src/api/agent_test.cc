@@ -283,6 +283,10 @@ std::string WriteReports(const std::string& path) {
     s.set_step_s(0.02);
     s.set_compute_s(0.015);
     s.set_comm_exposed_s(0.002);
+    for (double w : {0.003, 0.0, 0.0, 0.001}) s.add_lane_wait_s(w);
+    for (int64_t b : {12, 0, 0, 2}) s.add_lane_backlog(b);
+    s.set_retransmits(7);
+    s.set_rtt_s(0.0005);
     return s;
   }();
   kc::v1::TrainReport fault;
@@ -355,6 +359,18 @@ TEST_F(AgentTest, ItsMetricsGiveEachRunsLastStep) {
             std::string::npos)
       << page;
   EXPECT_NE(page.find("kc_run_comm_exposed_seconds{job=\"7\",name=\"x\",host=\"h1\"} 0.002\n"),
+            std::string::npos)
+      << page;
+  EXPECT_NE(
+      page.find("kc_run_lane_wait_seconds{job=\"7\",name=\"x\",host=\"h1\",lane=\"gradient\"} "
+                "0.003\n"),
+      std::string::npos)
+      << page;
+  EXPECT_NE(page.find("kc_run_lane_backlog_chunks{job=\"7\",name=\"x\",host=\"h1\",lane="
+                      "\"telemetry\"} 2\n"),
+            std::string::npos)
+      << page;
+  EXPECT_NE(page.find("kc_run_tcp_retransmits{job=\"7\",name=\"x\",host=\"h1\"} 7\n"),
             std::string::npos)
       << page;
   ASSERT_TRUE(kcd_->Await([&] {
