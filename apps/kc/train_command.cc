@@ -150,18 +150,19 @@ int RunLauncher(TrainArgs a) {
       return kExitBadInput;
     }
   }
-  std::ofstream metrics(metrics_path, std::ios::trunc);
-  if (!metrics) {
-    std::cerr << "kc train: cannot write " << metrics_path.string() << "\n";
-    return kExitBadInput;
-  }
   // The launcher's cores' rates before any rank runs: kc diagnose --live compares them with
-  // the rates then (a throttled core). About 10 ms a core; not for a CUDA run.
+  // the rates then (a throttled core). About 10 ms a core, measured before the metrics file is
+  // made, so that its header follows its creation at once; not for a CUDA run.
   std::optional<kc::v1::HostLoadReport> start;
   if (!p.cuda) {
     Result<hal::HostLoad> load = hal::MeasureHostLoad(
         {.roots = {getpid()}, .window = std::chrono::milliseconds(10), .max_rate_cores = 16});
     if (load.ok()) start = api::ToHostLoadReport(*load, hal::HostName(), 0);
+  }
+  std::ofstream metrics(metrics_path, std::ios::trunc);
+  if (!metrics) {
+    std::cerr << "kc train: cannot write " << metrics_path.string() << "\n";
+    return kExitBadInput;
   }
   metrics << Json{{"type", "run"},
                   {"model", p.spec.name},
