@@ -171,7 +171,10 @@ Result<HostLoad> MeasureHostLoad(const HostLoadOptions& o) {
     if (parents.count(r) != 0) run.insert(r);
   }
   if (run.empty()) {
-    return NotFoundError("host load: no process of the run is alive on this host");
+    std::string pids;
+    for (int r : o.roots) pids += (pids.empty() ? "" : ", ") + std::to_string(r);
+    return NotFoundError("host load: no process of the run is alive on this host (pid " + pids +
+                         ")");
   }
   for (bool grew = true; grew;) {
     grew = false;
