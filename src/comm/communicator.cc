@@ -249,18 +249,15 @@ int64_t CoarseNowTicks() {
 
 // One communicator's newest operations (Communicator::progress), written by its worker thread
 // on every operation: relaxed stores, no lock, two reads of the coarse clock (a few
-// nanoseconds each). The newest operation's state is also kept apart, and when a reader first
-// sees it in a state it stamps `since`, late by at most the time between two looks (a
-// heartbeat period). A reader may see the newest's fields of two neighbouring operations
-// mixed, which a diagnosis can bear; the ring's entries are each read whole or left out.
+// nanoseconds each). Each entry of the ring is read whole or left out (one being rewritten at
+// the moment of the look). The newest operation is the ring's newest entry; when a reader first
+// sees it in a state (entered or finished) it stamps `since`, late by at most the time between
+// two looks (a heartbeat period).
 class ProgressSlot {
  public:
   explicit ProgressSlot(std::string group) : group_(std::move(group)) {}
   void Enter(const char* op, uint64_t seq, int64_t bytes) {
-    op_.store(op, std::memory_order_relaxed);
-    bytes_.store(bytes, std::memory_order_relaxed);
-    seq_.store(seq, std::memory_order_relaxed);
-    done_.store(false, std::memory_order_release);
+    current_ = seq;
     Entry& e = ring_[seq % kOpHistory];
     const uint64_t v = BeginWrite(e);
     e.op.store(op, std::memory_order_relaxed);
@@ -271,28 +268,28 @@ class ProgressSlot {
     e.version.store(v + 2, std::memory_order_release);
   }
   void Leave() {
-    done_.store(true, std::memory_order_release);
-    Entry& e = ring_[seq_.load(std::memory_order_relaxed) % kOpHistory];
+    Entry& e = ring_[current_ % kOpHistory];
     const uint64_t v = BeginWrite(e);
     e.end.store(CoarseNowTicks(), std::memory_order_relaxed);
     e.version.store(v + 2, std::memory_order_release);
   }
   OpProgress Get() const {
-    const bool done = done_.load(std::memory_order_acquire);
-    const uint64_t seq = seq_.load(std::memory_order_relaxed);
-    const uint64_t state = seq * 2 + (done ? 1 : 0) + 1;  // 0: never looked at
+    OpProgress p{.group = group_, .recent = Recent()};
+    if (!p.recent.empty()) {
+      const OpRecord& newest = p.recent.back();
+      p.op = newest.op;
+      p.seq = newest.seq;
+      p.bytes = newest.bytes;
+      p.done = newest.end.has_value();
+    }
+    const uint64_t state = p.seq * 2 + (p.done ? 1 : 0) + 1;  // 0: never looked at
     const int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
     if (seen_state_.exchange(state, std::memory_order_relaxed) != state) {
       seen_at_.store(now, std::memory_order_relaxed);
     }
-    return {.group = group_,
-            .op = op_.load(std::memory_order_relaxed),
-            .seq = seq,
-            .bytes = bytes_.load(std::memory_order_relaxed),
-            .done = done,
-            .since = TimePoint(
-                std::chrono::steady_clock::duration(seen_at_.load(std::memory_order_relaxed))),
-            .recent = Recent()};
+    p.since =
+        TimePoint(std::chrono::steady_clock::duration(seen_at_.load(std::memory_order_relaxed)));
+    return p;
   }
 
  private:
@@ -338,10 +335,7 @@ class ProgressSlot {
   }
 
   const std::string group_;
-  std::atomic<const char*> op_{""};
-  std::atomic<uint64_t> seq_{0};
-  std::atomic<int64_t> bytes_{0};
-  std::atomic<bool> done_{true};
+  uint64_t current_ = 0;  // the operation being run (the writer's alone)
   mutable std::atomic<uint64_t> seen_state_{0};
   mutable std::atomic<int64_t> seen_at_{0};  // steady_clock ticks
   Entry ring_[kOpHistory];
