@@ -55,13 +55,20 @@ Result<std::map<std::string, InventoryRates>> InventoryOf(Session& s, const Live
   return out;
 }
 
-// The sgemm rate of core `cpu` as the run started, when `now` is of the host the launcher
-// measured then: a local run's, or a kcd run's on one host (`hosts`: of the run now; the
-// launcher of a run across hosts is on a supervisor agent, a machine of its own). 0: unknown.
-double StartRate(const RunRecords& r, const kc::v1::HostLoadReport& now, int cpu, size_t hosts) {
-  if (!r.start) return 0;
-  if (r.here ? r.start->host() != now.host() : hosts != 1) return 0;
-  for (const kc::v1::HostLoadReport::Core& c : r.start->cores()) {
+// What the launcher measured as the run started, when `now` is of the same host: a local run's,
+// or a kcd run's on one host (the launcher of a run across hosts is on a supervisor agent, a
+// machine of its own). Null: nothing to compare with.
+const kc::v1::HostLoadReport* StartOf(const RunRecords& r, const Live& live,
+                                      const kc::v1::HostLoadReport& now) {
+  if (!r.start) return nullptr;
+  if (r.here ? r.start->host() != now.host() : live.hosts.size() != 1) return nullptr;
+  return &*r.start;
+}
+
+// The sgemm rate of core `cpu` in `start` (StartOf); 0: unknown.
+double StartRate(const kc::v1::HostLoadReport* start, int cpu) {
+  if (start == nullptr) return 0;
+  for (const kc::v1::HostLoadReport::Core& c : start->cores()) {
     if (c.cpu() == cpu) return c.sgemm_flops();
   }
   return 0;
@@ -82,8 +89,7 @@ Result<Live> InspectRun(const std::string& run, const RunRecords& r, double wait
         fmt::format("{}: the run has ended (its summary is recorded): nothing live to ask", run));
   }
   const int64_t request = static_cast<int64_t>(UnixNow() * 1e3);
-  const std::string text = Json{{"request", request}}.dump() + "\n";
-  KC_RETURN_IF_ERROR(WriteFileAtomically((dir / api::kInspectRequestFile).string(), text));
+  KC_RETURN_IF_ERROR(api::WriteInspectRequest(dir.string(), request));
   const TimePoint until = Clock::Real()->Now() + SecondsOf(wait_s);
   const fs::path answer = dir / api::kInspectAnswerFile;
   Live live;
@@ -207,12 +213,13 @@ std::vector<std::string> LiveLines(const kc::v1::ProgressReport& p) {
 std::vector<std::string> LoadLines(const Live& live, const RunRecords& r) {
   std::vector<std::string> out;
   for (const kc::v1::HostLoadReport& h : live.hosts) {
+    const kc::v1::HostLoadReport* start = StartOf(r, live, h);
     std::vector<std::string> cores;
     for (const kc::v1::HostLoadReport::Core& c : h.cores()) {
       std::string rate;
       if (c.sgemm_flops() > 0) {
         rate = fmt::format(", {:.1f} GFLOP/s", c.sgemm_flops() / 1e9);
-        if (const double then = StartRate(r, h, c.cpu(), live.hosts.size()); then > 0) {
+        if (const double then = StartRate(start, c.cpu()); then > 0) {
           rate += fmt::format(" ({:.1f} at the start)", then / 1e9);
         }
       }
@@ -225,9 +232,8 @@ std::vector<std::string> LoadLines(const Live& live, const RunRecords& r) {
         fmt::format("host {} ({:.1f} s): {}", h.host(), h.window_s(), fmt::join(cores, " | ")));
     if (h.copy_bytes_per_s() > 0) {
       std::string then;
-      if (r.start && r.start->copy_bytes_per_s() > 0 &&
-          (r.here ? r.start->host() == h.host() : live.hosts.size() == 1)) {
-        then = fmt::format(" ({:.1f} at the start)", r.start->copy_bytes_per_s() / 1e9);
+      if (start != nullptr && start->copy_bytes_per_s() > 0) {
+        then = fmt::format(" ({:.1f} at the start)", start->copy_bytes_per_s() / 1e9);
       }
       out.push_back(fmt::format("  copy {:.1f} GB/s{} (8 MiB arrays){}", h.copy_bytes_per_s() / 1e9,
                                 then,
@@ -254,6 +260,7 @@ std::vector<std::string> LoadLines(const Live& live, const RunRecords& r) {
 std::vector<Finding> LoadFindings(const Live& live, const RunRecords& r) {
   std::vector<Finding> out;
   for (const kc::v1::HostLoadReport& h : live.hosts) {
+    const kc::v1::HostLoadReport* start = StartOf(r, live, h);
     double others = 0;
     std::vector<std::string> who;
     for (const kc::v1::HostLoadReport::Process& p : h.others()) {
@@ -277,7 +284,7 @@ std::vector<Finding> LoadFindings(const Live& live, const RunRecords& r) {
     std::vector<std::string> slow;
     double worst = 1;
     for (const kc::v1::HostLoadReport::Core& c : h.cores()) {
-      const double then = StartRate(r, h, c.cpu(), live.hosts.size());
+      const double then = StartRate(start, c.cpu());
       if (then <= 0 || c.sgemm_flops() <= 0) continue;
       const double ratio = c.sgemm_flops() / then;
       if (ratio < 0.7) {
@@ -300,18 +307,16 @@ std::vector<Finding> LoadFindings(const Live& live, const RunRecords& r) {
                             "the host again"});
     }
     // Memory: the copy now against the start's (the same host) and the inventory's.
-    const bool same_host =
-        r.start && (r.here ? r.start->host() == h.host() : live.hosts.size() == 1);
-    if (same_host && r.start->copy_bytes_per_s() > 0 && h.copy_bytes_per_s() > 0 &&
-        h.copy_bytes_per_s() < 0.5 * r.start->copy_bytes_per_s()) {
+    if (start != nullptr && start->copy_bytes_per_s() > 0 && h.copy_bytes_per_s() > 0 &&
+        h.copy_bytes_per_s() < 0.5 * start->copy_bytes_per_s()) {
       out.push_back(
           {.layer = 1,
            .fault = true,
            .what = fmt::format("memory copies at {:.2f}x the run's start on {}",
-                               h.copy_bytes_per_s() / r.start->copy_bytes_per_s(), h.host()),
+                               h.copy_bytes_per_s() / start->copy_bytes_per_s(), h.host()),
            .evidence = fmt::format("{:.1f} GB/s now, {:.1f} GB/s as the run started (a copy of "
                                    "8 MiB arrays)",
-                                   h.copy_bytes_per_s() / 1e9, r.start->copy_bytes_per_s() / 1e9),
+                                   h.copy_bytes_per_s() / 1e9, start->copy_bytes_per_s() / 1e9),
            .fix = "memory bandwidth taken by other work on the host (another job's copies), or "
                   "a throttled memory controller: look at what else runs there"});
     }

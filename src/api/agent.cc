@@ -61,7 +61,7 @@ struct Job {
   std::string resize_path;  // an elastic train job: the size kc train follows (--resize-file)
   // A train job's typed reports (kc train --reports), and how far they were read.
   std::string reports_path;
-  std::string inspect_path;  // where kc train looks for JobService.Inspect's requests
+  std::string out_dir;  // a launcher's --out: where kc train looks for JobService.Inspect's
   int64_t reports_offset = 0;
   std::deque<kc::v1::TrainReport> reports;  // those not yet delivered to kcd
   double step_relayed_s = 0;                // when a step report was last queued for kcd
@@ -542,7 +542,7 @@ struct Agent::Impl {
                     {"--share", o.host, "--rendezvous", j.order.assignment().rendezvous()});
       } else {
         j.reports_path = (fs::path(out) / "reports.binpb").string();
-        j.inspect_path = (fs::path(out) / kInspectRequestFile).string();
+        j.out_dir = out;
         args.insert(args.end(), {"--out", out, "--reports", j.reports_path, "--progress", "lines"});
       }
       if (role == kc::v1::StartOrder::ROLE_SUPERVISOR) {
@@ -943,11 +943,8 @@ struct Agent::Impl {
         to_probe.push_back(i);  // its ranks run here
         wake.SignalAll();
       }
-      if (it->second.inspect_path.empty()) continue;  // a share: its launcher is elsewhere
-      const std::string text = nlohmann::json{{"request", i.request()}}.dump() + "\n";
-      if (Status w = WriteFileAtomically(it->second.inspect_path,
-                                         std::as_bytes(std::span(text.data(), text.size())));
-          !w.ok()) {
+      if (it->second.out_dir.empty()) continue;  // a share: its launcher is elsewhere
+      if (Status w = WriteInspectRequest(it->second.out_dir, i.request()); !w.ok()) {
         KC_LOG(WARNING) << "agent: job " << i.job() << ": " << w.message();
       }
     }

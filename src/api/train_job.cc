@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <span>
@@ -281,6 +282,12 @@ kc::v1::ProgressReport ToProgressReport(const fault::ProgressSnapshot& s) {
     }
   }
   return out;
+}
+
+Status WriteInspectRequest(const std::string& dir, int64_t request) {
+  const std::string text = nlohmann::json{{"request", request}}.dump() + "\n";
+  return WriteFileAtomically((std::filesystem::path(dir) / kInspectRequestFile).string(),
+                             std::as_bytes(std::span(text.data(), text.size())));
 }
 
 kc::v1::HostLoadReport ToHostLoadReport(const hal::HostLoad& load, const std::string& host,

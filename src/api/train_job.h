@@ -62,6 +62,9 @@ std::string FaultReportJson(const kc::v1::FaultReport& report);
 // ProgressReport as JSON, written whole there by kc train (and appended to its reports).
 inline constexpr const char* kInspectRequestFile = "inspect.json";
 inline constexpr const char* kInspectAnswerFile = "progress.json";
+// Asks the kc train whose metrics are in `dir` where its ranks are: kInspectRequestFile there,
+// {"request": N}, written whole.
+Status WriteInspectRequest(const std::string& dir, int64_t request);
 
 // A supervisor's answer to Supervisor::Inspect as its report: each worker's published
 // progress (fault::ProgressToJson's text) read into groups and operations; text that does not
