@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "apps/kc/bench_wire.h"
 #include "base/clock.h"
 #include "base/subprocess.h"
 #include "comm/communicator.h"
@@ -153,7 +154,7 @@ Result<Plan> Check(const BenchArgs& a) {
   KC_ASSIGN_OR_RETURN(p.sizes, ParseSizes(a.sizes));
   if (a.op == "all") {
     p.ops = kOps;
-  } else if (std::find(kOps.begin(), kOps.end(), a.op) != kOps.end()) {
+  } else if (std::find(kOps.begin(), kOps.end(), a.op) != kOps.end() || a.op == "wire") {
     p.ops = {a.op};
   } else {
     return InvalidArgumentError("--op: unknown operation \"" + a.op +
@@ -342,6 +343,10 @@ class Worker {
     if (rank_ == 0) PrintHeader();
     if (rank_ == p_.fault_rank) raise(p_.fault_signal);  // --inject-fault
     if (p_.flood_bytes > 0) KC_RETURN_IF_ERROR(StartFlood());
+    if (std::find(p_.ops.begin(), p_.ops.end(), "wire") != p_.ops.end()) {
+      KC_ASSIGN_OR_RETURN(wire_, WireRing::Connect(*store_, a_.group, rank_, p_.world, a_.bind,
+                                                   Clock::Real()->Now() + timeout));
+    }
     Status s;
     for (const std::string& op : p_.ops) {
       for (int64_t size : p_.sizes) {
@@ -359,6 +364,10 @@ class Worker {
   // One call of `op` on `size` bytes, waited for.
   Status Once(const std::string& op, size_t count, size_t size) {
     std::span<std::byte> data = buffer_.first(size);
+    if (op == "wire") {
+      return wire_->Stream(data, buffer_.subspan(size, size),
+                           Clock::Real()->Now() + SecondsToDuration(a_.timeout_s));
+    }
     const int n = p_.world;
     Result<std::shared_ptr<comm::Work>> w = [&]() -> Result<std::shared_ptr<comm::Work>> {
       if (op == "allreduce") return comm_->Allreduce(data, count, p_.dtype, p_.redop);
@@ -419,7 +428,7 @@ class Worker {
     const size_t count = static_cast<size_t>(size_bytes) / esize;
     const size_t size = count * esize;
     Sample sample;
-    if (a_.check && op != "barrier") {
+    if (a_.check && op != "barrier" && op != "wire") {
       Fill(p_.dtype, buffer_, count, rank_ + 1);
       KC_RETURN_IF_ERROR(Once(op, count, size).WithContext(op + " " + std::to_string(size)));
       sample.ok = Verify(op, count, size);
@@ -496,6 +505,7 @@ class Worker {
 
   std::string AlgoName(const std::string& op, size_t size) const {
     if (op == "allreduce") return std::string(comm::AlgorithmName(comm_->ChooseAllreduce(size)));
+    if (op == "wire") return "stream";
     return std::string(comm::AlgorithmName(p_.algo));
   }
 
@@ -524,7 +534,9 @@ class Worker {
     const double algbw = seconds > 0 ? static_cast<double>(size) / seconds / 1e9 : 0;
     const double busbw = algbw * BusFactor(op, p_.world);
     const std::string algo = AlgoName(op, size);
-    const std::string check = !a_.check || op == "barrier" ? "-" : ok ? "ok" : "WRONG";
+    const std::string check = !a_.check || op == "barrier" || op == "wire" ? "-"
+                              : ok                                         ? "ok"
+                                                                           : "WRONG";
     if (a_.format == "json") {
       nlohmann::json j = {{"impl", "kc"},
                           {"op", op},
@@ -556,6 +568,7 @@ class Worker {
   std::unique_ptr<comm::Store> store_;
   const int rank_;
   std::unique_ptr<Communicator> comm_;
+  std::unique_ptr<WireRing> wire_;  // --op wire
   std::shared_ptr<comm::Buffer> registered_;
   struct AlignedDelete {
     void operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t{64}); }
@@ -804,8 +817,9 @@ void AddBenchCommand(CLI::App& app, Action* action) {
   c->add_option("--sizes", a->sizes, "Message sizes in bytes, comma-separated, K/M/G suffixes")
       ->capture_default_str();
   c->add_option("--op", a->op,
-                "allreduce, reduce_scatter, allgather, broadcast, reduce, sendrecv, barrier or "
-                "all")
+                "allreduce, reduce_scatter, allgather, broadcast, reduce, sendrecv, barrier, all, "
+                "or wire (the TCP links' limit: each rank streams to its right neighbour over "
+                "plain sockets; busbw is a ring all-reduce's ceiling)")
       ->capture_default_str();
   c->add_option("--dtype", a->dtype, "f32, f64, i32, i64 or bf16")->capture_default_str();
   c->add_option("--redop", a->redop, "sum, prod, min, max or avg")->capture_default_str();

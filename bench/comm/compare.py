@@ -164,8 +164,14 @@ def command(cfg, args, bins, ranks, op, size, iters, warmup, gloo_algos=""):
         if algos and op == "allreduce":
             cmd += ["--algos", algos]
         return cmd
+    if cfg.transport == "wire":
+        # The links' limit between the same ranks: plain sockets streaming around the ring
+        # (kc bench comm --op wire); its busbw is a ring all-reduce's ceiling.
+        op, transport = "wire", "tcp"
+    else:
+        transport = cfg.transport
     return [args.kc, "bench", "comm", "--ranks", str(ranks), "--sizes", s, "--op", op,
-            "--transport", cfg.transport, "--buffers", cfg.buffers, "--iters", str(iters),
+            "--transport", transport, "--buffers", cfg.buffers, "--iters", str(iters),
             "--warmup", str(warmup), "--format", "json"]
 
 
@@ -299,9 +305,11 @@ def print_tables(agg, args, kc_state, vers, load):
                           + (f"{ratio(kc and kc['time_us'], mpi and mpi['time_us']):>11}"
                              if small else f"{'':>11}"))
 
-    print("\n## TCP: kc --transport tcp vs Gloo's best allreduce algorithm (loopback)")
+    print("\n## TCP: kc --transport tcp vs Gloo's best allreduce algorithm (loopback), and vs "
+          "the wire (plain sockets streaming around the same ring: kc bench comm --op wire)")
     print(f"{'op':<15}{'ranks':>5} {'size':>6}  {'gloo best':<18}{'kc busbw':>9}"
-          f"{'gloo busbw':>11}{'bw ratio':>9}{'kc us':>10}{'gloo us':>10}{'time ratio':>11}")
+          f"{'gloo busbw':>11}{'bw ratio':>9}{'kc us':>10}{'gloo us':>10}{'time ratio':>11}"
+          f"{'wire busbw':>11}{'kc/wire':>8}{'gloo/wire':>10}")
     for op in ops:
         for n in ranks_list:
             for size in sizes:
@@ -309,13 +317,17 @@ def print_tables(agg, args, kc_state, vers, load):
                 g = gloo_best(op, n, size)
                 if kc is None and g is None:
                     continue
+                w = get("kc", "wire", n, size, "tcp", "user") if op == "allreduce" else None
                 small = size <= SMALL_BYTES
                 print(f"{op:<15}{n:>5} {fmt_size(size):>6}  {(g['algo'] if g else '-'):<18}"
                       f"{cell(kc and kc['busbw'], '9.3f')}{cell(g and g['busbw'], '11.3f')}"
                       f"{ratio(kc and kc['busbw'], g and g['busbw']):>9}"
                       f"{cell(kc and kc['time_us'], '10.1f')}{cell(g and g['time_us'], '10.1f')}"
                       + (f"{ratio(kc and kc['time_us'], g and g['time_us']):>11}"
-                         if small else f"{'':>11}"))
+                         if small else f"{'':>11}")
+                      + f"{cell(w and w['busbw'], '11.3f')}"
+                      f"{ratio(kc and kc['busbw'], w and w['busbw']):>8}"
+                      f"{ratio(g and g['busbw'], w and w['busbw']):>10}")
 
     algos = sorted({a for (i, _, _, _, _, _, a) in agg if i == "gloo"})
     if algos:
@@ -407,7 +419,7 @@ def main():
     kc_state = "not requested (--only)"
     if "kc" in only:
         kc_configs = [Config("kc", "shm", "user"), Config("kc", "shm", "registered"),
-                      Config("kc", "tcp", "user")]
+                      Config("kc", "tcp", "user"), Config("kc", "wire", "user")]
         if not (os.path.isfile(args.kc) and os.access(args.kc, os.X_OK)):
             kc_state = f"UNAVAILABLE: {args.kc} not found or not executable"
             log(kc_state)
@@ -433,6 +445,8 @@ def main():
                     warmup = args.warmup if args.warmup is not None else warmup
                     for cfg in order:
                         if cfg.unavailable or (cfg.impl == "gloo" and op not in GLOO_OPS):
+                            continue
+                        if cfg.transport == "wire" and op != "allreduce":
                             continue
                         load.append(os.getloadavg()[0])
                         algos = ""

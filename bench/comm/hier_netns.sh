@@ -10,15 +10,7 @@ REPEATS=${4:-3}
 [ -x "$KC" ] || { echo "hier_netns: no kc binary at $KC (build the release preset)" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || { echo "hier_netns: needs root for network namespaces" >&2; exit 2; }
 
-A=kcb_a$$; B=kcb_b$$; VA=kba$$; VB=kbb$$
-IPA=10.214.$(( $$ % 200 + 20 )).1; IPB=10.214.$(( $$ % 200 + 20 )).2
-cleanup() { ip netns del "$A" 2>/dev/null || true; ip netns del "$B" 2>/dev/null || true; }
-trap cleanup EXIT
-ip netns add "$A"; ip netns add "$B"
-ip link add "$VA" netns "$A" type veth peer name "$VB" netns "$B"
-ip -n "$A" addr add "$IPA/24" dev "$VA"; ip -n "$B" addr add "$IPB/24" dev "$VB"
-for ns in "$A" "$B"; do ip -n "$ns" link set lo up; done
-ip -n "$A" link set "$VA" up; ip -n "$B" link set "$VB" up
+. "$(dirname "$0")/two_hosts.sh" 214
 ip netns exec "$A" tc qdisc add dev "$VA" root tbf rate "$RATE" burst 256kb latency 50ms
 ip netns exec "$B" tc qdisc add dev "$VB" root tbf rate "$RATE" burst 256kb latency 50ms
 

@@ -202,6 +202,20 @@ INSTANTIATE_TEST_SUITE_P(Collective, CollectiveTest,
                                                               size_t{1000}, size_t{4097})),
                          ParamName);
 
+// The ring moves each chunk in segments of about 1 MiB, reducing and forwarding one while
+// the next is on the wire: chunks of several segments and a remainder, of unequal sizes
+// (count % size != 0), over TCP, where the ring runs.
+TEST(CollectiveSegmentTest, ChunksOfManySegmentsMatchThePlainReference) {
+  constexpr size_t kCount = 3 * 870'001 + 2;  // chunks of ~3.3 MiB of floats, 1 apart
+  for (int n : {2, 3}) {
+    RunGroup(Kind::kTcp, n, [&](Transport& t) {
+      CheckAllreduce<float>(t, kCount, ReduceOp::kSum, 1);
+      CheckAllreduce<double>(t, kCount / 2, ReduceOp::kAvg, 2);
+      CheckAllreduce<int32_t>(t, kCount, ReduceOp::kMax, 3);
+    });
+  }
+}
+
 TEST(CollectiveArgsTest, BadArgumentsAreInvalidArgumentAndLeaveTheTransportUsable) {
   RunGroup(Kind::kShm, 2, [](Transport& t) {
     std::vector<int32_t> ints(4);

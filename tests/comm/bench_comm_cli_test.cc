@@ -67,6 +67,28 @@ TEST(KcBenchCommTest, RegisteredBuffersAndForcedAlgorithmsCheckOut) {
   }
 }
 
+// --op wire: the links' limit, plain sockets streaming around the ring; its busbw is the bytes
+// each rank sent per second (a ring all-reduce's ceiling), and it has no result to check.
+TEST(KcBenchCommTest, TheWireRowStreamsAroundTheRing) {
+  for (const int ranks : {1, 3}) {
+    int rc = -1;
+    const std::string out = Kc("--ranks " + std::to_string(ranks) +
+                                   " --op wire --sizes 4K,1M --iters 2 --warmup 1 --format json",
+                               &rc);
+    ASSERT_EQ(rc, 0) << out;
+    const std::vector<nlohmann::json> rows = JsonLines(out);
+    ASSERT_EQ(rows.size(), 2u) << out;
+    for (const nlohmann::json& r : rows) {
+      EXPECT_EQ(r["op"], "wire");
+      EXPECT_EQ(r["algo"], "stream");
+      EXPECT_EQ(r["check"], "-");
+      EXPECT_EQ(r["ranks"], ranks);
+      EXPECT_GT(r["time_us"].get<double>(), 0.0);
+      EXPECT_DOUBLE_EQ(r["busbw"].get<double>(), r["algbw"].get<double>());
+    }
+  }
+}
+
 TEST(KcBenchCommTest, SimulatedHostsUseTheHierarchicalAlgorithm) {
   int rc = -1;
   const std::string out = Kc("--ranks 4 --hosts a,a,b,b --sizes 64K --iters 2 --format json", &rc);

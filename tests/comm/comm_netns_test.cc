@@ -9,6 +9,7 @@
 #include <chrono>
 #include <future>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -41,6 +42,23 @@ BenchRun BenchIn(const std::string& ns, const std::string& ip, const std::string
   return r;
 }
 
+// Both hosts' runs of one measurement: rank 0's run serves the store, rank 2's connects to it
+// (retrying until it is up). Both must succeed; rank 0's JSON lines, one per row.
+std::vector<nlohmann::json> BenchOnBoth(TwoHosts& hosts, const std::string& extra) {
+  auto a = std::async(std::launch::async,
+                      [&] { return BenchIn(hosts.a(), hosts.ip_a(), hosts.ip_a(), 0, extra); });
+  BenchRun b = BenchIn(hosts.b(), hosts.ip_b(), hosts.ip_a(), 2, extra);
+  BenchRun ra = a.get();
+  EXPECT_EQ(ra.rc, 0) << ra.out;
+  EXPECT_EQ(b.rc, 0) << b.out;
+  std::vector<nlohmann::json> rows;
+  if (ra.rc != 0 || b.rc != 0) return rows;
+  std::istringstream in(ra.out);
+  std::string line;
+  while (std::getline(in, line)) rows.push_back(nlohmann::json::parse(line));
+  return rows;
+}
+
 TEST(KcCommNetnsTest, FlatAndHierarchicalAllreduceAcrossTwoShapedHosts) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root for network namespaces";
   TwoHosts hosts;
@@ -51,26 +69,32 @@ TEST(KcCommNetnsTest, FlatAndHierarchicalAllreduceAcrossTwoShapedHosts) {
               0);
   }
   for (const std::string algo : {"ring", "hierarchical"}) {
-    const std::string extra = "--sizes 4K,1M --iters 2 --warmup 0 --algo " + algo;
-    // Rank 0's run serves the store; rank 2's connects to it (retrying until it is up).
-    auto a = std::async(std::launch::async,
-                        [&] { return BenchIn(hosts.a(), hosts.ip_a(), hosts.ip_a(), 0, extra); });
-    BenchRun b = BenchIn(hosts.b(), hosts.ip_b(), hosts.ip_a(), 2, extra);
-    BenchRun ra = a.get();
-    ASSERT_EQ(ra.rc, 0) << ra.out;
-    ASSERT_EQ(b.rc, 0) << b.out;
-    std::istringstream in(ra.out);
-    std::string line;
-    int rows = 0;
-    while (std::getline(in, line)) {
-      const nlohmann::json r = nlohmann::json::parse(line);
-      EXPECT_EQ(r["check"], "ok") << line;
-      EXPECT_EQ(r["algo"], algo) << line;
+    const std::vector<nlohmann::json> rows =
+        BenchOnBoth(hosts, "--sizes 4K,1M --iters 2 --warmup 0 --algo " + algo);
+    for (const nlohmann::json& r : rows) {
+      EXPECT_EQ(r["check"], "ok") << r.dump();
+      EXPECT_EQ(r["algo"], algo) << r.dump();
       EXPECT_EQ(r["ranks"], 4);
-      ++rows;
     }
-    EXPECT_EQ(rows, 2) << ra.out;
+    EXPECT_EQ(rows.size(), 2u);
   }
+}
+
+// Every collective between two namespace hosts, two ranks on each (shared memory inside a
+// host, TCP between them), checked against the reference by kc bench comm.
+TEST(KcCommNetnsTest, EveryCollectiveAcrossTwoHostsMatchesTheReference) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root for network namespaces";
+  TwoHosts hosts;
+  if (!hosts.ok()) GTEST_SKIP() << "cannot create network namespaces and veth here";
+  std::set<std::string> ops;
+  for (const nlohmann::json& r :
+       BenchOnBoth(hosts, "--op all --sizes 4K,1000003 --iters 1 --warmup 0")) {
+    EXPECT_NE(r["check"], "WRONG") << r.dump();
+    EXPECT_EQ(r["ranks"], 4);
+    ops.insert(r["op"].get<std::string>());
+  }
+  EXPECT_EQ(ops, (std::set<std::string>{"allreduce", "reduce_scatter", "allgather", "broadcast",
+                                        "reduce", "sendrecv", "barrier"}));
 }
 
 // The link between the hosts cut in the middle of the run (the veth taken down, so no reset

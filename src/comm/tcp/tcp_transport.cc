@@ -330,23 +330,30 @@ class BufferPool {
     }
     Block b = std::move(*best);
     free_.erase(best);
+    free_bytes_ -= b.capacity;
     return b;
   }
 
-  // Keeps the kMaxFree largest blocks.
+  // Keeps the largest free blocks, up to kMaxFree of them and kMaxFreeBytes in all: a ring
+  // whose ranks start an operation at different times gets a burst of early segments in every
+  // operation, and blocks given back to the allocator would come back as fresh pages.
   void Give(Block b) {
     if (b.data == nullptr) return;
+    free_bytes_ += b.capacity;
     free_.push_back(std::move(b));
-    if (free_.size() > kMaxFree) {
+    while (free_.size() > kMaxFree || free_bytes_ > kMaxFreeBytes) {
       auto smallest =
           std::min_element(free_.begin(), free_.end(),
                            [](const Block& x, const Block& y) { return x.capacity < y.capacity; });
+      free_bytes_ -= smallest->capacity;
       free_.erase(smallest);
     }
   }
 
  private:
-  static constexpr size_t kMaxFree = 4;
+  static constexpr size_t kMaxFree = 64;
+  static constexpr size_t kMaxFreeBytes = size_t{64} << 20;
+  size_t free_bytes_ = 0;
   std::vector<Block> free_;
 };
 
