@@ -29,6 +29,8 @@
 #include "base/subprocess.h"
 #include "comm/communicator.h"
 #include "comm/tcp_store.h"
+#include "hal/inventory.h"
+#include "hal/topology.h"
 
 namespace kc::app {
 namespace {
@@ -73,6 +75,10 @@ struct BenchArgs {
   // shared-memory path, where no progress thread needs a CPU of its own; none.
   std::string cpu_bind = "auto";
   int local_rank = 0;  // internal: index of this worker among this run's ranks
+  // An inventory (docs/user-guide/inventory.md): rank r runs as its device r, on that
+  // device's host unless --hosts says otherwise, and --algo auto chooses each all-reduce by
+  // the inventory's cost model, as `kc topo report --inventory` advises.
+  std::string inventory;
 };
 
 const std::vector<std::string> kOps = {"allreduce", "reduce_scatter", "allgather", "broadcast",
@@ -143,7 +149,8 @@ struct Plan {
   TransportKind transport;
   bool registered;
   int world;
-  std::vector<std::string> hosts;  // empty: the machine's name for every rank
+  std::vector<std::string> hosts;                 // empty: the machine's name for every rank
+  std::shared_ptr<const hal::Topology> topology;  // --inventory
   int64_t flood_bytes = 0;
   int fault_rank = -1;  // --inject-fault
   int fault_signal = 0;
@@ -197,6 +204,25 @@ Result<Plan> Check(const BenchArgs& a) {
     if (static_cast<int>(p.hosts.size()) != p.world) {
       return InvalidArgumentError(
           fmt::format("--hosts names {} hosts for {} ranks", p.hosts.size(), p.world));
+    }
+  }
+  if (!a.inventory.empty()) {
+    Result<hal::TopologySpec> spec = hal::LoadInventory(a.inventory);
+    if (!spec.ok()) return InvalidArgumentError("--inventory: " + spec.status().message());
+    Result<hal::Topology> topology = hal::Topology::Build(*std::move(spec));
+    if (!topology.ok()) {
+      return InvalidArgumentError("--inventory " + a.inventory + ": " +
+                                  topology.status().message());
+    }
+    if (topology->num_devices() < p.world) {
+      return InvalidArgumentError(fmt::format("--inventory {}: {} devices for {} ranks",
+                                              a.inventory, topology->num_devices(), p.world));
+    }
+    p.topology = std::make_shared<const hal::Topology>(*std::move(topology));
+    if (p.hosts.empty()) {
+      for (int device = 0; device < p.world; ++device) {
+        p.hosts.push_back(p.topology->hosts()[p.topology->host_of(device)].name);
+      }
     }
   }
   if (a.iters < 1 || a.warmup < 0) return InvalidArgumentError("--iters >= 1, --warmup >= 0");
@@ -328,7 +354,9 @@ class Worker {
                                               .bind_address = a_.bind,
                                               .connect_timeout = timeout,
                                               .timeout = timeout,
-                                              .algorithm = p_.algo}));
+                                              .algorithm = p_.algo,
+                                              .topology = p_.topology,
+                                              .devices = Devices()}));
     const int64_t max_size = *std::max_element(p_.sizes.begin(), p_.sizes.end());
     // sendrecv needs a second buffer for what arrives.
     const size_t bytes = static_cast<size_t>(std::max<int64_t>(max_size, 64));
@@ -361,6 +389,15 @@ class Worker {
   }
 
  private:
+  // --inventory: rank r is its device r.
+  std::vector<int> Devices() const {
+    std::vector<int> d;
+    if (p_.topology != nullptr) {
+      for (int r = 0; r < p_.world; ++r) d.push_back(r);
+    }
+    return d;
+  }
+
   // One call of `op` on `size` bytes, waited for.
   Status Once(const std::string& op, size_t count, size_t size) {
     std::span<std::byte> data = buffer_.first(size);
@@ -683,6 +720,10 @@ std::vector<std::string> WorkerArgv(const BenchArgs& a, int rank, const std::str
     v.push_back("--hosts");
     v.push_back(a.hosts);
   }
+  if (!a.inventory.empty()) {
+    v.push_back("--inventory");
+    v.push_back(a.inventory);
+  }
   if (!a.check) v.push_back("--no-check");
   if (!a.flood.empty()) {
     v.push_back("--flood");
@@ -844,6 +885,10 @@ void AddBenchCommand(CLI::App& app, Action* action) {
   c->add_option("--first-rank", a->first_rank, "The first rank this run starts");
   c->add_option("--bind", a->bind, "Address the TCP transport listens on")->capture_default_str();
   c->add_option("--group", a->group, "Group name (default from the process id)");
+  c->add_option("--inventory", a->inventory,
+                "Inventory file: rank r runs as its device r (on its host, simulated here unless "
+                "--hosts), and --algo auto picks each all-reduce by its cost model, as kc topo "
+                "report advises");
   c->add_option("--inject-fault", a->inject_fault,
                 "RANK:stop or RANK:kill: that rank stops (SIGSTOP) or dies (SIGKILL) before its "
                 "first measured operation (failure drills)");

@@ -309,6 +309,7 @@ struct ReportArgs {
   std::string inventory;
   std::string groups;
   std::string write_groups;
+  int64_t allreduce_bytes = 0;  // 0: the report's default
   bool json = false;
 };
 
@@ -346,6 +347,7 @@ int RunReport(const ReportArgs& args) {
     return kExitBadInput;
   }
   hal::ReportOptions options;
+  if (args.allreduce_bytes > 0) options.allreduce_bytes = args.allreduce_bytes;
   bool describes_this_host = false;
   for (const hal::HostSpec& h : spec->hosts) describes_this_host |= h.name == info->hostname;
   if (describes_this_host) options.probe = findings;
@@ -471,6 +473,11 @@ void AddTopoCommand(CLI::App& app, Action* action) {
   report->add_option("--groups", ra->groups,
                      "Your grouping file to check instead of the suggested groups");
   report->add_option("--write-groups", ra->write_groups, "Write the groups in use to this file");
+  report
+      ->add_option("--allreduce-bytes", ra->allreduce_bytes,
+                   "Size of the all-reduce the advice estimates, in bytes (default 1 GiB); "
+                   "kc bench comm --inventory chooses by the same estimate")
+      ->check(CLI::PositiveNumber);
   report->add_flag("--json", ra->json, "Print JSON instead of text");
   report->callback([action, ra] { *action = [ra] { return RunReport(*ra); }; });
 

@@ -664,9 +664,31 @@ class CommunicatorImpl final : public Communicator {
     const Algorithm forced = root_->options.algorithm;
     if (forced != Algorithm::kAuto) return forced;
     if (links_.direct != nullptr) return Algorithm::kDirect;
-    if (links_.num_hosts > 1 && links_.some_host_shared) return Algorithm::kHierarchical;
+    const bool hierarchical = links_.num_hosts > 1 && links_.some_host_shared;
+    if (root_->options.topology != nullptr) {
+      // The L1 cost model over this group's devices, as `kc topo report` estimates.
+      switch (CostModelChoice(root_ranks_, bytes)) {
+        case hal::CollectiveAlgo::kTree:
+          return Algorithm::kRecursiveDoubling;
+        case hal::CollectiveAlgo::kHierarchical:
+          return hierarchical ? Algorithm::kHierarchical : Algorithm::kRing;
+        default:
+          return Algorithm::kRing;
+      }
+    }
+    if (hierarchical) return Algorithm::kHierarchical;
     return bytes <= root_->options.small_message_bytes ? Algorithm::kRecursiveDoubling
                                                        : Algorithm::kRing;
+  }
+
+  // The cheapest all-reduce over the devices of `root_ranks` by the topology's cost model.
+  // REQUIRES: root_->options.topology.
+  hal::CollectiveAlgo CostModelChoice(const std::vector<int>& root_ranks, int64_t bytes) const {
+    const CommunicatorOptions& o = root_->options;
+    std::vector<int> devices;
+    devices.reserve(root_ranks.size());
+    for (int rr : root_ranks) devices.push_back(o.devices[rr]);
+    return o.topology->Collective(hal::CollectiveOp::kAllreduce, devices, bytes).algo;
   }
 
   Status status() const override {
@@ -800,7 +822,21 @@ class CommunicatorImpl final : public Communicator {
     return OkStatus();
   }
 
+  // Among the host leaders: by the cost model over the leaders' devices when there is a
+  // topology (ring or tree; they are one per host), else by size.
   Algorithm LeadersAlgorithm(int64_t bytes) const {
+    if (root_->options.topology != nullptr) {
+      std::vector<int> leaders;
+      std::vector<bool> seen(links_.num_hosts, false);
+      for (size_t r = 0; r < root_ranks_.size(); ++r) {
+        if (seen[links_.hosts[r]]) continue;
+        seen[links_.hosts[r]] = true;
+        leaders.push_back(root_ranks_[r]);
+      }
+      return CostModelChoice(leaders, bytes) == hal::CollectiveAlgo::kTree
+                 ? Algorithm::kRecursiveDoubling
+                 : Algorithm::kRing;
+    }
     return bytes <= root_->options.small_message_bytes ? Algorithm::kRecursiveDoubling
                                                        : Algorithm::kRing;
   }
@@ -1051,6 +1087,21 @@ Result<std::unique_ptr<Communicator>> Communicator::Create(const CommunicatorOpt
   if (o.clock == nullptr) return InvalidArgumentError("communicator: options.clock is null");
   if (o.timeout <= Duration::zero()) {
     return InvalidArgumentError("communicator: options.timeout must be positive");
+  }
+  if (o.topology != nullptr) {
+    if (o.devices.size() != static_cast<size_t>(o.size)) {
+      return InvalidArgumentError("communicator: options.devices has " +
+                                  std::to_string(o.devices.size()) +
+                                  " entries, want one per rank (" + std::to_string(o.size) + ")");
+    }
+    for (size_t r = 0; r < o.devices.size(); ++r) {
+      if (o.devices[r] < 0 || o.devices[r] >= o.topology->num_devices()) {
+        return InvalidArgumentError("communicator: options.devices[" + std::to_string(r) +
+                                    "] = " + std::to_string(o.devices[r]) +
+                                    " is not a device of topology " + o.topology->name() + " (" +
+                                    std::to_string(o.topology->num_devices()) + " devices)");
+      }
+    }
   }
   auto root = std::make_shared<Root>();
   root->options = o;

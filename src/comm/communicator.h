@@ -40,6 +40,7 @@
 #include "comm/store.h"
 #include "comm/transport.h"
 #include "hal/compute.h"
+#include "hal/topology.h"
 
 namespace kc::comm {
 
@@ -92,6 +93,14 @@ struct CommunicatorOptions {
   // every operation is admitted through it before it runs. Not owned; may be shared by
   // several communicators of one job; null: no limit.
   RateLimiter* rate_limiter = nullptr;
+  // The L1 topology of the ranks' devices (hal/topology.h) and the device of each rank in it
+  // (devices[r] indexes topology->device(), one per rank). With them, kAuto chooses each
+  // all-reduce by the topology's cost model for the group's actual devices and links
+  // (Topology::Collective: ring, recursive doubling for its tree, or hierarchical), the
+  // estimate `kc topo report` advises from, instead of by size alone. The hierarchical
+  // algorithm groups ranks by host. Null: the size rule (small_message_bytes).
+  std::shared_ptr<const hal::Topology> topology;
+  std::vector<int> devices;
 };
 
 struct OpOptions {

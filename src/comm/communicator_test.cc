@@ -17,6 +17,7 @@
 #include "base/notification.h"
 #include "comm/bucket.h"
 #include "comm/hash_store.h"
+#include "hal/inventory.h"
 
 namespace kc::comm {
 namespace {
@@ -226,6 +227,25 @@ TEST(CommunicatorTest, BadArgumentsNameTheArgumentAndChangeNothing) {
       ErrorCode::kInvalidArgument);
   EXPECT_EQ(Communicator::Create({.store = nullptr, .group = "g"}).status().code(),
             ErrorCode::kInvalidArgument);
+  // A topology needs one device of it per rank.
+  Result<hal::TopologySpec> spec = hal::LoadInventoryString(R"(name: one-host
+models:
+  cpu: {kind: simulated, memory_gb: 1, peak_tflops_fp32: 1, peak_tflops_bf16: 0,
+        memory_bandwidth_gbs: 10}
+hosts:
+  - {name: h0, model: cpu, count: 2, intra_host: {kind: shm, bandwidth_gbs: 10, latency_us: 1}}
+)",
+                                                            "one-host.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  Result<hal::Topology> built = hal::Topology::Build(*std::move(spec));
+  ASSERT_TRUE(built.ok()) << built.status();
+  auto topology = std::make_shared<const hal::Topology>(*std::move(built));
+  for (const std::vector<int>& devices : {std::vector<int>{0}, std::vector<int>{0, 2}}) {
+    Result<std::unique_ptr<Communicator>> c = Communicator::Create(
+        {.store = &store, .group = "g", .size = 2, .topology = topology, .devices = devices});
+    EXPECT_EQ(c.status().code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(c.status().message().find("options.devices"), std::string::npos) << c.status();
+  }
 }
 
 TEST(CommunicatorTest, ShmTransportAcrossHostsIsInvalidArgument) {

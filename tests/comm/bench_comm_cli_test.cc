@@ -2,12 +2,14 @@
 // the nccl-tests table or JSON Lines; bad arguments exit 2 naming the argument.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "tests/support/netns.h"
+#include "tests/support/temp_dir.h"
 
 namespace {
 
@@ -89,6 +91,55 @@ TEST(KcBenchCommTest, TheWireRowStreamsAroundTheRing) {
   }
 }
 
+// With --inventory, --algo auto chooses each all-reduce by the inventory's cost model, the
+// estimate `kc topo report` advises from: both name the same algorithm for every size. Two
+// hosts of two devices joined by a slow network: the tree (recursive doubling) for a small
+// all-reduce, where the size rule alone would take the hierarchical one, and the
+// hierarchical one for a large one.
+TEST(KcBenchCommTest, TheInventorysCostModelChoosesAsTopoReportAdvises) {
+  const kc::testing::TempDir dir;
+  const std::string inventory = dir.Write("two-hosts.yaml", R"(name: two-hosts
+models:
+  cpu: {kind: simulated, memory_gb: 16, peak_tflops_fp32: 1, peak_tflops_bf16: 0,
+        memory_bandwidth_gbs: 20}
+hosts:
+  - name: "h[0-1]"
+    model: cpu
+    count: 2
+    intra_host: {kind: shm, bandwidth_gbs: 20, latency_us: 1}
+    network: {bandwidth_gbs: 0.125, latency_us: 50}
+)");
+  const std::map<std::string, std::string> kc_name = {
+      {"tree", "recursive_doubling"}, {"ring", "ring"}, {"hierarchical", "hierarchical"}};
+  std::map<int64_t, std::string> chosen;
+  for (const int64_t bytes : {int64_t{4096}, int64_t{1} << 20}) {
+    int rc = -1;
+    const std::string report =
+        Capture(std::string(KC_BINARY) + " topo report --json --inventory " + inventory +
+                    " --allreduce-bytes " + std::to_string(bytes) + " 2>/dev/null",
+                &rc);
+    ASSERT_EQ(rc, 0) << report;
+    const std::string advice = nlohmann::json::parse(report)["allreduce"]["best"];
+    const std::string out = Kc("--ranks 4 --inventory " + inventory + " --sizes " +
+                                   std::to_string(bytes) + " --iters 1 --warmup 0 --format json",
+                               &rc);
+    ASSERT_EQ(rc, 0) << out;
+    const std::vector<nlohmann::json> rows = JsonLines(out);
+    ASSERT_EQ(rows.size(), 1u) << out;
+    EXPECT_EQ(rows[0]["check"], "ok");
+    EXPECT_EQ(rows[0]["algo"], kc_name.at(advice)) << bytes << " bytes: " << report;
+    chosen[bytes] = rows[0]["algo"];
+  }
+  EXPECT_EQ(chosen[4096], "recursive_doubling");
+  EXPECT_EQ(chosen[1 << 20], "hierarchical");
+  // More ranks than the inventory has devices: refused, naming it.
+  int rc = -1;
+  const std::string out = Kc("--ranks 5 --inventory " + inventory, &rc);
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("--inventory " + inventory + ": 4 devices for 5 ranks"), std::string::npos)
+      << out;
+}
+
 TEST(KcBenchCommTest, SimulatedHostsUseTheHierarchicalAlgorithm) {
   int rc = -1;
   const std::string out = Kc("--ranks 4 --hosts a,a,b,b --sizes 64K --iters 2 --format json", &rc);
@@ -157,6 +208,7 @@ TEST(KcBenchCommTest, BadArgumentsExitTwoNamingTheArgument) {
       {"--flood 1Q", "--flood"},
       {"--inject-fault 2:stop", "--inject-fault"},
       {"--inject-fault 1:pause", "--inject-fault"},
+      {"--inventory no-such-inventory.yaml", "--inventory"},
   };
   for (const auto& [args, named] : cases) {
     int rc = -1;

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -295,7 +296,9 @@ struct SendPayload {
   uint64_t tag = 0;
   uint64_t seq = 0;
   std::span<const std::byte> data;
-  int64_t chunks_written = 0;  // progress thread only
+  // Chunks written so far: by the progress thread or a sending caller (PumpInline), on
+  // any of the peer's connections.
+  std::atomic<int64_t> chunks_written = 0;
 };
 
 using MsgKey = std::pair<uint64_t, uint64_t>;  // (tag, seq)
@@ -379,13 +382,17 @@ struct Conn {
   Fd fd;
   // The peer's send queue, shared by its connections; owned by its Peer, which outlives it.
   LaneScheduler* scheduler = nullptr;
-  // Send side (progress thread only).
-  std::optional<Chunk> chunk;
-  std::byte out_header[kFrameHeaderBytes];
-  size_t out_done = 0;         // header + payload bytes of `chunk` (or of our close frame) written
-  bool sending_close = false;  // out_header holds our close frame
-  bool want_out = false;
-  bool write_done = false;  // our side is shut (SHUT_WR) or given up; nothing more is written
+  // Send side: written by whoever holds out_mu, the progress thread or a thread whose Send
+  // found the connection idle (TcpTransport::PumpInline).
+  Mutex out_mu;
+  std::optional<Chunk> chunk KC_GUARDED_BY(out_mu);
+  std::byte out_header[kFrameHeaderBytes] KC_GUARDED_BY(out_mu);
+  // Header + payload bytes of `chunk` (or of our close frame) written.
+  size_t out_done KC_GUARDED_BY(out_mu) = 0;
+  bool sending_close KC_GUARDED_BY(out_mu) = false;  // out_header holds our close frame
+  bool want_out KC_GUARDED_BY(out_mu) = false;       // waiting for EPOLLOUT
+  // Our side is shut (SHUT_WR) or given up; nothing more is written.
+  bool write_done KC_GUARDED_BY(out_mu) = false;
   // Receive side (progress thread only).
   std::byte in_header[kFrameHeaderBytes];
   size_t in_header_done = 0;
@@ -394,8 +401,10 @@ struct Conn {
   std::byte* in_dest = nullptr;  // null: discard
   uint64_t in_done = 0;
   bool close_read = false;  // the peer's close frame arrived; only EOF may follow
-  bool read_done = false;   // EOF (or an error) after which nothing more is read
-  bool in_epoll = true;     // removed once both directions are done
+  // EOF (or an error) after which nothing more is read. Written by the progress thread, read
+  // by the send side too (UpdateEpoll).
+  std::atomic<bool> read_done = false;
+  bool in_epoll KC_GUARDED_BY(out_mu) = true;  // removed once both directions are done
 };
 
 // Per peer: its send queue and connections.
@@ -498,7 +507,7 @@ class TcpTransport final : public Transport {
       MutexLock lock(&mu_);
       return status_;
     }
-    Wake();
+    if (!PumpInline(*peers_[peer])) Wake();
     return std::shared_ptr<Request>(std::move(req));
   }
 
@@ -637,23 +646,37 @@ class TcpTransport final : public Transport {
   void Run();
   // Writes what p's peer has queued. False after failing the transport (a socket error);
   // while closing, an error only gives the connection up.
-  bool PumpOut(Conn& p);
+  bool PumpOut(Conn& p) {
+    MutexLock lock(&p.out_mu);
+    return PumpOutLocked(p);
+  }
+  bool PumpOutLocked(Conn& p) KC_REQUIRES(p.out_mu);
+  // Called by Send after queueing: on a connection to the peer that is idle (not held by the
+  // progress thread nor waiting for room in the socket), the calling thread writes the queue
+  // itself, saving the progress thread's wake-up per message. True when it did (the queue is
+  // written, or the connection waits for room and the progress thread goes on from there);
+  // false when the progress thread must be woken.
+  bool PumpInline(Peer& peer);
   // Reads up to `want` (> 0) bytes from p's socket: the count read, 0 when nothing more is
   // there for now, or -1 when reading ended: EOF or an error after the peer's close frame
   // (p.read_done), else after failing the transport.
   ssize_t ReadSome(Conn& p, void* dst, size_t want);
   bool PumpIn(Conn& p);  // false: the transport failed (Fail called)
-  bool StartChunk(Conn& p);
-  void FinishChunk(Conn& p);
-  void SetWantOut(Conn& p, bool want);
-  void UpdateEpoll(Conn& p);
+  bool StartChunk(Conn& p) KC_REQUIRES(p.out_mu);
+  void FinishChunk(Conn& p) KC_REQUIRES(p.out_mu);
+  void SetWantOut(Conn& p, bool want) KC_REQUIRES(p.out_mu);
+  void UpdateEpoll(Conn& p) KC_REQUIRES(p.out_mu);
   // The peer's close frame arrived on p: the first one stops the sends to the peer, the
   // last one (one per connection) fails what is still expected from it.
   void OnCloseFrame(Conn& p);
   // The destructor's close: see TcpTransportOptions::close_timeout.
   void CloseGracefully();
   void DrainIn(Conn& p);  // while closing: reads and drops until EOF
-  void GiveUp(Conn& p);   // while closing: abandons the connection
+  void GiveUp(Conn& p) {  // while closing: abandons the connection
+    MutexLock lock(&p.out_mu);
+    GiveUpLocked(p);
+  }
+  void GiveUpLocked(Conn& p) KC_REQUIRES(p.out_mu);
   void FailEverything();
 
   // Immutable after construction.
@@ -668,8 +691,8 @@ class TcpTransport final : public Transport {
   const Fd epoll_fd_;
   const Fd wake_fd_;
 
-  // Progress thread only: set by CloseGracefully.
-  bool closing_phase_ = false;
+  // Set by CloseGracefully (progress thread); read by PumpInline too.
+  std::atomic<bool> closing_phase_ = false;
 
   mutable Mutex mu_;
   Status status_ KC_GUARDED_BY(mu_);
@@ -738,7 +761,19 @@ void TcpTransport::FinishChunk(Conn& p) {
   p.chunk.reset();
 }
 
-bool TcpTransport::PumpOut(Conn& p) {
+bool TcpTransport::PumpInline(Peer& peer) {
+  if (closing_phase_) return false;
+  for (auto& c : peer.conns) {
+    if (!c->out_mu.TryLock()) continue;
+    // Waiting for room: the progress thread writes on from EPOLLOUT, our chunks included.
+    const bool pumped = c->want_out || c->write_done || PumpOutLocked(*c);
+    c->out_mu.Unlock();
+    if (pumped) return true;
+  }
+  return false;
+}
+
+bool TcpTransport::PumpOutLocked(Conn& p) {
   while (true) {
     if (p.write_done) {
       SetWantOut(p, false);
@@ -781,7 +816,7 @@ bool TcpTransport::PumpOut(Conn& p) {
         return true;
       }
       if (closing_phase_) {
-        GiveUp(p);
+        GiveUpLocked(p);
         return true;
       }
       Fail(PeerLost(p, "send: " + Errno()));
@@ -810,6 +845,7 @@ ssize_t TcpTransport::ReadSome(Conn& p, void* dst, size_t want) {
       // After its close frame the peer sends nothing; a reset only loses our bytes to it,
       // which it drops anyway.
       p.read_done = true;
+      MutexLock lock(&p.out_mu);
       UpdateEpoll(p);
       return -1;
     }
@@ -958,6 +994,7 @@ void TcpTransport::OnCloseFrame(Conn& c) {
       failed.push_back(sp->req);
     };
     for (auto& conn : peer.conns) {
+      MutexLock lock(&conn->out_mu);
       if (conn->chunk) fail_chunk(*conn->chunk);
       conn->chunk.reset();
       conn->sending_close = false;
@@ -1009,11 +1046,12 @@ void TcpTransport::DrainIn(Conn& p) {
       return;
     }
     p.read_done = true;  // EOF: the peer has read all it wanted and closed its end
+    MutexLock lock(&p.out_mu);
     UpdateEpoll(p);
   }
 }
 
-void TcpTransport::GiveUp(Conn& p) {
+void TcpTransport::GiveUpLocked(Conn& p) {
   shutdown(p.fd.get(), SHUT_RDWR);
   p.chunk.reset();  // its request is failed by FailEverything
   p.sending_close = false;
@@ -1050,8 +1088,10 @@ void TcpTransport::CloseGracefully() {
     if (p != nullptr) p->scheduler->Close();
   }
   auto all_done = [&] {
-    return std::all_of(conns_.begin(), conns_.end(),
-                       [](const Conn* c) { return c->read_done && c->write_done; });
+    return std::all_of(conns_.begin(), conns_.end(), [](Conn* c) {
+      MutexLock lock(&c->out_mu);
+      return c->read_done && c->write_done;
+    });
   };
   for (Conn* c : conns_) {
     DrainIn(*c);
@@ -1093,6 +1133,7 @@ void TcpTransport::FailEverything() {
   for (Conn* c : conns_) {
     // Peers see EOF at once, even before the fds are closed at destruction.
     shutdown(c->fd.get(), SHUT_RDWR);
+    MutexLock lock(&c->out_mu);
     c->chunk.reset();
   }
   for (auto& p : peers_) {
