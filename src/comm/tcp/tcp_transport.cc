@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <optional>
 #include <thread>
@@ -434,6 +435,7 @@ class TcpTransport final : public Transport {
         clock_(o.clock),
         max_unexpected_bytes_(o.max_unexpected_bytes),
         close_timeout_(o.close_timeout),
+        inline_max_bytes_(o.lanes.chunk_bytes),
         peers_(std::move(peers)),
         conns_(AllConns(peers_)),
         epoll_fd_(std::move(epoll_fd)),
@@ -507,7 +509,10 @@ class TcpTransport final : public Transport {
       MutexLock lock(&mu_);
       return status_;
     }
-    if (!PumpInline(*peers_[peer])) Wake();
+    if (static_cast<int64_t>(data.size()) > inline_max_bytes_ ||
+        !PumpInline(*peers_[peer], static_cast<int64_t>(data.size()))) {
+      Wake();
+    }
     return std::shared_ptr<Request>(std::move(req));
   }
 
@@ -650,13 +655,18 @@ class TcpTransport final : public Transport {
     MutexLock lock(&p.out_mu);
     return PumpOutLocked(p);
   }
-  bool PumpOutLocked(Conn& p) KC_REQUIRES(p.out_mu);
-  // Called by Send after queueing: on a connection to the peer that is idle (not held by the
-  // progress thread nor waiting for room in the socket), the calling thread writes the queue
-  // itself, saving the progress thread's wake-up per message. True when it did (the queue is
-  // written, or the connection waits for room and the progress thread goes on from there);
-  // false when the progress thread must be woken.
-  bool PumpInline(Peer& peer);
+  // With a budget, stops between chunks once `budget` payload bytes are written, setting
+  // *stopped when more is queued.
+  bool PumpOutLocked(Conn& p, int64_t budget = std::numeric_limits<int64_t>::max(),
+                     bool* stopped = nullptr) KC_REQUIRES(p.out_mu);
+  // Called by Send after queueing a message of `bytes` (at most one chunk): on a connection
+  // to the peer that is idle (not held by the progress thread nor waiting for room in the
+  // socket), the calling thread writes about that much of the queue itself, saving the
+  // progress thread's wake-up. True when that left nothing for the progress thread to start
+  // (the queue is written, or the connection waits for room and the progress thread goes on
+  // from EPOLLOUT); false when it must be woken. Larger messages are the progress thread's:
+  // their copies into the kernel overlap the caller's next reduction.
+  bool PumpInline(Peer& peer, int64_t bytes);
   // Reads up to `want` (> 0) bytes from p's socket: the count read, 0 when nothing more is
   // there for now, or -1 when reading ended: EOF or an error after the peer's close frame
   // (p.read_done), else after failing the transport.
@@ -685,6 +695,7 @@ class TcpTransport final : public Transport {
   Clock* const clock_;  // not owned; outlives the transport (TcpTransportOptions::clock)
   const int64_t max_unexpected_bytes_;
   const Duration close_timeout_;
+  const int64_t inline_max_bytes_;  // a Send of at most this many bytes may write it itself
   // Indexed by rank; null at rank_. The sockets are used by the progress thread only.
   std::vector<std::unique_ptr<Peer>> peers_;
   const std::vector<Conn*> conns_;  // every connection, by Conn::id; owned by peers_
@@ -761,22 +772,29 @@ void TcpTransport::FinishChunk(Conn& p) {
   p.chunk.reset();
 }
 
-bool TcpTransport::PumpInline(Peer& peer) {
+bool TcpTransport::PumpInline(Peer& peer, int64_t bytes) {
   if (closing_phase_) return false;
   for (auto& c : peer.conns) {
     if (!c->out_mu.TryLock()) continue;
     // Waiting for room: the progress thread writes on from EPOLLOUT, our chunks included.
-    const bool pumped = c->want_out || c->write_done || PumpOutLocked(*c);
+    bool stopped = false;
+    const bool pumped =
+        c->want_out || c->write_done || (PumpOutLocked(*c, bytes, &stopped) && !stopped);
     c->out_mu.Unlock();
     if (pumped) return true;
   }
   return false;
 }
 
-bool TcpTransport::PumpOutLocked(Conn& p) {
+bool TcpTransport::PumpOutLocked(Conn& p, int64_t budget, bool* stopped) {
+  int64_t written = 0;
   while (true) {
     if (p.write_done) {
       SetWantOut(p, false);
+      return true;
+    }
+    if (!p.chunk && !p.sending_close && written >= budget) {
+      if (stopped != nullptr) *stopped = true;
       return true;
     }
     if (!p.chunk && !p.sending_close && !StartChunk(p)) {
@@ -830,6 +848,7 @@ bool TcpTransport::PumpOutLocked(Conn& p) {
       p.sending_close = false;
       p.write_done = true;
     } else {
+      written += static_cast<int64_t>(chunk_bytes);
       FinishChunk(p);
     }
   }

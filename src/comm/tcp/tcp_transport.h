@@ -1,6 +1,11 @@
 // The TCP transport: a Transport between hosts over one TCP connection per pair of ranks,
 // with priority lanes on the send side. Wire format: comm/doc/tcp_protocol.md.
 //
+// Threads: one progress thread per transport reads every connection and writes what is
+// queued. A Send of at most one lane chunk on an idle connection is written by the calling
+// thread itself (non-blocking; whatever the socket does not take is left to the progress
+// thread), which saves a wake-up per small message (docs/design/tcp-path.md).
+//
 // Closing: destroying a transport closes it gracefully. Its peers receive everything it
 // sent, then fail only the requests to and from it with kUnavailable ("peer rank=p closed")
 // and stay usable for the other ranks. Abort, a fatal error or a crashed process instead
