@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <charconv>
 #include <cstring>
 #include <string_view>
 
@@ -79,10 +80,13 @@ Result<std::unique_ptr<WireRing>> WireRing::Connect(comm::Store& store, const st
   const TimePoint store_deadline = store.clock()->Now() + (deadline - Clock::Real()->Now());
   KC_ASSIGN_OR_RETURN(std::string peer, store.Get(Key(group, right), store_deadline));
   const size_t space = peer.find(' ');
-  if (space == std::string::npos) return InternalError("wire: bad address \"" + peer + "\"");
-  KC_ASSIGN_OR_RETURN(hal::Fd out,
-                      hal::ConnectTcp(peer.substr(space + 1), std::stoi(peer.substr(0, space)),
-                                      deadline, "wire: rank " + std::to_string(right)));
+  int peer_port = 0;
+  if (space == std::string::npos ||
+      std::from_chars(peer.data(), peer.data() + space, peer_port).ptr != peer.data() + space) {
+    return InternalError("wire: bad address \"" + peer + "\" from rank " + std::to_string(right));
+  }
+  KC_ASSIGN_OR_RETURN(hal::Fd out, hal::ConnectTcp(peer.substr(space + 1), peer_port, deadline,
+                                                   "wire: rank " + std::to_string(right)));
   SetBuffers(out.get());
   // Say who we are, so the right neighbour knows it accepted its left one.
   const int32_t me = rank;

@@ -424,8 +424,9 @@ enum class PeerState : uint8_t { kOpen, kClosing, kClosed };
 constexpr uint64_t kWakeId = ~uint64_t{0};  // the eventfd's epoll tag
 
 // A Transport over TCP connections driven by one epoll progress thread. Safe for concurrent
-// use: callers touch only the matching state under mu_ and the (thread-safe) send queues; the
-// sockets and their read/write state belong to the progress thread.
+// use: callers touch the matching state under mu_ and the (thread-safe) send queues, and
+// write a small message themselves under its connection's out_mu when the connection is idle
+// (PumpInline); reading the sockets and the receive state belong to the progress thread.
 class TcpTransport final : public Transport {
  public:
   TcpTransport(const TcpTransportOptions& o, std::vector<std::unique_ptr<Peer>> peers, Fd epoll_fd,
@@ -655,8 +656,8 @@ class TcpTransport final : public Transport {
     MutexLock lock(&p.out_mu);
     return PumpOutLocked(p);
   }
-  // With a budget, stops between chunks once `budget` payload bytes are written, setting
-  // *stopped when more is queued.
+  // With a budget, stops between chunks once `budget` payload bytes are written (setting
+  // *stopped), leaving the rest of the queue to the progress thread.
   bool PumpOutLocked(Conn& p, int64_t budget = std::numeric_limits<int64_t>::max(),
                      bool* stopped = nullptr) KC_REQUIRES(p.out_mu);
   // Called by Send after queueing a message of `bytes` (at most one chunk): on a connection
@@ -696,7 +697,8 @@ class TcpTransport final : public Transport {
   const int64_t max_unexpected_bytes_;
   const Duration close_timeout_;
   const int64_t inline_max_bytes_;  // a Send of at most this many bytes may write it itself
-  // Indexed by rank; null at rank_. The sockets are used by the progress thread only.
+  // Indexed by rank; null at rank_. The sockets are read by the progress thread only and
+  // written under their connection's out_mu.
   std::vector<std::unique_ptr<Peer>> peers_;
   const std::vector<Conn*> conns_;  // every connection, by Conn::id; owned by peers_
   const Fd epoll_fd_;
