@@ -12,7 +12,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -24,12 +23,12 @@
 #include <thread>
 #include <vector>
 
+#include "apps/kc/bench_args.h"
 #include "apps/kc/bench_wire.h"
 #include "base/clock.h"
 #include "base/subprocess.h"
 #include "comm/communicator.h"
 #include "comm/tcp_store.h"
-#include "hal/inventory.h"
 #include "hal/topology.h"
 
 namespace kc::app {
@@ -44,227 +43,6 @@ using hal::DataType;
 // After a rank fails, how much longer than the operations' timeout the launcher waits for the
 // others before it kills them.
 constexpr double kFailureGraceS = 5;
-
-struct BenchArgs {
-  int ranks = 2;
-  std::string sizes = "4K,64K,1M,16M,64M";
-  std::string op = "allreduce";
-  std::string dtype = "f32";
-  std::string redop = "sum";
-  std::string algo = "auto";
-  std::string transport = "auto";
-  std::string buffers = "user";
-  int iters = 20;
-  int warmup = 5;
-  std::string format = "table";
-  std::string hosts;  // comma list, one per rank of the world
-  double timeout_s = 60;
-  bool check = true;
-  std::string store;  // host:port
-  int world = 0;      // 0: ranks
-  int first_rank = 0;
-  std::string bind = "127.0.0.1";
-  std::string group;
-  int worker_rank = -1;  // internal: this process is that rank
-  std::string flood;     // size of a telemetry-lane all-reduce kept running meanwhile
-  // "RANK:stop" or "RANK:kill": that rank stops (SIGSTOP: silent, its sockets open) or dies
-  // (SIGKILL) before its first measured operation: the drills that show no rank and no
-  // launcher waits for ever.
-  std::string inject_fault;
-  // core: pin each rank to one CPU when they fit (as mpirun); auto: only on the direct
-  // shared-memory path, where no progress thread needs a CPU of its own; none.
-  std::string cpu_bind = "auto";
-  int local_rank = 0;  // internal: index of this worker among this run's ranks
-  // An inventory (docs/user-guide/inventory.md): rank r runs as its device r, on that
-  // device's host unless --hosts says otherwise, and --algo auto chooses each all-reduce by
-  // the inventory's cost model, as `kc topo report --inventory` advises.
-  std::string inventory;
-};
-
-const std::vector<std::string> kOps = {"allreduce", "reduce_scatter", "allgather", "broadcast",
-                                       "reduce",    "sendrecv",       "barrier"};
-
-Result<std::vector<int64_t>> ParseSizes(const std::string& list) {
-  std::vector<int64_t> out;
-  size_t start = 0;
-  while (start <= list.size()) {
-    size_t end = list.find(',', start);
-    if (end == std::string::npos) end = list.size();
-    std::string item = list.substr(start, end - start);
-    int64_t mult = 1;
-    if (!item.empty()) {
-      const char suffix = static_cast<char>(std::toupper(static_cast<unsigned char>(item.back())));
-      if (suffix == 'K' || suffix == 'M' || suffix == 'G') {
-        mult = suffix == 'K' ? 1 << 10 : suffix == 'M' ? 1 << 20 : int64_t{1} << 30;
-        item.pop_back();
-      }
-    }
-    int64_t v = 0;
-    auto [ptr, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
-    if (item.empty() || ec != std::errc() || ptr != item.data() + item.size() || v < 0) {
-      return InvalidArgumentError("--sizes: \"" + list.substr(start, end - start) +
-                                  "\" is not a size (bytes, with an optional K, M or G)");
-    }
-    out.push_back(v * mult);
-    start = end + 1;
-  }
-  return out;
-}
-
-std::vector<std::string> SplitList(const std::string& s) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= s.size()) {
-    size_t end = s.find(',', start);
-    if (end == std::string::npos) end = s.size();
-    out.push_back(s.substr(start, end - start));
-    start = end + 1;
-  }
-  return out;
-}
-
-std::optional<DataType> DataTypeFromName(std::string_view name) {
-  for (DataType t :
-       {DataType::kF32, DataType::kF64, DataType::kI32, DataType::kI64, DataType::kBf16}) {
-    if (hal::DataTypeName(t) == name) return t;
-  }
-  return std::nullopt;
-}
-
-std::optional<ReduceOp> ReduceOpFromName(std::string_view name) {
-  for (ReduceOp op :
-       {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kAvg}) {
-    if (comm::ReduceOpName(op) == name) return op;
-  }
-  return std::nullopt;
-}
-
-// Everything the arguments say, checked.
-struct Plan {
-  std::vector<int64_t> sizes;
-  std::vector<std::string> ops;
-  DataType dtype;
-  ReduceOp redop;
-  Algorithm algo;
-  TransportKind transport;
-  bool registered;
-  int world;
-  std::vector<std::string> hosts;                 // empty: the machine's name for every rank
-  std::shared_ptr<const hal::Topology> topology;  // --inventory
-  int64_t flood_bytes = 0;
-  int fault_rank = -1;  // --inject-fault
-  int fault_signal = 0;
-};
-
-Result<Plan> Check(const BenchArgs& a) {
-  Plan p;
-  KC_ASSIGN_OR_RETURN(p.sizes, ParseSizes(a.sizes));
-  if (a.op == "all") {
-    p.ops = kOps;
-  } else if (std::find(kOps.begin(), kOps.end(), a.op) != kOps.end() || a.op == "wire") {
-    p.ops = {a.op};
-  } else {
-    return InvalidArgumentError("--op: unknown operation \"" + a.op +
-                                "\" (allreduce, reduce_scatter, allgather, broadcast, reduce, "
-                                "sendrecv, barrier, all)");
-  }
-  std::optional<DataType> t = DataTypeFromName(a.dtype);
-  if (!t)
-    return InvalidArgumentError("--dtype: unknown \"" + a.dtype + "\" (f32 f64 i32 i64 bf16)");
-  p.dtype = *t;
-  std::optional<ReduceOp> r = ReduceOpFromName(a.redop);
-  if (!r)
-    return InvalidArgumentError("--redop: unknown \"" + a.redop + "\" (sum prod min max avg)");
-  p.redop = *r;
-  if (p.redop == ReduceOp::kAvg && !comm::IsFloating(p.dtype)) {
-    return InvalidArgumentError("--redop avg needs a floating --dtype");
-  }
-  std::optional<Algorithm> al = comm::AlgorithmFromName(a.algo);
-  if (!al) {
-    return InvalidArgumentError("--algo: unknown \"" + a.algo +
-                                "\" (auto ring recursive_doubling hierarchical direct)");
-  }
-  p.algo = *al;
-  std::optional<TransportKind> k = comm::TransportKindFromName(a.transport);
-  if (!k)
-    return InvalidArgumentError("--transport: unknown \"" + a.transport + "\" (auto shm tcp)");
-  p.transport = *k;
-  if (a.buffers != "user" && a.buffers != "registered") {
-    return InvalidArgumentError("--buffers: \"" + a.buffers + "\" is not user or registered");
-  }
-  p.registered = a.buffers == "registered";
-  if (a.ranks < 1) return InvalidArgumentError("--ranks must be at least 1");
-  p.world = a.world > 0 ? a.world : a.ranks;
-  if (a.first_rank < 0 || a.first_rank + a.ranks > p.world) {
-    return InvalidArgumentError(fmt::format("--first-rank {} --ranks {} do not fit --world {}",
-                                            a.first_rank, a.ranks, p.world));
-  }
-  if (!a.hosts.empty()) {
-    p.hosts = SplitList(a.hosts);
-    if (static_cast<int>(p.hosts.size()) != p.world) {
-      return InvalidArgumentError(
-          fmt::format("--hosts names {} hosts for {} ranks", p.hosts.size(), p.world));
-    }
-  }
-  if (!a.inventory.empty()) {
-    Result<hal::TopologySpec> spec = hal::LoadInventory(a.inventory);
-    if (!spec.ok()) return InvalidArgumentError("--inventory: " + spec.status().message());
-    Result<hal::Topology> topology = hal::Topology::Build(*std::move(spec));
-    if (!topology.ok()) {
-      return InvalidArgumentError("--inventory " + a.inventory + ": " +
-                                  topology.status().message());
-    }
-    if (topology->num_devices() < p.world) {
-      return InvalidArgumentError(fmt::format("--inventory {}: {} devices for {} ranks",
-                                              a.inventory, topology->num_devices(), p.world));
-    }
-    p.topology = std::make_shared<const hal::Topology>(*std::move(topology));
-    if (p.hosts.empty()) {
-      for (int device = 0; device < p.world; ++device) {
-        p.hosts.push_back(p.topology->hosts()[p.topology->host_of(device)].name);
-      }
-    }
-  }
-  if (a.iters < 1 || a.warmup < 0) return InvalidArgumentError("--iters >= 1, --warmup >= 0");
-  if (a.cpu_bind != "auto" && a.cpu_bind != "core" && a.cpu_bind != "none") {
-    return InvalidArgumentError("--cpu-bind: \"" + a.cpu_bind + "\" is not auto, core or none");
-  }
-  if (a.format != "table" && a.format != "json") {
-    return InvalidArgumentError("--format: \"" + a.format + "\" is not table or json");
-  }
-  if (a.timeout_s <= 0) return InvalidArgumentError("--timeout must be positive");
-  if (!a.flood.empty()) {
-    Result<std::vector<int64_t>> f = ParseSizes(a.flood);
-    if (!f.ok() || f->size() != 1) {
-      return InvalidArgumentError("--flood: \"" + a.flood + "\" is not one size");
-    }
-    p.flood_bytes = f->front();
-  }
-  if (!a.inject_fault.empty()) {
-    const size_t colon = a.inject_fault.find(':');
-    const std::string how = colon == std::string::npos ? "" : a.inject_fault.substr(colon + 1);
-    int rank = -1;
-    const char* end = a.inject_fault.data() + (colon == std::string::npos ? 0 : colon);
-    const auto [ptr, ec] = std::from_chars(a.inject_fault.data(), end, rank);
-    if (ec != std::errc() || ptr != end || rank < 0 || rank >= p.world ||
-        (how != "stop" && how != "kill")) {
-      return InvalidArgumentError(fmt::format(
-          "--inject-fault: expected RANK:stop or RANK:kill with RANK below the world size {}, "
-          "got \"{}\"",
-          p.world, a.inject_fault));
-    }
-    p.fault_rank = rank;
-    p.fault_signal = how == "stop" ? SIGSTOP : SIGKILL;
-  }
-  return p;
-}
-
-// nccl-tests' bus bandwidth factor.
-double BusFactor(const std::string& op, int n) {
-  if (op == "allreduce") return 2.0 * (n - 1) / n;
-  if (op == "reduce_scatter" || op == "allgather") return static_cast<double>(n - 1) / n;
-  return 1.0;
-}
 
 // ---------------------------------------------------------------------------------------
 // Worker: one rank.
