@@ -50,29 +50,9 @@ Result<std::unique_ptr<WireRing>> WireRing::Connect(comm::Store& store, const st
                                                     int rank, int size, const std::string& bind,
                                                     TimePoint deadline) {
   if (size < 2) return std::unique_ptr<WireRing>(new WireRing(-1, hal::Fd(), -1, hal::Fd()));
-  addrinfo hints{};
-  hints.ai_flags = AI_NUMERICHOST | AI_PASSIVE;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  if (getaddrinfo(bind.c_str(), "0", &hints, &res) != 0 || res == nullptr) {
-    return InvalidArgumentError("wire: --bind is not a numeric address: " + bind);
-  }
-  std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> guard(res, freeaddrinfo);
-  hal::Fd listener(socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-  if (!listener.valid()) return UnavailableError(Errno("wire: socket"));
-  SetBuffers(listener.get());  // before listen(): accepted sockets inherit them
-  if (::bind(listener.get(), res->ai_addr, res->ai_addrlen) != 0 ||
-      listen(listener.get(), 4) != 0) {
-    return UnavailableError(Errno("wire: listen on " + bind));
-  }
-  sockaddr_storage addr{};
-  socklen_t len = sizeof(addr);
-  if (getsockname(listener.get(), reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    return UnavailableError(Errno("wire: getsockname"));
-  }
-  const int port = addr.ss_family == AF_INET6
-                       ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
-                       : ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+  int port = 0;
+  KC_ASSIGN_OR_RETURN(hal::Fd listener,
+                      hal::ListenTcp(bind, kSocketBufferBytes, &port, "wire: --bind"));
   KC_RETURN_IF_ERROR(store.Set(Key(group, rank), std::to_string(port) + " " + bind));
 
   const int right = (rank + 1) % size;

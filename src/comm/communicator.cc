@@ -480,6 +480,17 @@ class CommunicatorImpl final : public Communicator {
         clock_(root_->options.clock),
         progress_(std::make_shared<ProgressSlot>(name_)),
         queue_(std::make_shared<OpQueue>(clock_)) {
+    if (const CommunicatorOptions& o = root_->options; o.topology != nullptr) {
+      std::vector<bool> seen(links_.num_hosts, false);
+      for (size_t r = 0; r < root_ranks_.size(); ++r) {
+        const int device = o.devices[root_ranks_[r]];
+        devices_.push_back(device);
+        if (!seen[links_.hosts[r]]) {
+          seen[links_.hosts[r]] = true;
+          leader_devices_.push_back(device);
+        }
+      }
+    }
     MutexLock lock(&root_->mu);
     std::erase_if(root_->slots, [](const std::weak_ptr<ProgressSlot>& s) { return s.expired(); });
     root_->slots.push_back(progress_);
@@ -667,7 +678,7 @@ class CommunicatorImpl final : public Communicator {
     const bool hierarchical = links_.num_hosts > 1 && links_.some_host_shared;
     if (root_->options.topology != nullptr) {
       // The L1 cost model over this group's devices, as `kc topo report` estimates.
-      switch (CostModelChoice(root_ranks_, bytes)) {
+      switch (CostModelChoice(devices_, bytes)) {
         case hal::CollectiveAlgo::kTree:
           return Algorithm::kRecursiveDoubling;
         case hal::CollectiveAlgo::kHierarchical:
@@ -681,14 +692,10 @@ class CommunicatorImpl final : public Communicator {
                                                        : Algorithm::kRing;
   }
 
-  // The cheapest all-reduce over the devices of `root_ranks` by the topology's cost model.
+  // The cheapest all-reduce over `devices` by the topology's cost model.
   // REQUIRES: root_->options.topology.
-  hal::CollectiveAlgo CostModelChoice(const std::vector<int>& root_ranks, int64_t bytes) const {
-    const CommunicatorOptions& o = root_->options;
-    std::vector<int> devices;
-    devices.reserve(root_ranks.size());
-    for (int rr : root_ranks) devices.push_back(o.devices[rr]);
-    return o.topology->Collective(hal::CollectiveOp::kAllreduce, devices, bytes).algo;
+  hal::CollectiveAlgo CostModelChoice(const std::vector<int>& devices, int64_t bytes) const {
+    return root_->options.topology->Collective(hal::CollectiveOp::kAllreduce, devices, bytes).algo;
   }
 
   Status status() const override {
@@ -826,14 +833,7 @@ class CommunicatorImpl final : public Communicator {
   // topology (ring or tree; they are one per host), else by size.
   Algorithm LeadersAlgorithm(int64_t bytes) const {
     if (root_->options.topology != nullptr) {
-      std::vector<int> leaders;
-      std::vector<bool> seen(links_.num_hosts, false);
-      for (size_t r = 0; r < root_ranks_.size(); ++r) {
-        if (seen[links_.hosts[r]]) continue;
-        seen[links_.hosts[r]] = true;
-        leaders.push_back(root_ranks_[r]);
-      }
-      return CostModelChoice(leaders, bytes) == hal::CollectiveAlgo::kTree
+      return CostModelChoice(leader_devices_, bytes) == hal::CollectiveAlgo::kTree
                  ? Algorithm::kRecursiveDoubling
                  : Algorithm::kRing;
     }
@@ -920,6 +920,10 @@ class CommunicatorImpl final : public Communicator {
   const std::vector<int> root_ranks_;  // root rank of each rank of this group
   const int rank_;
   Links links_;
+  // With a topology (CommunicatorOptions::topology): each rank's device, and each host
+  // leader's, for the cost model; set in the constructor.
+  std::vector<int> devices_;
+  std::vector<int> leader_devices_;
   Clock* const clock_;
   mutable Mutex mu_;
   Status failure_ KC_GUARDED_BY(mu_);

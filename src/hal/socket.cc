@@ -1,5 +1,6 @@
 #include "hal/socket.h"
 
+#include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -84,6 +85,40 @@ Result<Fd> ConnectTcp(std::string_view host, int port, TimePoint deadline, std::
     return fd;
   }
   return last;
+}
+
+Result<Fd> ListenTcp(std::string_view host, int buffer_bytes, int* port, std::string_view what) {
+  const std::string prefix = std::string(what) + ": ";
+  addrinfo hints = {};
+  hints.ai_flags = AI_NUMERICHOST | AI_PASSIVE;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* raw = nullptr;
+  const std::string host_str(host);
+  if (getaddrinfo(host_str.c_str(), "0", &hints, &raw) != 0 || raw == nullptr) {
+    return InvalidArgumentError(prefix + "not a numeric address: " + host_str);
+  }
+  AddrInfo address(raw);
+  Fd fd(socket(address->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return UnavailableError(prefix + "socket: " + std::strerror(errno));
+  if (buffer_bytes > 0) {
+    setsockopt(fd.get(), SOL_SOCKET, SO_SNDBUF, &buffer_bytes, sizeof(buffer_bytes));
+    setsockopt(fd.get(), SOL_SOCKET, SO_RCVBUF, &buffer_bytes, sizeof(buffer_bytes));
+  }
+  if (bind(fd.get(), address->ai_addr, address->ai_addrlen) != 0) {
+    return UnavailableError(prefix + "bind " + host_str + ": " + std::strerror(errno));
+  }
+  if (listen(fd.get(), 128) != 0) {
+    return UnavailableError(prefix + "listen: " + std::strerror(errno));
+  }
+  sockaddr_storage bound{};
+  socklen_t len = sizeof(bound);
+  if (getsockname(fd.get(), reinterpret_cast<sockaddr*>(&bound), &len) != 0) {
+    return UnavailableError(prefix + "getsockname: " + std::strerror(errno));
+  }
+  *port = bound.ss_family == AF_INET6
+              ? ntohs(reinterpret_cast<const sockaddr_in6*>(&bound)->sin6_port)
+              : ntohs(reinterpret_cast<const sockaddr_in*>(&bound)->sin_port);
+  return fd;
 }
 
 }  // namespace kc::hal

@@ -25,4 +25,11 @@ int PollTimeoutMs(TimePoint deadline);
 // last address's error); kDeadlineExceeded: still connecting at the deadline.
 Result<Fd> ConnectTcp(std::string_view host, int port, TimePoint deadline, std::string_view what);
 
+// A non-blocking TCP listener on the numeric address `host`, on a port the kernel picks
+// (written to *port). buffer_bytes > 0 sets SO_SNDBUF and SO_RCVBUF before listen(), so that
+// accepted sockets inherit them (best effort: the kernel may clamp them). Messages start
+// with "`what`: ". kInvalidArgument: `host` is not a numeric address; kUnavailable: a
+// socket, bind or listen error.
+Result<Fd> ListenTcp(std::string_view host, int buffer_bytes, int* port, std::string_view what);
+
 }  // namespace kc::hal

@@ -28,6 +28,7 @@
 #include "base/notification.h"
 #include "comm/internal/completion_request.h"
 #include "hal/fd.h"
+#include "hal/socket.h"
 
 namespace kc::comm {
 namespace {
@@ -223,35 +224,6 @@ Result<Hello> ReadHello(int fd, TimePoint deadline, std::string_view what) {
   KC_RETURN_IF_ERROR(ReadAll(fd, group, deadline, what));
   h.group.assign(reinterpret_cast<const char*>(group.data()), group.size());
   return h;
-}
-
-Result<Fd> Listen(const std::string& host, int* port) {
-  addrinfo hints{};
-  hints.ai_flags = AI_NUMERICHOST | AI_PASSIVE;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  if (getaddrinfo(host.c_str(), "0", &hints, &res) != 0 || res == nullptr) {
-    return InvalidArgumentError("bind_address: not a numeric address: " + host);
-  }
-  std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> guard(res, freeaddrinfo);
-  Fd fd(socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-  if (!fd.valid()) return UnavailableError("socket: " + Errno());
-  const int buf = kSocketBufferBytes;
-  // Set before listen() so accepted sockets inherit them (window scaling); best effort.
-  setsockopt(fd.get(), SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
-  setsockopt(fd.get(), SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
-  if (bind(fd.get(), res->ai_addr, res->ai_addrlen) != 0) {
-    return UnavailableError("bind " + host + ": " + Errno());
-  }
-  if (listen(fd.get(), 128) != 0) return UnavailableError("listen: " + Errno());
-  sockaddr_storage addr{};
-  socklen_t len = sizeof(addr);
-  if (getsockname(fd.get(), reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    return UnavailableError("getsockname: " + Errno());
-  }
-  *port = addr.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
-                                     : ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
-  return fd;
 }
 
 Result<Fd> ConnectTo(const std::string& host_port, TimePoint deadline) {
@@ -1268,7 +1240,8 @@ Result<std::unique_ptr<Transport>> CreateTcpTransport(const TcpTransportOptions&
   const std::string me = "tcp_transport rank=" + std::to_string(o.rank) + ": ";
 
   int port = 0;
-  KC_ASSIGN_OR_RETURN(Fd listener, Listen(o.bind_address, &port));
+  KC_ASSIGN_OR_RETURN(Fd listener,
+                      hal::ListenTcp(o.bind_address, kSocketBufferBytes, &port, "bind_address"));
   const std::string my_address =
       (o.bind_address.find(':') != std::string::npos ? "[" + o.bind_address + "]"
                                                      : o.bind_address) +
