@@ -1,17 +1,16 @@
 // `kc run`: any program as N local ranks, started with the launch contract torchrun gives
 // (fault/launch_env.h), so a PyTorch script runs under it unchanged; each rank's output
-// prefixed by its rank; on a rank's failure the others stopped and the whole group started
-// again, up to --max-restarts times, as torchrun does. Docs: docs/user-guide/run.md.
+// prefixed by its rank; on a rank's failure (its exit, or with --heartbeat-timeout its
+// heartbeats stopping) the others stopped and the whole group started again, up to
+// --max-restarts times, as torchrun does, then with fewer ranks down to --min-nproc. Across
+// hosts (--hosts, --share): apps/kc/run_hosts.h. Docs: docs/user-guide/pytorch.md.
 #include "apps/kc/run_command.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
 #include <fmt/format.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/signalfd.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -26,59 +25,15 @@
 #include <string>
 #include <vector>
 
+#include "apps/kc/run_hosts.h"
 #include "base/subprocess.h"
+#include "fault/heartbeat.h"
 #include "fault/launch_env.h"
 
 namespace kc::app {
 namespace {
 
 namespace fs = std::filesystem;
-
-// The exit code when SIGTERM or SIGINT stopped the run (128 + SIGTERM, as a shell reports).
-constexpr int kExitStopped = 128 + SIGTERM;
-
-struct RunArgs {
-  int nproc = 1;
-  int max_restarts = 0;
-  int restart_offset = 0;  // restarts before this kc run (a cluster's requeues)
-  double grace_s = 30;
-  std::string checkpoint_dir;
-  std::string run_id;
-  std::vector<std::string> command;
-};
-
-// `name` as execve needs it: itself when it names a path, else the first executable of that
-// name on $PATH.
-Result<std::string> FindProgram(const std::string& name) {
-  if (name.find('/') != std::string::npos) return name;
-  const char* path = std::getenv("PATH");
-  std::string dirs = path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin";
-  size_t at = 0;
-  while (at <= dirs.size()) {
-    size_t colon = dirs.find(':', at);
-    if (colon == std::string::npos) colon = dirs.size();
-    const std::string dir = dirs.substr(at, colon - at);
-    const std::string candidate = (fs::path(dir.empty() ? "." : dir) / name).string();
-    if (access(candidate.c_str(), X_OK) == 0 && !fs::is_directory(candidate)) return candidate;
-    at = colon + 1;
-  }
-  return NotFoundError(fmt::format("{}: not found on PATH", name));
-}
-
-// A port free now on 127.0.0.1, for rank 0's store (torchrun picks MASTER_PORT the same way).
-Result<int> FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return UnavailableError(fmt::format("socket: {}", strerror(errno)));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-                  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
-  close(fd);
-  if (!ok) return UnavailableError(fmt::format("no free port on 127.0.0.1: {}", strerror(errno)));
-  return ntohs(a.sin_port);
-}
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -96,8 +51,15 @@ enum class End { kCompleted, kFailed, kStopped };
 
 class Attempt {
  public:
-  Attempt(const RunArgs& a, const std::string& program, int restart, int stop_fd)
-      : a_(a), program_(program), restart_(restart), stop_fd_(stop_fd) {}
+  // `world` ranks; `beat_dir` is where they beat ("" without heartbeats).
+  Attempt(const RunArgs& a, const std::string& program, int world, int restart, int stop_fd,
+          const std::string& beat_dir)
+      : a_(a),
+        program_(program),
+        world_(world),
+        restart_(restart),
+        stop_fd_(stop_fd),
+        beat_dir_(beat_dir) {}
   ~Attempt() {
     for (Rank& r : ranks_) {
       if (r.out >= 0) close(r.out);
@@ -106,17 +68,30 @@ class Attempt {
 
   // Starts the ranks and watches them until every one has ended.
   Result<End> Run() {
-    KC_ASSIGN_OR_RETURN(const int port, FreePort());
+    KC_ASSIGN_OR_RETURN(const int port, FreePort("127.0.0.1"));
     const fault::LaunchContract contract{.master_port = port,
-                                         .world_size = a_.nproc,
-                                         .local_world_size = a_.nproc,
+                                         .world_size = world_,
+                                         .local_world_size = world_,
                                          .restart_count = a_.restart_offset + restart_,
                                          .max_restarts = a_.max_restarts,
                                          .run_id = a_.run_id,
-                                         .checkpoint_dir = a_.checkpoint_dir};
+                                         .checkpoint_dir = a_.checkpoint_dir,
+                                         .heartbeat_dir = beat_dir_,
+                                         .heartbeat_period_s = a_.heartbeat_period_s};
     const bool omp_set = std::getenv("OMP_NUM_THREADS") != nullptr;
-    ranks_.resize(static_cast<size_t>(a_.nproc));
-    for (int i = 0; i < a_.nproc; ++i) {
+    if (!beat_dir_.empty()) {
+      // Each rank's file appears with its first beat: a previous attempt's must not count.
+      for (int i = 0; i < a_.nproc; ++i) unlink(fault::HeartbeatFile(beat_dir_, i).c_str());
+      beats_.emplace(
+          [dir = beat_dir_](int r) { return fault::FileBeat(fault::HeartbeatFile(dir, r)); },
+          world_,
+          fault::HeartbeatOptions{.period = fault::Seconds(a_.heartbeat_period_s),
+                                  .timeout = fault::Seconds(a_.heartbeat_timeout_s),
+                                  .first_beat = fault::Seconds(a_.heartbeat_first_s)},
+          fault::HeartbeatMonitor::Clock::now());
+    }
+    ranks_.resize(static_cast<size_t>(world_));
+    for (int i = 0; i < world_; ++i) {
       int pipefd[2];
       if (pipe2(pipefd, O_CLOEXEC) != 0) {
         StopAll(SIGKILL);
@@ -158,6 +133,11 @@ class Attempt {
       fds.push_back({.fd = stop_fd_, .events = POLLIN, .revents = 0});
       int timeout_ms = -1;
       if (kill_at_ > 0) timeout_ms = std::max(0, static_cast<int>((kill_at_ - Now()) * 1000) + 1);
+      if (Watching()) {
+        // Heartbeats are checked every half period.
+        const int check_ms = std::max(1, static_cast<int>(a_.heartbeat_period_s * 500));
+        timeout_ms = timeout_ms < 0 ? check_ms : std::min(timeout_ms, check_ms);
+      }
       if (poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) {
         return UnavailableError(fmt::format("poll: {}", strerror(errno)));
       }
@@ -180,6 +160,7 @@ class Attempt {
           Stop(End::kStopped);
         }
       }
+      if (Watching()) CheckHeartbeats();
       if (kill_at_ > 0 && Now() >= kill_at_) {
         StopAll(SIGKILL);
         kill_at_ = 0;
@@ -188,7 +169,33 @@ class Attempt {
     return end_;
   }
 
+  // The ranks whose failure (an exit, or silence) ended the attempt.
+  int failed() const { return failed_; }
+
  private:
+  // Whether heartbeats are watched: asked for, and no stop under way.
+  bool Watching() const { return beats_.has_value() && end_ == End::kCompleted; }
+
+  // A rank silent past the timeout is declared failed and killed (SIGTERM would not reach a
+  // stopped process, nor help a wedged one); the others are stopped as after a failure.
+  void CheckHeartbeats() {
+    const std::vector<int> silent = beats_->Check(fault::HeartbeatMonitor::Clock::now());
+    for (int i : silent) {
+      Rank& r = ranks_[static_cast<size_t>(i)];
+      if (r.status) continue;
+      std::cerr << fmt::format(
+          "kc run: rank {} failed: sent no heartbeat for {:.1f} s ({}): declared failed and "
+          "killed\n",
+          i, beats_->silent_for(i).count(),
+          beats_->heard(i) ? fmt::format("--heartbeat-timeout {} s", a_.heartbeat_timeout_s)
+                           : fmt::format("none since its start; --heartbeat-first {} s",
+                                         std::max(a_.heartbeat_first_s, a_.heartbeat_timeout_s)));
+      r.process->SignalGroup(SIGKILL);
+      ++failed_;
+    }
+    if (failed_ > 0) Stop(End::kFailed);
+  }
+
   bool AllDone() const {
     for (const Rank& r : ranks_) {
       if (!r.status || r.out >= 0) return false;
@@ -224,10 +231,12 @@ class Attempt {
     // What the rank left in its group (helpers, a data loader's workers) goes with it: it would
     // hold the rank's output open, and kc run would wait on it.
     r.process->SignalGroup(SIGKILL);
+    if (beats_) beats_->Forget(i);  // an ended rank beats no more
     const int s = *r.status;
     if (WIFEXITED(s) && WEXITSTATUS(s) == 0) return;
     if (end_ != End::kCompleted) return;  // stopping already: the others' ends follow
     std::cerr << fmt::format("kc run: rank {} failed: {}\n", i, DescribeWaitStatus(s));
+    ++failed_;
     Stop(End::kFailed);
   }
 
@@ -246,23 +255,72 @@ class Attempt {
 
   const RunArgs& a_;
   const std::string& program_;
+  const int world_;
   const int restart_;
   const int stop_fd_;
+  const std::string& beat_dir_;
   std::vector<Rank> ranks_;
+  std::optional<fault::HeartbeatMonitor> beats_;
   End end_ = End::kCompleted;
+  int failed_ = 0;
   double kill_at_ = 0;
 };
 
-int RunRun(RunArgs a) {
+// A private directory for the ranks' heartbeat files, removed when kc run ends.
+class BeatDir {
+ public:
+  ~BeatDir() {
+    if (path_.empty()) return;
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  Status Create() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string templ =
+        (fs::path(tmp != nullptr && *tmp != 0 ? tmp : "/tmp") / "kc-run-beats-XXXXXX").string();
+    if (mkdtemp(templ.data()) == nullptr) {
+      return UnavailableError(fmt::format("{}: {}", templ, strerror(errno)));
+    }
+    path_ = templ;
+    return OkStatus();
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+int RunRun(RunArgs a, bool nproc_given) {
+  if (std::string why = CheckHostsRunArgs(a, nproc_given); !why.empty()) {
+    std::cerr << "kc run: " << why << "\n";
+    return kExitBadInput;
+  }
   if (a.command.empty()) {
     std::cerr << "kc run: no program: give it after --, e.g. kc run --nproc 2 -- python3 "
                  "train.py\n";
     return kExitBadInput;
   }
-  Result<std::string> program = FindProgram(a.command[0]);
+  // The supervisor of a run across hosts starts no program here: each host's share finds it.
+  Result<std::string> program = a.command[0];
+  if (a.hosts.empty()) program = FindProgram(a.command[0]);
   if (!program.ok()) {
     std::cerr << "kc run: " << program.status().message() << "\n";
     return kExitBadInput;
+  }
+  if (a.min_nproc == 0) a.min_nproc = a.nproc;
+  if (a.min_nproc > a.nproc) {
+    std::cerr << fmt::format("kc run: --min-nproc {}: more than --nproc {}\n", a.min_nproc,
+                             a.nproc);
+    return kExitBadInput;
+  }
+  if (a.heartbeat_timeout_s > 0) {
+    if (Status s = fault::ValidateHeartbeat({.period = fault::Seconds(a.heartbeat_period_s),
+                                             .timeout = fault::Seconds(a.heartbeat_timeout_s)});
+        !s.ok()) {
+      std::cerr << fmt::format("kc run: --heartbeat-timeout {} with --heartbeat-period {}: {}\n",
+                               a.heartbeat_timeout_s, a.heartbeat_period_s, s.message());
+      return kExitBadInput;
+    }
   }
   if (a.run_id.empty()) a.run_id = fmt::format("kc-run-{}", getpid());
   if (!a.checkpoint_dir.empty()) {
@@ -274,6 +332,7 @@ int RunRun(RunArgs a) {
     }
     a.checkpoint_dir = fs::absolute(a.checkpoint_dir).string();
   }
+  if (!a.share.empty()) return RunHostShareOfRun(a, *program);
   // SIGTERM and SIGINT are read from a descriptor, beside the ranks' (the children start with
   // an empty mask).
   sigset_t stops;
@@ -287,9 +346,23 @@ int RunRun(RunArgs a) {
     return kExitFailure;
   }
   signal(SIGPIPE, SIG_IGN);
+  if (!a.hosts.empty()) {
+    const int code = RunAcrossHosts(a, stop_fd);
+    close(stop_fd);
+    return code;
+  }
+  BeatDir beat_dir;
+  if (a.heartbeat_timeout_s > 0) {
+    if (Status s = beat_dir.Create(); !s.ok()) {
+      std::cerr << "kc run: heartbeat directory: " << s.message() << "\n";
+      close(stop_fd);
+      return kExitFailure;
+    }
+  }
   int code = kExitFailure;
-  for (int restart = 0;; ++restart) {
-    Attempt attempt(a, *program, restart, stop_fd);
+  int world = a.nproc;
+  for (int restart = 0;;) {
+    Attempt attempt(a, *program, world, restart, stop_fd, beat_dir.path());
     Result<End> end = attempt.Run();
     if (!end.ok()) {
       std::cerr << "kc run: " << end.status().message() << "\n";
@@ -303,13 +376,29 @@ int RunRun(RunArgs a) {
       code = kExitStopped;
       break;
     }
-    if (restart >= a.max_restarts) {
-      std::cerr << fmt::format("kc run: not restarted: {} restart{} done, --max-restarts {}\n",
-                               restart, restart == 1 ? "" : "s", a.max_restarts);
+    if (restart < a.max_restarts) {
+      ++restart;
+      std::cerr << fmt::format("kc run: restarting every rank (restart {} of {})\n", restart,
+                               a.max_restarts);
+      continue;
+    }
+    // No restart left: the survivors go on as a smaller group (a change of membership, which
+    // torchrun does not count as a restart either), down to --min-nproc.
+    const int survivors = world - std::max(1, attempt.failed());
+    if (survivors < a.min_nproc || survivors < 1) {
+      std::cerr << fmt::format("kc run: not restarted: {} restart{} done, --max-restarts {}{}\n",
+                               restart, restart == 1 ? "" : "s", a.max_restarts,
+                               a.min_nproc < a.nproc
+                                   ? fmt::format("; {} rank{} would be left, --min-nproc {}",
+                                                 survivors, survivors == 1 ? "" : "s", a.min_nproc)
+                                   : "");
       break;
     }
-    std::cerr << fmt::format("kc run: restarting every rank (restart {} of {})\n", restart + 1,
-                             a.max_restarts);
+    std::cerr << fmt::format(
+        "kc run: no restart left (--max-restarts {}); going on with {} of {} ranks "
+        "(--min-nproc {})\n",
+        a.max_restarts, survivors, a.nproc, a.min_nproc);
+    world = survivors;
   }
   close(stop_fd);
   return code;
@@ -324,9 +413,13 @@ void AddRunCommand(CLI::App& app, Action* action) {
       "Run any program as N local ranks with the launch environment torchrun gives (MASTER_ADDR, "
       "RANK, WORLD_SIZE, LOCAL_RANK, TORCHELASTIC_RESTART_COUNT, ...): kc run --nproc 2 -- "
       "python3 train.py");
-  c->add_option("--nproc", a->nproc, "Ranks to start")
-      ->check(CLI::Range(1, 4096))
-      ->capture_default_str();
+  CLI::Option* nproc = c->add_option("--nproc", a->nproc, "Ranks to start")
+                           ->check(CLI::Range(1, 4096))
+                           ->capture_default_str();
+  c->add_option("--min-nproc", a->min_nproc,
+                "Go on with fewer ranks, down to this many, when a rank fails and no restart is "
+                "left: the survivors start again as a smaller group (default --nproc: never)")
+      ->check(CLI::Range(1, 4096));
   c->add_option("--max-restarts", a->max_restarts,
                 "When a rank fails, stop the others and start every rank again, at most this "
                 "many times (TORCHELASTIC_RESTART_COUNT counts them)")
@@ -337,6 +430,19 @@ void AddRunCommand(CLI::App& app, Action* action) {
                 "kc run got SIGTERM or SIGINT)")
       ->check(CLI::Range(0.0, 3600.0))
       ->capture_default_str();
+  c->add_option("--heartbeat-timeout", a->heartbeat_timeout_s,
+                "Declare a rank failed (and kill it) when its heartbeat file, KC_HEARTBEAT_FILE, "
+                "has not been touched for this many seconds; kc's torch backend touches it, "
+                "another program must (default 0: no heartbeats)")
+      ->check(CLI::Range(0.0, 86400.0));
+  c->add_option("--heartbeat-period", a->heartbeat_period_s,
+                "Seconds between a rank's heartbeats, given to it as KC_HEARTBEAT_PERIOD")
+      ->check(CLI::Range(0.001, 3600.0))
+      ->capture_default_str();
+  c->add_option("--heartbeat-first", a->heartbeat_first_s,
+                "Seconds a rank has from its start to its first heartbeat (imports, loading data)")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
   c->add_option("--checkpoint-dir", a->checkpoint_dir,
                 "A directory that lasts over restarts, given to every rank as KC_CHECKPOINT_DIR");
   c->add_option("--run-id", a->run_id, "TORCHELASTIC_RUN_ID (default kc-run-PID)");
@@ -344,8 +450,30 @@ void AddRunCommand(CLI::App& app, Action* action) {
                 "Restarts before this run (kc agent gives a requeued job's count): "
                 "TORCHELASTIC_RESTART_COUNT starts here")
       ->check(CLI::Range(0, 1000000));
+  c->add_option("--hosts", a->hosts,
+                "Across hosts: supervise a run of these hosts' ranks, HOST:RANKS in rank order "
+                "(h1:2,h2:2); each host runs kc run --share HOST with the same program")
+      ->group("Across hosts");
+  c->add_option("--share", a->share,
+                "Across hosts: run this host's ranks of the run whose store --rendezvous names")
+      ->group("Across hosts");
+  c->add_option("--rendezvous", a->rendezvous,
+                "Across hosts: ADDR:PORT of the run's store (kcd serves one for each run; its "
+                "token in $KC_RENDEZVOUS_TOKEN)")
+      ->group("Across hosts");
+  c->add_option("--listen", a->listen,
+                "Across hosts, with --hosts: serve the run's store on ADDR[:PORT] of this machine")
+      ->group("Across hosts");
+  c->add_option("--timeout", a->timeout_s,
+                "Across hosts: seconds to reach the run's store and for rank 0's host to come up")
+      ->check(CLI::Range(1.0, 86400.0))
+      ->capture_default_str()
+      ->group("Across hosts");
   c->add_option("command", a->command, "The program and its arguments (after --)")->required();
-  c->callback([action, a] { *action = [a] { return RunRun(*a); }; });
+  c->callback([action, a, nproc] {
+    const bool nproc_given = nproc->count() > 0;
+    *action = [a, nproc_given] { return RunRun(*a, nproc_given); };
+  });
 }
 
 }  // namespace kc::app

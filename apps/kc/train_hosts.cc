@@ -48,8 +48,8 @@ Json Fingerprint(const TrainArgs& a, const TrainSetup& p) {
           {"heartbeat_timeout_s", a.heartbeat_timeout_s}};
 }
 
-// The address of this machine that traffic to host:port leaves from: the one other hosts
-// reach it by (the route to the launcher is the cluster's network). No packet is sent.
+}  // namespace
+
 Result<std::string> LocalAddressTowards(const std::string& host, int port) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -78,8 +78,6 @@ Result<std::string> LocalAddressTowards(const std::string& host, int port) {
   inet_ntop(local.ss_family, addr, text, sizeof text);
   return std::string(text);
 }
-
-}  // namespace
 
 Result<std::vector<fault::RemoteHost>> ParseHostsFlag(const std::string& flag) {
   std::vector<fault::RemoteHost> hosts;

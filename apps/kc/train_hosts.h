@@ -26,6 +26,10 @@ inline constexpr char kSharePrefix[] = "kc-share/";
 // naming the flag and the entry that is wrong.
 Result<std::vector<fault::RemoteHost>> ParseHostsFlag(const std::string& flag);
 
+// The address of this machine that traffic to host:port leaves from: the one other hosts
+// reach it by (the route to the launcher is the cluster's network). No packet is sent.
+Result<std::string> LocalAddressTowards(const std::string& host, int port);
+
 // --listen "ADDR" or "ADDR:PORT" (port 0 or none: any free one).
 Status ParseListenFlag(const std::string& flag, std::string* address, int* port);
 

@@ -2,13 +2,20 @@
 // and a comm::Communicator behind torch_bridge::Group.
 #include "python/csrc/kc_bridge.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <span>
 #include <string_view>
+#include <thread>
 #include <utility>
 
 #include "comm/comm_limits_config.h"
@@ -254,6 +261,50 @@ Result<std::unique_ptr<Group>> CreateGroup(std::shared_ptr<StoreBackend> backend
 }
 
 }  // namespace
+
+std::string StartHeartbeat(const std::string& path, double period_s) {
+  // kc run reads the file's modification time (fault::FileBeat); the thread is the process's,
+  // joined at exit. (kc's fault layer, whose Heartbeat does the same, is not linked into this
+  // module: its libraries are not built position-independent.)
+  struct Beat {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool stop = false;
+    std::thread thread;
+    ~Beat() {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        stop = true;
+      }
+      cv.notify_all();
+      if (thread.joinable()) thread.join();
+    }
+  };
+  auto touch = [path] {
+    const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOCTTY, 0644);
+    if (fd < 0) return std::string(strerror(errno));
+    const int rc = futimens(fd, nullptr);
+    const int error = errno;
+    close(fd);
+    return rc == 0 ? std::string() : std::string(strerror(error));
+  };
+  static std::mutex mu;
+  static std::unique_ptr<Beat> beat;
+  std::lock_guard<std::mutex> lock(mu);
+  if (beat != nullptr) return "";
+  if (std::string e = touch(); !e.empty()) return path + ": " + e;  // the first beat, at once
+  beat = std::make_unique<Beat>();
+  const auto period = std::chrono::duration<double>(period_s);
+  beat->thread = std::thread([b = beat.get(), touch, period] {
+    std::unique_lock<std::mutex> lock(b->mu);
+    while (!b->cv.wait_for(lock, period, [b] { return b->stop; })) {
+      lock.unlock();
+      touch();  // a failure is kc run's to see: the beats stop
+      lock.lock();
+    }
+  });
+  return "";
+}
 
 std::unique_ptr<Group> Group::Create(std::shared_ptr<StoreBackend> store,
                                      const GroupOptions& options, std::string* error) {

@@ -90,4 +90,9 @@ class Group {
   virtual std::string AllreduceAlgorithm(int64_t bytes) const = 0;
 };
 
+// The heartbeats `kc run --heartbeat-timeout` asks of its ranks (KC_HEARTBEAT_FILE, every
+// KC_HEARTBEAT_PERIOD seconds): a thread of kc's touches the file, from the first call for the
+// life of the process (later calls do nothing). "" or why not.
+std::string StartHeartbeat(const std::string& path, double period_s);
+
 }  // namespace kc::torch_bridge

@@ -452,6 +452,12 @@ c10::intrusive_ptr<c10d::ProcessGroup> CreateProcessGroup(
   o.comm_limits_path = Env("KC_COMM_LIMITS");
   o.job_name = Env("KC_JOB_NAME", Env("TORCHELASTIC_RUN_ID").c_str());
   std::string error;
+  if (const std::string beat_file = Env("KC_HEARTBEAT_FILE"); !beat_file.empty()) {
+    // Under kc run --heartbeat-timeout: this process beats for its rank from now on.
+    const double period = std::strtod(Env("KC_HEARTBEAT_PERIOD", "1").c_str(), nullptr);
+    error = StartHeartbeat(beat_file, period > 0 ? period : 1.0);
+    TORCH_CHECK(error.empty(), "backend kc: heartbeats (KC_HEARTBEAT_FILE): ", error);
+  }
   std::unique_ptr<Group> group = Group::Create(std::make_shared<C10dStore>(store), o, &error);
   TORCH_CHECK(group != nullptr, "backend kc: cannot form the group: ", error);
   return c10::make_intrusive<ProcessGroupKc>(std::move(group), rank, size);

@@ -473,7 +473,6 @@ struct Agent::Impl {
     }
     std::string hosts;  // a run across hosts: its hosts and their ranks, in rank order
     if (role != kc::v1::StartOrder::ROLE_WHOLE) {
-      if (!j.spec.command.empty()) return fail("a command job runs on one host");
       if (j.order.assignment().rendezvous().empty()) return fail("a run across hosts: no store");
       Result<std::string> h = HostsOfRun(j.order.assignment());
       if (!h.ok()) return fail(std::string(h.status().message()));
@@ -507,19 +506,36 @@ struct Agent::Impl {
         fs::create_directories(working_dir, ec);
         if (ec) return fail(fmt::format("{}: cannot create: {}", working_dir, ec.message()));
       }
-      args = {o.kc_binary,
-              "run",
-              "--nproc",
-              std::to_string(j.spec.ranks),
-              "--run-id",
-              fmt::format("job-{}", j.order.job()),
-              "--restart-offset",
-              std::to_string(j.order.restart()),
-              "--checkpoint-dir",
-              CheckpointDir(j.order, j.spec),
-              "--grace",
-              fmt::format("{}", o.stop_grace_s * 0.8),  // its ranks stop before it is killed
-              "--"};
+      // Across hosts, the supervisor agent's kc run starts every rank through each host's
+      // share (kc run --share), whose checkpoint directory is its own host's.
+      const std::string grace = fmt::format("{}", o.stop_grace_s * 0.8);  // before the kill
+      if (role == kc::v1::StartOrder::ROLE_SHARE) {
+        args = {o.kc_binary,        "run",
+                "--share",          o.host,
+                "--rendezvous",     j.order.assignment().rendezvous(),
+                "--checkpoint-dir", CheckpointDir(j.order, j.spec),
+                "--grace",          grace};
+      } else {
+        args = {o.kc_binary, "run"};
+        if (role == kc::v1::StartOrder::ROLE_SUPERVISOR) {
+          args.insert(args.end(),
+                      {"--hosts", hosts, "--rendezvous", j.order.assignment().rendezvous()});
+        } else {
+          args.insert(args.end(), {"--nproc", std::to_string(j.spec.ranks), "--checkpoint-dir",
+                                   CheckpointDir(j.order, j.spec)});
+        }
+        args.insert(args.end(),
+                    {"--run-id", fmt::format("job-{}", j.order.job()), "--restart-offset",
+                     std::to_string(j.order.restart()), "--grace", grace});
+      }
+      if (j.spec.heartbeat_timeout_s > 0 && role == kc::v1::StartOrder::ROLE_WHOLE) {
+        // Its program touches KC_HEARTBEAT_FILE (kc's torch backend does): a rank that stops
+        // is found and the job restarted.
+        args.insert(args.end(),
+                    {"--heartbeat-timeout", fmt::format("{}", j.spec.heartbeat_timeout_s),
+                     "--heartbeat-period", fmt::format("{}", j.spec.heartbeat_period_s)});
+      }
+      args.push_back("--");
       args.insert(args.end(), j.spec.command.begin(), j.spec.command.end());
     } else {
       // The job unchanged and this run's assignment, in one file the launcher and each of its
@@ -582,6 +598,10 @@ struct Agent::Impl {
     // caller that blocked SIGTERM for sigwait, kc agent or kc up, would leave the job deaf to
     // its stop order until the SIGKILL).
     std::vector<std::pair<std::string, std::string>> env = j.spec.env;
+    if (!j.spec.command.empty() && role != kc::v1::StartOrder::ROLE_WHOLE) {
+      // kc run across hosts: the run's store takes its clients by this token.
+      env.emplace_back("KC_RENDEZVOUS_TOKEN", j.order.assignment().rendezvous_token());
+    }
     if (!j.order.cuda_visible_devices().empty()) {
       // The job's GPUs on this host, in rank order: its ranks' LOCAL_RANK indexes them.
       env.emplace_back("CUDA_VISIBLE_DEVICES", j.order.cuda_visible_devices());

@@ -726,15 +726,15 @@ struct Dispatcher::Impl {
     }
     // A job's ranks share one host when one holds them (shared memory between all of them).
     // An elastic train job runs at any size in [min_devices, max_devices] a host has free,
-    // and the scheduler grows and shrinks it there; a command job at its size. A train job
-    // larger than every host runs across hosts (a launcher on a supervisor agent, a share on
-    // each host); a command job larger than every host would wait for ever.
+    // and the scheduler grows and shrinks it there; a command job at its size. A job larger
+    // than every host runs across hosts (a launcher on a supervisor agent, a share on each
+    // host: kc train's, or kc run's for a command job).
     const bool elastic = spec->command.empty() && spec->min_devices > 0;
     const int min = elastic ? spec->min_devices : spec->ranks;
     size_t largest = 0;
     for (const std::vector<int>& on_host : host_devices)
       largest = std::max(largest, on_host.size());
-    const bool across = static_cast<size_t>(spec->ranks) > largest && spec->command.empty();
+    const bool across = static_cast<size_t>(spec->ranks) > largest;
     if (static_cast<size_t>(min) > largest && !across) {
       Move(j.id, JobPhase::kFailed,
            fmt::format("cannot run: its {} ranks run on one host, and the largest host of the "

@@ -98,8 +98,13 @@ JobSpec ReadCommon(config::Map root) {
   s.checkpoint_compress = root.OptionalBool("checkpoint_compress", false);
   s.heartbeat_period_s =
       root.OptionalDouble("heartbeat_period", 1, {.min = 0, .max = 60, .min_exclusive = true});
-  s.heartbeat_timeout_s = root.OptionalDouble("heartbeat_timeout", 30, config::InRange(0, 3600));
-  if (s.heartbeat_timeout_s < 2 * s.heartbeat_period_s) {
+  // A command job's program beats only if it is asked to (kc run --heartbeat-timeout): none by
+  // default.
+  const bool command_job = root.Has("command");
+  s.heartbeat_timeout_s =
+      root.OptionalDouble("heartbeat_timeout", command_job ? 0 : 30, config::InRange(0, 3600));
+  if (s.heartbeat_timeout_s < 2 * s.heartbeat_period_s &&
+      !(command_job && s.heartbeat_timeout_s == 0)) {
     root.Reject("heartbeat_timeout", fmt::format("{} s is less than two heartbeat periods ({} s)",
                                                  s.heartbeat_timeout_s, 2 * s.heartbeat_period_s));
   }
@@ -124,8 +129,8 @@ JobSpec ReadCommon(config::Map root) {
       }
     }
     // What only a model job has.
-    for (const char* key : {"plan", "global_batch", "data", "steps", "checkpoint_keep",
-                            "checkpoint_compress", "heartbeat_period", "heartbeat_timeout"}) {
+    for (const char* key :
+         {"plan", "global_batch", "data", "steps", "checkpoint_keep", "checkpoint_compress"}) {
       if (root.Has(key)) {
         root.Reject(key, "only for a model job (a command job's program trains as it will)");
       }
@@ -260,10 +265,13 @@ std::string JobSpecText(const JobSpec& s) {
   if (s.checkpoint_auto) j["checkpoint_every"] = "auto";
   if (!s.command.empty()) {
     // A command job: no model, nor what only a model job has.
-    for (const char* key :
-         {"plan", "steps", "global_batch", "data", "model_yaml", "checkpoint_keep",
-          "checkpoint_compress", "heartbeat_period", "heartbeat_timeout"}) {
+    for (const char* key : {"plan", "steps", "global_batch", "data", "model_yaml",
+                            "checkpoint_keep", "checkpoint_compress"}) {
       j.erase(key);
+    }
+    if (s.heartbeat_timeout_s == 0) {  // no heartbeats asked of its program
+      j.erase("heartbeat_period");
+      j.erase("heartbeat_timeout");
     }
     j["command"] = s.command;
     if (!s.workdir.empty()) j["workdir"] = s.workdir;

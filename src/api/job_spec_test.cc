@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "api/train_job.h"
 #include "tests/support/repo_root.h"
 #include "tests/support/temp_dir.h"
 
@@ -144,6 +145,19 @@ TEST(JobSpecTest, CommandJobsLoadAndTravelAsText) {
   EXPECT_EQ(back->env, (Env{{"GREETING", "hello"}, {"_X1", ""}}));
   EXPECT_EQ(back->ranks, 2);
   EXPECT_EQ(back->max_restarts, 1);
+  // Its program is asked for no heartbeats unless the file says so, and then through every
+  // form a job travels in (the text, the typed job).
+  EXPECT_EQ(back->heartbeat_timeout_s, 0);
+  EXPECT_EQ(JobSpecOf(ToTrainJob(*back)).heartbeat_timeout_s, 0);
+  Result<JobSpec> beats = LoadJobFile(dir.Write("beats.yaml",
+                                                "name: ddp\ncommand: [python3, train.py]\n"
+                                                "heartbeat_period: 2\nheartbeat_timeout: 10\n"));
+  ASSERT_TRUE(beats.ok()) << beats.status().message();
+  for (const JobSpec& t :
+       {*ParseJobSpec(JobSpecText(*beats), "spec"), JobSpecOf(ToTrainJob(*beats))}) {
+    EXPECT_EQ(t.heartbeat_period_s, 2);
+    EXPECT_EQ(t.heartbeat_timeout_s, 10);
+  }
   const std::string model = testing::RepoRoot() + "/examples/models/gpt-tiny.yaml";
   struct Case {
     std::string text, want;

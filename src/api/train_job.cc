@@ -139,6 +139,7 @@ JobSpec JobSpecOf(const kc::v1::TrainJob& j) {
   s.checkpoint_compress = j.checkpoint().compress();
   if (j.heartbeat().period_s() > 0) s.heartbeat_period_s = j.heartbeat().period_s();
   if (j.heartbeat().timeout_s() > 0) s.heartbeat_timeout_s = j.heartbeat().timeout_s();
+  if (!j.command().empty()) s.heartbeat_timeout_s = j.heartbeat().timeout_s();  // 0: none
   s.max_restarts = j.elastic().max_restarts();
   s.restart_backoff_s = j.elastic().restart_backoff_s();
   s.expected_hours = j.expected_hours();

@@ -1,9 +1,14 @@
 #include "fault/heartbeat.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 namespace kc::fault {
@@ -112,10 +117,40 @@ Result<std::unique_ptr<Heartbeat>> Heartbeat::Start(comm::Store* store, int rank
                                                     std::function<std::string()> progress) {
   if (store == nullptr) return InvalidArgumentError("heartbeat: no store");
   if (!(period.count() > 0)) return InvalidArgumentError("heartbeat period: must be positive");
-  std::unique_ptr<Heartbeat> h(new Heartbeat(store, rank, period, std::move(progress)));
   KC_RETURN_IF_ERROR(store->Set(HeartbeatKey(rank), "0"));  // at once: the first beat
+  // A failed Set (the store gone) is the supervisor's to notice; keep beating.
+  std::unique_ptr<Heartbeat> h(
+      new Heartbeat(period, [store, rank, progress = std::move(progress)](int64_t beat) {
+        store->Set(HeartbeatKey(rank), std::to_string(beat)).IgnoreError();
+        if (progress) store->Set(ProgressKey(rank), progress()).IgnoreError();
+      }));
   h->thread_ = std::thread([p = h.get()] { p->Loop(); });
   return h;
+}
+
+Result<std::unique_ptr<Heartbeat>> Heartbeat::StartFile(std::string path, Seconds period) {
+  if (!(period.count() > 0)) return InvalidArgumentError("heartbeat period: must be positive");
+  KC_RETURN_IF_ERROR(TouchFile(path));
+  std::unique_ptr<Heartbeat> h(
+      new Heartbeat(period, [path = std::move(path)](int64_t) { TouchFile(path).IgnoreError(); }));
+  h->thread_ = std::thread([p = h.get()] { p->Loop(); });
+  return h;
+}
+
+Status TouchFile(const std::string& path) {
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOCTTY, 0644);
+  if (fd < 0) return UnavailableError(fmt::format("heartbeat file {}: {}", path, strerror(errno)));
+  const int rc = futimens(fd, nullptr);  // now
+  const int error = errno;
+  close(fd);
+  if (rc != 0) return UnavailableError(fmt::format("heartbeat file {}: {}", path, strerror(error)));
+  return OkStatus();
+}
+
+std::optional<std::string> FileBeat(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return std::nullopt;
+  return fmt::format("{}.{:09} {}", st.st_mtim.tv_sec, st.st_mtim.tv_nsec, st.st_size);
 }
 
 Heartbeat::~Heartbeat() {
@@ -138,9 +173,7 @@ void Heartbeat::Loop() {
   while (!stop_) {
     const int64_t beat = ++beats_;
     mu_.Unlock();
-    // A failed Set (the store gone) is the supervisor's to notice; keep beating.
-    store_->Set(HeartbeatKey(rank_), std::to_string(beat)).IgnoreError();
-    if (progress_) store_->Set(ProgressKey(rank_), progress_()).IgnoreError();
+    beat_(beat);
     mu_.Lock();
     const auto until = std::chrono::steady_clock::now() + period;
     while (!stop_ && std::chrono::steady_clock::now() < until) cv_.WaitUntil(&mu_, until);
@@ -163,7 +196,24 @@ Status ValidateHeartbeat(const HeartbeatOptions& o) {
 
 HeartbeatMonitor::HeartbeatMonitor(comm::Store* store, int ranks, HeartbeatOptions options,
                                    Clock::time_point start)
-    : store_(store),
+    : HeartbeatMonitor(
+          [store,
+           wait = std::max(options.period, Seconds(1))](int rank) -> std::optional<std::string> {
+            const std::string key = HeartbeatKey(rank);
+            const std::string keys[1] = {key};
+            Result<bool> present = store->Check(keys);
+            if (!present.ok() || !*present) return std::nullopt;
+            // The key exists: the deadline only bounds the round trip.
+            Result<std::string> value =
+                store->Get(key, store->clock()->Now() + std::chrono::duration_cast<Duration>(wait));
+            if (!value.ok()) return std::nullopt;
+            return *std::move(value);
+          },
+          ranks, options, start) {}
+
+HeartbeatMonitor::HeartbeatMonitor(BeatReader read, int ranks, HeartbeatOptions options,
+                                   Clock::time_point start)
+    : read_(std::move(read)),
       options_(options),
       last_value_(static_cast<size_t>(ranks)),
       last_change_(static_cast<size_t>(ranks), start),
@@ -192,20 +242,12 @@ std::vector<int> HeartbeatMonitor::Check(Clock::time_point now) {
   std::vector<int> silent;
   for (size_t r = 0; r < watched_.size(); ++r) {
     if (!watched_[r]) continue;
-    const std::string key = HeartbeatKey(static_cast<int>(r));
-    const std::string keys[1] = {key};
-    Result<bool> present = store_->Check(keys);
-    if (present.ok() && *present) {
-      // The key exists: the deadline only bounds the round trip.
-      Result<std::string> value = store_->Get(
-          key, store_->clock()->Now() +
-                   std::chrono::duration_cast<Duration>(std::max(options_.period, Seconds(1))));
-      if (value.ok() && *value != last_value_[r]) {
-        last_value_[r] = *value;
-        last_change_[r] = now;
-        heard_[r] = true;
-        continue;
-      }
+    std::optional<std::string> value = read_(static_cast<int>(r));
+    if (value && (!heard_[r] || *value != last_value_[r])) {
+      last_value_[r] = *std::move(value);
+      last_change_[r] = now;
+      heard_[r] = true;
+      continue;
     }
     const Seconds quiet = now - last_change_[r];
     if (quiet > (heard_[r] ? options_.timeout : std::max(options_.timeout, options_.first_beat))) {

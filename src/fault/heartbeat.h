@@ -14,6 +14,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -58,18 +59,19 @@ class Heartbeat {
   // ProgressKey(rank) (ProgressToJson of the rank's communicator).
   static Result<std::unique_ptr<Heartbeat>> Start(comm::Store* store, int rank, Seconds period,
                                                   std::function<std::string()> progress = {});
+  // The heartbeat of a program `kc run` started (KC_HEARTBEAT_FILE): touches `path` (creates it,
+  // then sets its modification time) at once and every `period`.
+  static Result<std::unique_ptr<Heartbeat>> StartFile(std::string path, Seconds period);
   ~Heartbeat();
   int64_t beats() const;
 
  private:
-  Heartbeat(comm::Store* store, int rank, Seconds period, std::function<std::string()> progress)
-      : store_(store), rank_(rank), period_(period), progress_(std::move(progress)) {}
+  Heartbeat(Seconds period, std::function<void(int64_t)> beat)
+      : period_(period), beat_(std::move(beat)) {}
   void Loop();
 
-  comm::Store* const store_;
-  const int rank_;
   const Seconds period_;
-  const std::function<std::string()> progress_;
+  const std::function<void(int64_t)> beat_;  // beat n: say it (errors are the watcher's to see)
   mutable Mutex mu_;
   CondVar cv_;
   bool stop_ KC_GUARDED_BY(mu_) = false;
@@ -88,13 +90,23 @@ struct HeartbeatOptions {
 // Validates a period and timeout: both positive, the timeout at least two periods.
 Status ValidateHeartbeat(const HeartbeatOptions& options);
 
+// Touches `path` as Heartbeat::StartFile does, once.
+Status TouchFile(const std::string& path);
+// A file heartbeat's current beat: its modification time and size; nullopt while it does not
+// exist (the rank has not beaten yet).
+std::optional<std::string> FileBeat(const std::string& path);
+
 // The supervisor's side. Not thread-safe.
 class HeartbeatMonitor {
  public:
   using Clock = std::chrono::steady_clock;
+  // Rank r's beat now (any text that changes with each beat); nullopt: none yet.
+  using BeatReader = std::function<std::optional<std::string>(int rank)>;
   // Ranks [0, ranks); a rank not heard from yet counts from `start`, against first_beat.
   HeartbeatMonitor(comm::Store* store, int ranks, HeartbeatOptions options,
                    Clock::time_point start);
+  // The beats `read` returns: FileBeat of each rank's file for `kc run`'s ranks.
+  HeartbeatMonitor(BeatReader read, int ranks, HeartbeatOptions options, Clock::time_point start);
 
   // Reads every watched rank's counter; returns the ranks silent for longer than the timeout
   // (each once; they are no longer watched). Called every period / 2 or more often, a rank
@@ -102,12 +114,14 @@ class HeartbeatMonitor {
   std::vector<int> Check(Clock::time_point now);
   // How long rank r had been silent when Check reported it.
   Seconds silent_for(int rank) const { return silent_for_.at(static_cast<size_t>(rank)); }
+  // Whether rank r had beaten at all (else it was reported against first_beat).
+  bool heard(int rank) const { return heard_.at(static_cast<size_t>(rank)); }
   void Forget(int rank);  // stop watching (the rank exited)
   // Watches `rank` (a new one, or one forgotten) as not heard from since `start`.
   void Watch(int rank, Clock::time_point start);
 
  private:
-  comm::Store* const store_;
+  const BeatReader read_;
   const HeartbeatOptions options_;
   std::vector<std::string> last_value_;
   std::vector<Clock::time_point> last_change_;

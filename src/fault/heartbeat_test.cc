@@ -1,12 +1,15 @@
 #include "fault/heartbeat.h"
 
+#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <thread>
 
 #include "comm/hash_store.h"
 #include "comm/tcp_store.h"
+#include "tests/support/temp_dir.h"
 
 namespace kc::fault {
 namespace {
@@ -99,6 +102,49 @@ TEST(HeartbeatTest, MonitorHearsBeatsOverTcp) {
   // Rank 0's first beat is in the store: heard, whatever the time; rank 1 never beat.
   EXPECT_THAT(monitor.Check(At(t0, 10)), ElementsAre(1));
   EXPECT_THAT(monitor.Check(At(t0, 11)), IsEmpty());
+}
+
+// kc run's heartbeats: each rank touches its own file. A file not there yet is a rank not heard
+// from; one whose time stops changing goes silent; a touch is heard again after Watch.
+TEST(HeartbeatTest, FileBeatsAreHeardAndTheirSilenceReported) {
+  kc::testing::TempDir dir("kc_beat");
+  const std::string files[2] = {dir.Path("rank-0"), dir.Path("rank-1")};
+  EXPECT_EQ(FileBeat(files[0]), std::nullopt);
+  const Clock::time_point t0 = Clock::now();
+  HeartbeatMonitor monitor([&](int rank) { return FileBeat(files[rank]); }, 2,
+                           {.period = Seconds(1), .timeout = Seconds(2), .first_beat = Seconds(5)},
+                           t0);
+  ASSERT_TRUE(TouchFile(files[0]).ok());
+  const std::optional<std::string> first = FileBeat(files[0]);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_THAT(monitor.Check(At(t0, 1)), IsEmpty());  // rank 0 heard; rank 1 has 5 s to start
+  // Rank 0 beats again (a time of its own, so that the change does not depend on the clock's
+  // resolution), then stops.
+  const timespec times[2] = {{.tv_sec = 1000, .tv_nsec = 0}, {.tv_sec = 1000, .tv_nsec = 0}};
+  ASSERT_EQ(utimensat(AT_FDCWD, files[0].c_str(), times, 0), 0);
+  EXPECT_NE(FileBeat(files[0]), first);
+  EXPECT_THAT(monitor.Check(At(t0, 2.5)), IsEmpty());       // heard at 2.5 s
+  EXPECT_THAT(monitor.Check(At(t0, 4.4)), IsEmpty());       // 1.9 s silent
+  EXPECT_THAT(monitor.Check(At(t0, 4.6)), ElementsAre(0));  // 2.1 s silent
+  EXPECT_THAT(monitor.Check(At(t0, 5.1)), ElementsAre(1));  // never beat: 5.1 s from the start
+  monitor.Watch(0, At(t0, 6));
+  EXPECT_THAT(monitor.Check(At(t0, 6.5)), IsEmpty());  // the same file, heard again
+}
+
+TEST(HeartbeatTest, FileHeartbeatTouchesItsFile) {
+  kc::testing::TempDir dir("kc_beat");
+  const std::string file = dir.Path("rank-3");
+  auto beat = Heartbeat::StartFile(file, Seconds(0.001));
+  ASSERT_TRUE(beat.ok()) << beat.status();
+  EXPECT_TRUE(FileBeat(file).has_value());  // the first beat is there when StartFile returns
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while ((*beat)->beats() < 3 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+  }
+  EXPECT_GE((*beat)->beats(), 3);
+  beat->reset();
+  EXPECT_THAT(Heartbeat::StartFile(dir.Path("no-such-dir/rank-0"), Seconds(1)).status().message(),
+              HasSubstr("no-such-dir/rank-0"));
 }
 
 TEST(HeartbeatTest, OptionsAreChecked) {

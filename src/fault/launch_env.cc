@@ -1,11 +1,20 @@
 #include "fault/launch_env.h"
 
+#include <fmt/format.h>
+
+#include <filesystem>
+
 namespace kc::fault {
+
+std::string HeartbeatFile(const std::string& heartbeat_dir, int rank) {
+  return (std::filesystem::path(heartbeat_dir) / fmt::format("rank-{}", rank)).string();
+}
 
 std::vector<std::pair<std::string, std::string>> LaunchEnvironment(const LaunchContract& c,
                                                                    int local_rank,
                                                                    bool omp_num_threads_set) {
-  const int rank = c.group_rank * c.local_world_size + local_rank;
+  const int rank =
+      (c.first_rank >= 0 ? c.first_rank : c.group_rank * c.local_world_size) + local_rank;
   std::vector<std::pair<std::string, std::string>> env = {
       {"MASTER_ADDR", c.master_addr},
       {"MASTER_PORT", std::to_string(c.master_port)},
@@ -21,6 +30,10 @@ std::vector<std::pair<std::string, std::string>> LaunchEnvironment(const LaunchC
       {"TORCHELASTIC_RUN_ID", c.run_id},
   };
   if (!c.checkpoint_dir.empty()) env.emplace_back("KC_CHECKPOINT_DIR", c.checkpoint_dir);
+  if (!c.heartbeat_dir.empty()) {
+    env.emplace_back("KC_HEARTBEAT_FILE", HeartbeatFile(c.heartbeat_dir, rank));
+    env.emplace_back("KC_HEARTBEAT_PERIOD", fmt::format("{}", c.heartbeat_period_s));
+  }
   if (c.local_world_size > 1 && !omp_num_threads_set) env.emplace_back("OMP_NUM_THREADS", "1");
   return env;
 }

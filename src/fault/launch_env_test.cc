@@ -21,7 +21,9 @@ TEST(LaunchEnvironmentTest, GivesTorchrunsContractForEachRank) {
                          .restart_count = 2,
                          .max_restarts = 3,
                          .run_id = "job-7",
-                         .checkpoint_dir = "/data/ckpt"};
+                         .checkpoint_dir = "/data/ckpt",
+                         .heartbeat_dir = "/run/beats",
+                         .heartbeat_period_s = 0.5};
   const std::map<std::string, std::string> env = AsMap(LaunchEnvironment(c, 1, false));
   EXPECT_EQ(env.at("MASTER_ADDR"), "127.0.0.1");
   EXPECT_EQ(env.at("MASTER_PORT"), "29500");
@@ -35,12 +37,20 @@ TEST(LaunchEnvironmentTest, GivesTorchrunsContractForEachRank) {
   EXPECT_EQ(env.at("TORCHELASTIC_RUN_ID"), "job-7");
   EXPECT_EQ(env.at("KC_CHECKPOINT_DIR"), "/data/ckpt");
   EXPECT_EQ(env.at("OMP_NUM_THREADS"), "1");
+  EXPECT_EQ(env.at("KC_HEARTBEAT_FILE"), "/run/beats/rank-3");  // by its rank in the run
+  EXPECT_EQ(env.at("KC_HEARTBEAT_PERIOD"), "0.5");
+  // Hosts of unequal shares (3 ranks: 2 on the first host, 1 here): its first rank is given.
+  const LaunchContract uneven{
+      .world_size = 3, .local_world_size = 1, .group_rank = 1, .first_rank = 2};
+  EXPECT_EQ(AsMap(LaunchEnvironment(uneven, 0, false)).at("RANK"), "2");
 }
 
 TEST(LaunchEnvironmentTest, LeavesOutWhatIsNotAskedFor) {
   const LaunchContract one{.master_port = 1, .run_id = "r"};
   const std::map<std::string, std::string> env = AsMap(LaunchEnvironment(one, 0, false));
   EXPECT_EQ(env.count("KC_CHECKPOINT_DIR"), 0u);
+  EXPECT_EQ(env.count("KC_HEARTBEAT_FILE"), 0u);
+  EXPECT_EQ(env.count("KC_HEARTBEAT_PERIOD"), 0u);
   EXPECT_EQ(env.count("OMP_NUM_THREADS"), 0u);  // one rank: its threads are its own
   const LaunchContract two{.master_port = 1, .world_size = 2, .local_world_size = 2};
   EXPECT_EQ(AsMap(LaunchEnvironment(two, 0, /*omp_num_threads_set=*/true)).count("OMP_NUM_THREADS"),

@@ -19,6 +19,10 @@ struct RankLaunch {
   // ids. A worker keeps its id while its rank changes from generation to generation.
   int worker = 0;
   bool join = false;  // a replacement: it joins a later generation of a running job
+  // Variables its supervisor sets for it over what its host gives it (NAME, VALUE): the launch
+  // contract of a command run across hosts (kc run --hosts). Carried to a remote host with the
+  // start; a launcher's command adds them.
+  std::vector<std::pair<std::string, std::string>> env;
 };
 
 struct RankExit {

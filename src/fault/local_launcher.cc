@@ -71,6 +71,7 @@ class LocalLauncher::Impl {
       return InternalError(std::string("pipe: ") + strerror(e));
     }
     command.fds.push_back({.child = STDERR_FILENO, .parent = err[1]});
+    if (o_.stdout_as_output) command.fds.push_back({.child = STDOUT_FILENO, .parent = err[1]});
     command.fds.push_back({.child = kReportFd, .parent = rep[1]});
     Result<Subprocess> process = Subprocess::Start(command);
     close(err[1]);
@@ -94,7 +95,9 @@ class LocalLauncher::Impl {
   void Signal(int worker, RankSignal signal) {
     MutexLock lock(&mu_);
     for (auto& c : children_) {
-      if (c->worker == worker) c->process.Signal(signal == RankSignal::kKill ? SIGKILL : SIGTERM);
+      if (c->worker == worker) {
+        c->process.SignalGroup(signal == RankSignal::kKill ? SIGKILL : SIGTERM);
+      }
     }
   }
 
@@ -139,6 +142,11 @@ class LocalLauncher::Impl {
   // The child has exited: what it wrote comes first (its pipes end now: it held their only
   // write ends), then its exit.
   void Reap(Child& c) {
+    {
+      // What it left in a group of its own goes with it (else as Signal: nothing, it exited).
+      MutexLock lock(&mu_);
+      c.process.SignalGroup(SIGKILL);
+    }
     while (c.err_fd >= 0) ReadErr(c);
     while (c.report_fd >= 0) ReadReports(c);
     int status = 0;

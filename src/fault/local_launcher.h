@@ -19,8 +19,13 @@ inline constexpr int kReportFd = 3;
 
 struct LocalLauncherOptions {
   // The program, argv, environment and cores of a rank. The launcher sets its stderr and
-  // kReportFd to pipes of its own.
+  // kReportFd to pipes of its own. A rank in a process group of its own (Group::kNew) is
+  // signalled as a group, and what is left of the group is killed when it exits (its helpers
+  // would hold its output open).
   std::function<SubprocessOptions(const RankLaunch&)> command;
+  // Its stdout as well as its stderr into OnOutput (any program's output, as kc run shows it;
+  // kc train's workers keep stdout for themselves).
+  bool stdout_as_output = false;
 };
 
 // Safe for concurrent use.

@@ -89,6 +89,28 @@ TEST(LocalLauncherTest, WhatARankWritesAndReportsComesBeforeItsExit) {
   EXPECT_FALSE(r.events_after_exit);
 }
 
+// kc run's ranks: any program's stdout is output too, the launch's variables reach it, and what
+// it leaves in its process group (a helper holding its output open) goes when it exits.
+TEST(LocalLauncherTest, AProgramsStdoutComesBackAndItsGroupGoesWithIt) {
+  auto launcher = LocalLauncher::Create({.command =
+                                             [](const RankLaunch& r) {
+                                               return SubprocessOptions{
+                                                   .path = "/bin/sh",
+                                                   .argv = {"sh", "-c",
+                                                            "sleep 600 & echo out; echo err >&2; "
+                                                            "echo \"rank $KC_TEST_RANK\""},
+                                                   .env = r.env,
+                                                   .group = SubprocessOptions::Group::kNew};
+                                             },
+                                         .stdout_as_output = true});
+  ASSERT_TRUE(launcher.ok()) << launcher.status();
+  Inbox inbox;
+  ASSERT_TRUE((*launcher)->Start({.worker = 0, .env = {{"KC_TEST_RANK", "7"}}}, &inbox).ok());
+  const Inbox::Rank r = inbox.WaitForExit(0);  // not 600 s: the helper went with it
+  EXPECT_THAT(r.output, ::testing::UnorderedElementsAre("out", "err", "rank 7"));
+  EXPECT_TRUE(r.exit->ok) << r.exit->description;
+}
+
 TEST(LocalLauncherTest, AStopIsSigtermAndAKillIsSigkill) {
   // Worker 0 stops on SIGTERM (its trap exits 0); worker 1 is killed.
   auto launcher = Launcher({"trap 'exit 0' TERM; echo up >&2; while :; do sleep 1; done",

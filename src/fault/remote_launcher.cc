@@ -94,7 +94,13 @@ class RemoteLauncher::Impl {
               : fmt::format("worker {}: beyond the hosts' {} slots", launch.worker, TotalSlots()));
     }
     workers_[launch.worker] = {.host = h, .events = events};
-    Send(h, {{"op", "start"}, {"worker", launch.worker}, {"join", launch.join}});
+    Json start = {{"op", "start"}, {"worker", launch.worker}, {"join", launch.join}};
+    if (!launch.env.empty()) {
+      Json env = Json::array();
+      for (const auto& [name, value] : launch.env) env.push_back({name, value});
+      start["env"] = std::move(env);
+    }
+    Send(h, std::move(start));
     return OkStatus();
   }
 
@@ -538,8 +544,15 @@ Status ServeHostShare(const HostShareOptions& o) {
     const int worker = order["worker"].get<int>();
     if (op == "start") {
       events.Started(worker);
-      const bool join = order.value("join", false);
-      if (Status s = o.launcher->Start({.worker = worker, .join = join}, &events); !s.ok()) {
+      RankLaunch launch{.worker = worker, .join = order.value("join", false)};
+      if (order.contains("env") && order["env"].is_array()) {
+        for (const Json& e : order["env"]) {
+          if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {
+            launch.env.emplace_back(e[0].get<std::string>(), e[1].get<std::string>());
+          }
+        }
+      }
+      if (Status s = o.launcher->Start(launch, &events); !s.ok()) {
         events.OnExit(worker, {.ok = false,
                                .killed = false,
                                .description = fmt::format("did not start on host {}: {}", o.host,

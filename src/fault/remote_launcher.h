@@ -13,7 +13,8 @@
 //
 // The keys, under the prefix the caller gives both sides (one run's):
 //   hosts/H/session          counter: each share of host H takes the next session S
-//   hosts/H/S/order/N        {"op": "start"|"stop"|"kill"|"end", "worker": W, "join": bool}
+//   hosts/H/S/order/N        {"op": "start"|"stop"|"kill"|"end", "worker": W, "join": bool,
+//                             "env": [[NAME, VALUE], ...] (a start's RankLaunch::env)}
 //   hosts/H/S/event/N        {"worker": W, "output": LINE} | {"worker": W, "report": {...}} |
 //                            {"worker": W, "exit": {"ok", "killed", "description"}}
 //   hosts/H/S/beat           counter the share adds to every beat period

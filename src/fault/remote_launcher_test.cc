@@ -198,6 +198,57 @@ TEST(RemoteLauncherTest, RanksStartOnTheirHostsAndWhatTheyDoComesBack) {
   EXPECT_TRUE(h2.Join().ok());
 }
 
+// What a share's launcher was asked to start; each rank ends at once.
+class Recorder final : public ProcessLauncher {
+ public:
+  Status Start(const RankLaunch& launch, RankEvents* events) override {
+    {
+      MutexLock lock(&mu_);
+      launches_.push_back(launch);
+    }
+    events->OnExit(launch.worker, {.ok = true, .description = "exited with status 0"});
+    return OkStatus();
+  }
+  void Signal(int, RankSignal) override {}
+  std::vector<RankLaunch> launches() const {
+    MutexLock lock(&mu_);
+    return launches_;
+  }
+
+ private:
+  mutable Mutex mu_;
+  std::vector<RankLaunch> launches_ KC_GUARDED_BY(mu_);
+};
+
+// A command run's contract travels with the start: the host's launcher gets the rank's
+// variables as the supervisor gave them.
+TEST(RemoteLauncherTest, AStartCarriesItsRanksEnvironmentToItsHost) {
+  comm::HashStore store;
+  Recorder recorder;
+  Status served = InternalError("not served");
+  std::thread share([&] {
+    served = ServeHostShare({.store = &store,
+                             .host = "h1",
+                             .launcher = &recorder,
+                             .beat_period = std::chrono::milliseconds(20),
+                             .fence_after = std::chrono::milliseconds(400)});
+  });
+  auto launcher = RemoteLauncher::Create(Options(&store, {{"h1", 1}}));
+  ASSERT_TRUE(launcher.ok()) << launcher.status();
+  Events events;
+  const std::vector<std::pair<std::string, std::string>> env = {{"RANK", "0"},
+                                                                {"MASTER_ADDR", "10.0.0.1"}};
+  ASSERT_TRUE((*launcher)->Start({.worker = 0, .env = env}, &events).ok());
+  std::optional<RankExit> e = events.AwaitExit(0);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_TRUE(e->ok) << e->description;
+  (*launcher)->Finish();
+  share.join();
+  EXPECT_TRUE(served.ok()) << served;
+  ASSERT_EQ(recorder.launches().size(), 1u);
+  EXPECT_EQ(recorder.launches()[0].env, env);
+}
+
 TEST(RemoteLauncherTest, AStopReachesTheRankThroughItsHost) {
   comm::HashStore store;
   Host h1(&store, "h1", true);

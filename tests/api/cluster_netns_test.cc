@@ -469,5 +469,55 @@ TEST_F(ClusterNetnsTest, AJobAcrossHostsSurvivesTheLossOfTheHostOfRankZero) {
   EXPECT_TRUE(worker0) << j.dump();
 }
 
+// A command job larger than a host runs across both: kc run's supervisor on the supervisor
+// agent starts each rank through its host's share (kc run --share), with its part of torchrun's
+// contract. Rank 0 listens where MASTER_ADDR and MASTER_PORT say, as a PyTorch program's
+// TCPStore does, and the ranks of the other host reach it there.
+TEST_F(ClusterNetnsTest, ACommandJobLargerThanAHostRunsAcrossBoth) {
+  StartSupervisor();
+  const std::string program = dir_.Write("gather.py", R"(import os, socket, time
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+print(f"rank {rank} of {world} group {os.environ['GROUP_RANK']} local "
+      f"{os.environ['LOCAL_RANK']}/{os.environ['LOCAL_WORLD_SIZE']} master {addr}", flush=True)
+if rank == 0:
+    server = socket.create_server((addr, port))
+    server.settimeout(120)
+    got = []
+    for _ in range(world - 1):
+        c, _ = server.accept()
+        got.append(int(c.recv(16).decode()))
+        c.close()
+    print("gathered " + ",".join(str(r) for r in sorted(got)), flush=True)
+else:
+    deadline = time.time() + 120
+    while True:  # rank 0 may not listen yet: a TCPStore client retries the same way
+        try:
+            c = socket.create_connection((addr, port), timeout=5)
+            break
+        except OSError:
+            if time.time() > deadline:
+                raise
+            time.sleep(0.1)
+    c.sendall(str(rank).encode())
+    c.close()
+)");
+  const int64_t id = SubmitFile(dir_.Write(
+      "gather.yaml", fmt::format("name: gather\ncommand: [python3, {}]\nranks: 4\n", program)));
+  const nlohmann::json done = Await(id, Ended);
+  const std::string logs = Kc(fmt::format("job logs {}", id)).out;
+  EXPECT_EQ(done["phase"], "succeeded") << done.dump() << logs;
+  EXPECT_EQ(done["host"], "h1, h2 (launcher on ctl)") << done.dump();
+  // h1 holds ranks 0 and 1 (the scheduler places in host order): its address is MASTER_ADDR.
+  const std::string master = hosts_.ip_a();
+  for (const std::string& line : {"[rank 0] rank 0 of 4 group 0 local 0/2 master " + master,
+                                  "[rank 1] rank 1 of 4 group 0 local 1/2 master " + master,
+                                  "[rank 2] rank 2 of 4 group 1 local 0/2 master " + master,
+                                  "[rank 3] rank 3 of 4 group 1 local 1/2 master " + master,
+                                  std::string("[rank 0] gathered 1,2,3")}) {
+    EXPECT_THAT(logs, HasSubstr(line));
+  }
+}
+
 }  // namespace
 }  // namespace kc::api

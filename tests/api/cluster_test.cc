@@ -587,8 +587,9 @@ TEST_F(ClusterTest, ANewTopologyAppliesLiveAndTheRunningJobTrainsOn) {
   EXPECT_EQ(kcd->Stop(SIGTERM), 0);
 }
 
-// A command job runs on one host; a train job that large would run across hosts.
-TEST_F(ClusterTest, ACommandJobNoHostCanHoldFailsWithWhy) {
+// A command job larger than the whole cluster fails saying why (one larger than a host, but
+// not than the cluster, runs across hosts: ClusterNetnsTest).
+TEST_F(ClusterTest, ACommandJobLargerThanTheClusterFailsWithWhy) {
   std::unique_ptr<Daemon> up = Up();
   KcRun submit =
       Kc("submit " + dir_.Write("wide.yaml", "name: wide\ncommand: [\"/bin/true\"]\nranks: 3\n") +
@@ -598,7 +599,7 @@ TEST_F(ClusterTest, ACommandJobNoHostCanHoldFailsWithWhy) {
                            [](const nlohmann::json& x) { return Ended(x["phase"]); });
   EXPECT_EQ(j["phase"], "failed");
   EXPECT_THAT(j["reason"].get<std::string>(),
-              HasSubstr("its 3 ranks run on one host, and the largest host of the cluster has 2"));
+              HasSubstr("asks for at least 3 devices, above the capacity of every pool"));
   EXPECT_EQ(up->Stop(SIGTERM), 0);
 }
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "tests/support/child_guard.h"
+#include "tests/support/kc_run.h"
 #include "tests/support/temp_dir.h"
 
 namespace {
@@ -72,6 +73,41 @@ TEST(TorchBackendTest, EveryCollectiveIsRightAndDdpLossesEqualGloos) {
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "rank " << r << ":\n" << log;
     EXPECT_NE(log.find("rank " + std::to_string(r) + ": ok"), std::string::npos) << log;
   }
+#endif
+}
+
+// Under kc run --heartbeat-timeout, the backend beats for its rank (KC_HEARTBEAT_FILE): a
+// program busy for several timeouts between two collectives, which does not beat itself then,
+// is not taken for hung.
+TEST(TorchBackendTest, UnderKcRunTheBackendBeatsForItsRank) {
+#ifndef KC_TORCH_PYTHONPATH
+  GTEST_SKIP() << "the torch backend is not built here (Debian's python3-torch and "
+                  "libtorch-dev were not found)";
+#else
+  kc::testing::TempDir dir;
+  const std::string program = dir.Write("quiet.py", R"(import os
+import pathlib
+import time
+import torch
+import torch.distributed as dist
+import kuangchao.torch  # noqa: F401
+dist.init_process_group("kc")
+t = torch.ones(4)
+dist.all_reduce(t)
+# One beat of its own, so that a backend that did not beat would be found silent below rather
+# than only after --heartbeat-first.
+pathlib.Path(os.environ["KC_HEARTBEAT_FILE"]).touch()
+time.sleep(3)  # its own work, three heartbeat timeouts long
+dist.all_reduce(t)
+print(f"ok {t[0].item():.0f}", flush=True)
+)");
+  kc::testing::KcRun r = kc::testing::RunKc(
+      KC_BINARY, std::string("run --nproc 2 --heartbeat-timeout 1 --heartbeat-period 0.2 -- "
+                             "env PYTHONPATH=") +
+                     KC_TORCH_PYTHONPATH + " /usr/bin/python3 " + program);
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("[rank 0] ok 4"), std::string::npos) << r.out;
+  EXPECT_EQ(r.err.find("sent no heartbeat"), std::string::npos) << r.err;
 #endif
 }
 

@@ -11,7 +11,8 @@ any launcher, sees the same weights and batches). With KC_CHECKPOINT_DIR set (kc
 --checkpoint-dir, or any kc cluster job) rank 0 saves the model, the optimizer and the step
 there every --checkpoint-every steps and on SIGTERM (a pause or a preemption), and every rank
 resumes from it when started again. --backend kc uses Kuangchao's torch.distributed backend
-(`import kuangchao.torch`).
+(`import kuangchao.torch`). With KC_HEARTBEAT_FILE set (kc run --heartbeat-timeout, or
+heartbeat_timeout in the job file) every rank touches it after each step.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
 import signal
 import sys
 
@@ -79,7 +81,10 @@ def main() -> int:
                         "losses": losses}, tmp)
             os.replace(tmp, ckpt)
 
+    beat = os.environ.get("KC_HEARTBEAT_FILE", "")
     for step in range(start, a.steps):
+        if beat:
+            pathlib.Path(beat).touch()  # alive: a rank stuck in a step stops beating
         g = torch.Generator().manual_seed(1000 * step + rank)  # this rank's batch of this step
         x = torch.randn(a.batch, 16, generator=g)
         loss = torch.nn.functional.mse_loss(ddp(x), x @ target)
