@@ -30,6 +30,7 @@
 #include "tests/support/daemon.h"
 #include "tests/support/inventories.h"
 #include "tests/support/kc_run.h"
+#include "tests/support/repo_root.h"
 #include "tests/support/temp_dir.h"
 
 namespace kc::api {
@@ -1232,6 +1233,44 @@ TEST_F(ClusterTest, ACommandJobRunsAnyProgramAndIsRestartedAfterKillNine) {
   }
   EXPECT_FALSE(requeue.empty()) << j.dump();
   EXPECT_TRUE(std::filesystem::exists(checkpoints + "/rank1-restart1"));
+  EXPECT_EQ(up->Stop(SIGTERM), 0);
+}
+
+// The example PyTorch DDP program (examples/jobs/torch-ddp) as a command job on kc up: it
+// trains and succeeds; kill -9 of one of its ranks after its first checkpoint requeues the job,
+// and the next run, its restart counted, resumes from the checkpoint. Skipped where Debian's
+// PyTorch (python3-torch) is missing.
+TEST_F(ClusterTest, ThePyTorchDdpExampleResumesFromItsCheckpointAfterKillNine) {
+  if (std::system("/usr/bin/python3 -c 'import torch' 2>/dev/null") != 0) {
+    GTEST_SKIP() << "/usr/bin/python3 has no PyTorch (Debian: python3-torch)";
+  }
+  std::unique_ptr<Daemon> up = Up();
+  const std::string job = dir_.Write(
+      "ddp.yaml",
+      fmt::format("name: torch-ddp\ncommand: [/usr/bin/python3, {}examples/jobs/torch-ddp/"
+                  "train.py, --steps, \"3000\", --checkpoint-every, \"50\"]\nranks: 2\n"
+                  "restart_backoff: 0\nheartbeat_timeout: 60\n",
+                  kc::testing::RepoRoot()));
+  KcRun submit = Kc("submit " + job + " --json");
+  ASSERT_EQ(submit.exit_code, 0) << submit.err;
+  const int64_t id = Int(nlohmann::json::parse(submit.out), "id");
+  const std::string saved =
+      dir_.Path(fmt::format("cluster/work/jobs/{}/checkpoints/torch-ddp.pt", id));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(2);
+  while (!std::filesystem::exists(saved) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(std::filesystem::exists(saved)) << Kc(fmt::format("job logs {}", id)).out;
+  const pid_t rank = ARankOf(id);  // a child of kc run
+  ASSERT_GT(rank, 0);
+  ASSERT_EQ(kill(rank, SIGKILL), 0);
+  nlohmann::json j = Await(id, [](const nlohmann::json& x) { return Ended(x["phase"]); });
+  const std::string logs = Kc(fmt::format("job logs {}", id)).out;
+  EXPECT_EQ(j["phase"], "succeeded") << logs.substr(logs.size() > 4000 ? logs.size() - 4000 : 0);
+  EXPECT_THAT(logs, HasSubstr("failed: killed by signal 9"));
+  EXPECT_THAT(
+      logs, ::testing::ContainsRegex("\\[rank 0\\] resumed from step [1-9][0-9]* \\(restart 1\\)"));
+  EXPECT_THAT(logs, HasSubstr("[rank 0] step 3000 loss "));
   EXPECT_EQ(up->Stop(SIGTERM), 0);
 }
 
