@@ -266,30 +266,6 @@ class Attempt {
   double kill_at_ = 0;
 };
 
-// A private directory for the ranks' heartbeat files, removed when kc run ends.
-class BeatDir {
- public:
-  ~BeatDir() {
-    if (path_.empty()) return;
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  Status Create() {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string templ =
-        (fs::path(tmp != nullptr && *tmp != 0 ? tmp : "/tmp") / "kc-run-beats-XXXXXX").string();
-    if (mkdtemp(templ.data()) == nullptr) {
-      return UnavailableError(fmt::format("{}: {}", templ, strerror(errno)));
-    }
-    path_ = templ;
-    return OkStatus();
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
 int RunRun(RunArgs a, bool nproc_given) {
   if (std::string why = CheckHostsRunArgs(a, nproc_given); !why.empty()) {
     std::cerr << "kc run: " << why << "\n";

@@ -15,9 +15,11 @@
 #include <deque>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -28,6 +30,7 @@
 #include "base/subprocess.h"
 #include "comm/store.h"
 #include "comm/tcp_store.h"
+#include "fault/heartbeat.h"
 #include "fault/launch_env.h"
 #include "fault/local_launcher.h"
 #include "fault/remote_launcher.h"
@@ -45,6 +48,13 @@ constexpr char kRunPrefix[] = "kc-run/";
 constexpr Duration kHostTimeout = std::chrono::seconds(5);
 
 std::string AddressKey(const std::string& host) { return "address/" + host; }
+// Why a host's share killed rank `worker` (its heartbeats stopped), for the supervisor to say.
+std::string SilentKey(int worker) { return "silent/" + std::to_string(worker); }
+
+// What the supervisor asks of the shares' heartbeat watch, in each start's variables: taken
+// out by the share (the program sees KC_HEARTBEAT_FILE and KC_HEARTBEAT_PERIOD only).
+constexpr char kBeatTimeoutVariable[] = "KC_RUN_HEARTBEAT_TIMEOUT";
+constexpr char kBeatFirstVariable[] = "KC_RUN_HEARTBEAT_FIRST";
 
 // "ADDR:PORT", with brackets around an IPv6 address.
 std::string JoinHostPort(const std::string& address, int port) {
@@ -106,12 +116,146 @@ class RankQueue final : public fault::RankEvents {
   std::deque<Event> events_ KC_GUARDED_BY(mu_);
 };
 
+// A share's launcher with heartbeats: the ranks started with kBeatTimeoutVariable are watched
+// (their files under `dir`), and one silent past the timeout is killed, why written to the
+// store. Everything else goes to and from `inner` unchanged.
+class BeatWatch final : public fault::ProcessLauncher, public fault::RankEvents {
+ public:
+  BeatWatch(fault::ProcessLauncher* inner, comm::Store* store, std::string dir)
+      : inner_(inner), store_(store), dir_(std::move(dir)) {}
+  ~BeatWatch() override {
+    {
+      MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    cv_.SignalAll();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  Status Start(const fault::RankLaunch& launch, fault::RankEvents* events) override {
+    std::optional<fault::HeartbeatOptions> beats = BeatsOf(launch);
+    if (!beats) return inner_->Start(launch, events);
+    {
+      MutexLock lock(&mu_);
+      if (!monitor_) {
+        monitor_.emplace(
+            [dir = dir_](int w) { return fault::FileBeat(fault::HeartbeatFile(dir, w)); }, 0,
+            *beats, fault::HeartbeatMonitor::Clock::now());
+        options_ = *beats;
+        thread_ = std::thread([this] { Loop(); });
+      }
+      monitor_->Watch(launch.worker, fault::HeartbeatMonitor::Clock::now());
+      events_[launch.worker] = events;
+    }
+    return inner_->Start(launch, this);
+  }
+  void Signal(int worker, fault::RankSignal signal) override { inner_->Signal(worker, signal); }
+
+  void OnOutput(int worker, std::string line) override {
+    Of(worker)->OnOutput(worker, std::move(line));
+  }
+  void OnReport(int worker, fault::Report report) override {
+    Of(worker)->OnReport(worker, std::move(report));
+  }
+  void OnExit(int worker, fault::RankExit exit) override {
+    fault::RankEvents* events = nullptr;
+    {
+      MutexLock lock(&mu_);
+      monitor_->Forget(worker);  // it beats no more
+      events = events_.at(worker);
+      events_.erase(worker);
+    }
+    events->OnExit(worker, std::move(exit));
+  }
+
+  // The heartbeat options the supervisor gave `launch`, if any.
+  static std::optional<fault::HeartbeatOptions> BeatsOf(const fault::RankLaunch& launch) {
+    fault::HeartbeatOptions o;
+    bool asked = false;
+    for (const auto& [name, value] : launch.env) {
+      const double v = std::strtod(value.c_str(), nullptr);
+      if (name == kBeatTimeoutVariable) {
+        o.timeout = fault::Seconds(v);
+        asked = v > 0;
+      } else if (name == kBeatFirstVariable) {
+        o.first_beat = fault::Seconds(v);
+      } else if (name == "KC_HEARTBEAT_PERIOD" && v > 0) {
+        o.period = fault::Seconds(v);
+      }
+    }
+    if (!asked) return std::nullopt;
+    return o;
+  }
+
+ private:
+  fault::RankEvents* Of(int worker) {
+    MutexLock lock(&mu_);
+    return events_.at(worker);
+  }
+
+  // Every half period: the silent ranks are killed, each after its why is in the store.
+  void Loop() {
+    MutexLock lock(&mu_);
+    while (!stop_) {
+      const std::vector<int> silent = monitor_->Check(fault::HeartbeatMonitor::Clock::now());
+      std::vector<std::pair<int, std::string>> why;
+      for (int w : silent) {
+        why.emplace_back(
+            w, fmt::format(
+                   "sent no heartbeat for {:.1f} s ({}): declared failed and killed",
+                   monitor_->silent_for(w).count(),
+                   monitor_->heard(w)
+                       ? fmt::format("--heartbeat-timeout {} s", options_.timeout.count())
+                       : fmt::format("none since its start; --heartbeat-first {} s",
+                                     std::max(options_.first_beat, options_.timeout).count())));
+      }
+      mu_.Unlock();
+      for (const auto& [w, text] : why) {
+        store_->Set(SilentKey(w), text).IgnoreError();  // the kill says the rest
+        inner_->Signal(w, fault::RankSignal::kKill);
+      }
+      mu_.Lock();
+      const auto until = std::chrono::steady_clock::now() +
+                         std::chrono::duration_cast<std::chrono::nanoseconds>(options_.period / 2);
+      while (!stop_ && std::chrono::steady_clock::now() < until) cv_.WaitUntil(&mu_, until);
+    }
+  }
+
+  fault::ProcessLauncher* const inner_;
+  comm::Store* const store_;
+  const std::string dir_;
+  Mutex mu_;
+  CondVar cv_;
+  bool stop_ KC_GUARDED_BY(mu_) = false;
+  std::optional<fault::HeartbeatMonitor> monitor_ KC_GUARDED_BY(mu_);
+  fault::HeartbeatOptions options_ KC_GUARDED_BY(mu_);
+  std::map<int, fault::RankEvents*> events_ KC_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
 std::string StoreTokenFromEnvironment() {
   const char* token = std::getenv(kStoreTokenVariable);
   return token != nullptr ? token : "";
 }
 
 }  // namespace
+
+BeatDir::~BeatDir() {
+  if (path_.empty()) return;
+  std::error_code ec;
+  fs::remove_all(path_, ec);
+}
+
+Status BeatDir::Create() {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string templ =
+      (fs::path(tmp != nullptr && *tmp != 0 ? tmp : "/tmp") / "kc-run-beats-XXXXXX").string();
+  if (mkdtemp(templ.data()) == nullptr) {
+    return UnavailableError(fmt::format("{}: {}", templ, strerror(errno)));
+  }
+  path_ = templ;
+  return OkStatus();
+}
 
 Result<std::string> FindProgram(const std::string& name) {
   if (name.find('/') != std::string::npos) return name;
@@ -174,12 +318,11 @@ std::string CheckHostsRunArgs(const RunArgs& a, bool nproc_given) {
   }
   if (nproc_given) return "--nproc: across hosts, --hosts gives each host's ranks (h1:2,h2:2)";
   // A failure ends a run across hosts: a cluster requeues the job, by its file's max_restarts.
-  if (a.max_restarts > 0 || a.min_nproc > 0 || a.heartbeat_timeout_s > 0) {
+  if (a.max_restarts > 0 || a.min_nproc > 0) {
     return fmt::format(
         "{}: not across hosts yet: a failed rank ends a run across hosts (on a cluster, kcd "
         "requeues the job by its max_restarts)",
-        a.max_restarts > 0 ? "--max-restarts"
-                           : (a.min_nproc > 0 ? "--min-nproc" : "--heartbeat-timeout"));
+        a.max_restarts > 0 ? "--max-restarts" : "--min-nproc");
   }
   return "";
 }
@@ -271,10 +414,17 @@ int RunAcrossHosts(const RunArgs& a, int stop_fd) {
                                          .run_id = a.run_id};
     for (int local = 0; local < host.slots; ++local, ++rank) {
       host_of[static_cast<size_t>(rank)] = host.name;
-      Status s = (*launcher)->Start(
-          {.worker = rank,
-           .env = fault::LaunchEnvironment(contract, local, /*omp_num_threads_set=*/false)},
-          &events);
+      fault::RankLaunch launch{
+          .worker = rank,
+          .env = fault::LaunchEnvironment(contract, local, /*omp_num_threads_set=*/false)};
+      if (a.heartbeat_timeout_s > 0) {
+        // The share watches its ranks' files (their heartbeats never leave their host).
+        launch.env.insert(launch.env.end(),
+                          {{"KC_HEARTBEAT_PERIOD", fmt::format("{}", a.heartbeat_period_s)},
+                           {kBeatTimeoutVariable, fmt::format("{}", a.heartbeat_timeout_s)},
+                           {kBeatFirstVariable, fmt::format("{}", a.heartbeat_first_s)}});
+      }
+      Status s = (*launcher)->Start(launch, &events);
       if (!s.ok()) {
         for (int r = 0; r < rank; ++r) (*launcher)->Signal(r, fault::RankSignal::kKill);
         return fail(std::string(s.message()), kExitFailure);
@@ -320,8 +470,16 @@ int RunAcrossHosts(const RunArgs& a, int stop_fd) {
       ended[static_cast<size_t>(e.worker)] = true;
       --left;
       if (e.exit->ok || failed || stopped) continue;
+      std::string why = e.exit->description;
+      const std::string silent[1] = {SilentKey(e.worker)};
+      if (Result<bool> has = view->Check(silent); has.ok() && *has) {
+        // Its host's share killed it for its silence.
+        Result<std::string> said =
+            view->Get(silent[0], Clock::Real()->Now() + std::chrono::seconds(5));
+        if (said.ok()) why = *said;
+      }
       std::cerr << fmt::format("kc run: rank {} failed (host {}): {}\n", e.worker,
-                               host_of[static_cast<size_t>(e.worker)], e.exit->description);
+                               host_of[static_cast<size_t>(e.worker)], why);
       failed = true;
       kill_at = Now() + a.grace_s;
       stop_all(fault::RankSignal::kStop);
@@ -379,6 +537,8 @@ int RunHostShareOfRun(const RunArgs& a, const std::string& program) {
                 s.code() == ErrorCode::kPermissionDenied ? kExitBadInput : kExitFailure);
   }
   const bool omp_set = std::getenv("OMP_NUM_THREADS") != nullptr;
+  BeatDir beat_dir;
+  if (Status s = beat_dir.Create(); !s.ok()) return fail(std::string(s.message()), kExitFailure);
   Result<std::unique_ptr<fault::LocalLauncher>> launcher = fault::LocalLauncher::Create(
       {.command =
            [&](const fault::RankLaunch& r) {
@@ -392,6 +552,14 @@ int RunHostShareOfRun(const RunArgs& a, const std::string& program) {
              if (omp_set) {
                std::erase_if(o.env, [](const auto& v) { return v.first == "OMP_NUM_THREADS"; });
              }
+             if (BeatWatch::BeatsOf(r)) {
+               // Heartbeats: its file here; the watch's own variables are not the program's.
+               std::erase_if(o.env, [](const auto& v) {
+                 return v.first == kBeatTimeoutVariable || v.first == kBeatFirstVariable;
+               });
+               o.env.emplace_back("KC_HEARTBEAT_FILE",
+                                  fault::HeartbeatFile(beat_dir.path(), r.worker));
+             }
              // This host's own checkpoint directory, the same over the job's runs.
              if (!a.checkpoint_dir.empty())
                o.env.emplace_back("KC_CHECKPOINT_DIR", a.checkpoint_dir);
@@ -399,14 +567,16 @@ int RunHostShareOfRun(const RunArgs& a, const std::string& program) {
            },
        .stdout_as_output = true});
   if (!launcher.ok()) return fail(std::string(launcher.status().message()), kExitFailure);
+  auto watch = std::make_unique<BeatWatch>(launcher->get(), view.get(), beat_dir.path());
   std::cerr << fmt::format(
       "kc run: --share {}: serving its ranks of the run at {} (this host is {} to the others)\n",
       a.share, a.rendezvous, *address);
   Status served = fault::ServeHostShare({.store = view.get(),
                                          .host = a.share,
-                                         .launcher = launcher->get(),
+                                         .launcher = watch.get(),
                                          .beat_period = kHostTimeout / 10,
                                          .fence_after = kHostTimeout});
+  watch.reset();  // before the launcher it signals
   launcher->reset();
   if (!served.ok()) return fail(std::string(served.message()), kExitFailure);
   std::cerr << fmt::format("kc run: --share {}: the run is over\n", a.share);

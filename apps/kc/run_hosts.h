@@ -48,6 +48,20 @@ Result<std::string> FindProgram(const std::string& name);
 // A TCP port free now on `address` (numeric), as torchrun picks MASTER_PORT.
 Result<int> FreePort(const std::string& address);
 
+// A private directory for the ranks' heartbeat files, removed with the object.
+class BeatDir {
+ public:
+  BeatDir() = default;
+  BeatDir(const BeatDir&) = delete;
+  BeatDir& operator=(const BeatDir&) = delete;
+  ~BeatDir();
+  Status Create();
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
 // Whether `a` asks for a run across hosts (--hosts or --share).
 inline bool AcrossHosts(const RunArgs& a) { return !a.hosts.empty() || !a.share.empty(); }
 
@@ -56,7 +70,9 @@ inline bool AcrossHosts(const RunArgs& a) { return !a.hosts.empty() || !a.share.
 std::string CheckHostsRunArgs(const RunArgs& a, bool nproc_given);
 
 // `kc run --hosts ...`: supervises the run until every rank has ended; SIGTERM and SIGINT (read
-// from `stop_fd`, a signalfd) stop every rank. An exit code.
+// from `stop_fd`, a signalfd) stop every rank. With --heartbeat-timeout each host's share
+// watches its ranks' heartbeat files and kills a silent one, saying why through the store. An
+// exit code.
 int RunAcrossHosts(const RunArgs& a, int stop_fd);
 
 // `kc run --share HOST --rendezvous ADDR:PORT -- PROGRAM ARGS`: serves this host's ranks until

@@ -528,7 +528,7 @@ struct Agent::Impl {
                     {"--run-id", fmt::format("job-{}", j.order.job()), "--restart-offset",
                      std::to_string(j.order.restart()), "--grace", grace});
       }
-      if (j.spec.heartbeat_timeout_s > 0 && role == kc::v1::StartOrder::ROLE_WHOLE) {
+      if (j.spec.heartbeat_timeout_s > 0 && role != kc::v1::StartOrder::ROLE_SHARE) {
         // Its program touches KC_HEARTBEAT_FILE (kc's torch backend does): a rank that stops
         // is found and the job restarted.
         args.insert(args.end(),

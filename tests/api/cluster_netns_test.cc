@@ -480,6 +480,9 @@ rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
 print(f"rank {rank} of {world} group {os.environ['GROUP_RANK']} local "
       f"{os.environ['LOCAL_RANK']}/{os.environ['LOCAL_WORLD_SIZE']} master {addr}", flush=True)
+if "KC_HEARTBEAT_FILE" in os.environ:
+    open(os.environ["KC_HEARTBEAT_FILE"], "a").close()
+    print(f"rank {rank} beats every {os.environ['KC_HEARTBEAT_PERIOD']} s", flush=True)
 if rank == 0:
     server = socket.create_server((addr, port))
     server.settimeout(120)
@@ -502,19 +505,22 @@ else:
     c.sendall(str(rank).encode())
     c.close()
 )");
-  const int64_t id = SubmitFile(dir_.Write(
-      "gather.yaml", fmt::format("name: gather\ncommand: [python3, {}]\nranks: 4\n", program)));
+  const int64_t id = SubmitFile(
+      dir_.Write("gather.yaml", fmt::format("name: gather\ncommand: [python3, {}]\nranks: 4\n"
+                                            "heartbeat_timeout: 60\nheartbeat_period: 2\n",
+                                            program)));
   const nlohmann::json done = Await(id, Ended);
   const std::string logs = Kc(fmt::format("job logs {}", id)).out;
   EXPECT_EQ(done["phase"], "succeeded") << done.dump() << logs;
   EXPECT_EQ(done["host"], "h1, h2 (launcher on ctl)") << done.dump();
   // h1 holds ranks 0 and 1 (the scheduler places in host order): its address is MASTER_ADDR.
   const std::string master = hosts_.ip_a();
-  for (const std::string& line : {"[rank 0] rank 0 of 4 group 0 local 0/2 master " + master,
-                                  "[rank 1] rank 1 of 4 group 0 local 1/2 master " + master,
-                                  "[rank 2] rank 2 of 4 group 1 local 0/2 master " + master,
-                                  "[rank 3] rank 3 of 4 group 1 local 1/2 master " + master,
-                                  std::string("[rank 0] gathered 1,2,3")}) {
+  for (const std::string& line :
+       {"[rank 0] rank 0 of 4 group 0 local 0/2 master " + master,
+        "[rank 1] rank 1 of 4 group 0 local 1/2 master " + master,
+        "[rank 2] rank 2 of 4 group 1 local 0/2 master " + master,
+        "[rank 3] rank 3 of 4 group 1 local 1/2 master " + master,
+        std::string("[rank 3] rank 3 beats every 2 s"), std::string("[rank 0] gathered 1,2,3")}) {
     EXPECT_THAT(logs, HasSubstr(line));
   }
 }

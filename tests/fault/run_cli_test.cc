@@ -117,11 +117,8 @@ TEST_F(KcRunTest, ARankWhoseHeartbeatsStopIsKilledAndTheGroupRestarted) {
   EXPECT_THAT(r.err, HasSubstr("(--heartbeat-timeout 1 s): declared failed and killed"));
   EXPECT_THAT(r.err, HasSubstr("kc run: restarting every rank (restart 1 of 1)"));
 
-  const std::string mute = Script("mute.sh",
-                                  "if [ \"$RANK\" = 0 ]; then\n"
-                                  "  while :; do touch \"$KC_HEARTBEAT_FILE\"; sleep 0.2; done\n"
-                                  "fi\n"
-                                  "exec sleep 60\n");
+  const std::string mute =
+      Script("mute.sh", "if [ \"$RANK\" = 0 ]; then exit 0; fi\nexec sleep 60\n");
   testing::KcRun m =
       Run("--nproc 2 --heartbeat-timeout 1 --heartbeat-period 0.2 "
           "--heartbeat-first 2 --grace 5 -- " +
@@ -129,7 +126,8 @@ TEST_F(KcRunTest, ARankWhoseHeartbeatsStopIsKilledAndTheGroupRestarted) {
   EXPECT_EQ(m.exit_code, 1) << m.out << m.err;
   EXPECT_THAT(m.err, HasSubstr("none since its start; --heartbeat-first 2 s"));
   EXPECT_THAT(m.err, HasSubstr("kc run: rank 1 failed: sent no heartbeat for "));
-  EXPECT_THAT(m.err, Not(HasSubstr("kc run: rank 0 failed")));  // it beats until stopped
+  // Rank 0 ended without a beat: an ended rank is watched no more.
+  EXPECT_THAT(m.err, Not(HasSubstr("kc run: rank 0 failed")));
 }
 
 // --min-nproc: once no restart is left, the survivors start again as a smaller group (a new
@@ -165,10 +163,11 @@ TEST_F(KcRunTest, WithNoRestartLeftTheSurvivorsGoOnDownToMinNproc) {
 class KcRunHostsTest : public KcRunTest {
  protected:
   // Starts the supervisor of `hosts` and returns the store's address it says.
-  std::string StartSupervisor(const std::string& hosts, const std::string& job) {
+  std::string StartSupervisor(const std::string& hosts, const std::string& job,
+                              const std::string& flags = "") {
     supervisor_ = std::make_unique<testing::Daemon>(
         std::string("env KC_RENDEZVOUS_TOKEN=secret ") + KC_BINARY + " run --hosts " + hosts +
-        " --listen 127.0.0.1 --run-id r7 --grace 5 -- " + job + " 2>&1");
+        " --listen 127.0.0.1 --run-id r7 --grace 5 " + flags + " -- " + job + " 2>&1");
     const std::string line = supervisor_->WaitForLine("the run's store is at ");
     const size_t at = line.find("127.0.0.1:");
     EXPECT_NE(at, std::string::npos) << supervisor_->output();
@@ -237,6 +236,28 @@ TEST_F(KcRunHostsTest, AFailedRankOrALostHostEndsTheRunOnEveryHost) {
               HasSubstr("kc run: rank 2 failed (host b): host b: its share has been "
                         "silent for"));
   EXPECT_EQ(a->Finish(), 0) << a->output();
+}
+
+// With --heartbeat-timeout across hosts, each host's share watches its own ranks' files: rank 2
+// (host b) stops itself after one beat; its share kills it and the supervisor says why.
+TEST_F(KcRunHostsTest, ASilentRankOnAnotherHostIsFoundByItsShare) {
+  const std::string job = Script(
+      "job.sh",
+      "touch \"$KC_HEARTBEAT_FILE\"\n"
+      "echo \"up $RANK period=$KC_HEARTBEAT_PERIOD watch=${KC_RUN_HEARTBEAT_TIMEOUT:-hidden}\"\n"
+      "if [ \"$RANK\" = 2 ]; then kill -STOP $$; fi\n");
+  const std::string store =
+      StartSupervisor("a:2,b:1", job, "--heartbeat-timeout 1 --heartbeat-period 0.2");
+  auto a = Share("a", store, job);
+  auto b = Share("b", store, job);
+  EXPECT_EQ(supervisor_->Finish(), 1) << supervisor_->output();
+  const std::string out = supervisor_->output();
+  EXPECT_THAT(out, HasSubstr("[rank 2] up 2 period=0.2 watch=hidden"));
+  EXPECT_THAT(out, HasSubstr("kc run: rank 2 failed (host b): sent no heartbeat for ")) << out;
+  EXPECT_THAT(out, HasSubstr("(--heartbeat-timeout 1 s): declared failed and killed"));
+  EXPECT_THAT(out, Not(HasSubstr("kc run: rank 0 failed")));  // it ended well: not watched
+  EXPECT_EQ(a->Finish(), 0) << a->output();
+  EXPECT_EQ(b->Finish(), 0) << b->output();
 }
 
 TEST_F(KcRunTest, BadInputIsRefusedNamingIt) {
