@@ -386,9 +386,9 @@ void AddRunCommand(CLI::App& app, Action* action) {
   auto a = std::make_shared<RunArgs>();
   CLI::App* c = app.add_subcommand(
       "run",
-      "Run any program as N local ranks with the launch environment torchrun gives (MASTER_ADDR, "
-      "RANK, WORLD_SIZE, LOCAL_RANK, TORCHELASTIC_RESTART_COUNT, ...): kc run --nproc 2 -- "
-      "python3 train.py");
+      "Run any program as N ranks, on this machine or across hosts (--hosts, --share), with the "
+      "launch environment torchrun gives (MASTER_ADDR, RANK, WORLD_SIZE, LOCAL_RANK, "
+      "TORCHELASTIC_RESTART_COUNT, ...): kc run --nproc 2 -- python3 train.py");
   CLI::Option* nproc = c->add_option("--nproc", a->nproc, "Ranks to start")
                            ->check(CLI::Range(1, 4096))
                            ->capture_default_str();

@@ -1,5 +1,6 @@
-// `kc run --nproc N -- PROGRAM ARGS...`: any program as N local ranks with torchrun's launch
-// environment, restarts by policy, and each rank's output prefixed by its rank.
+// `kc run --nproc N -- PROGRAM ARGS...`: any program as N local ranks (or across hosts:
+// run_hosts.h) with torchrun's launch environment, restarts by policy, and each rank's output
+// prefixed by its rank.
 #pragma once
 
 #include <CLI/CLI.hpp>
