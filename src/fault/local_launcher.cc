@@ -82,6 +82,7 @@ class LocalLauncher::Impl {
       return process.status();
     }
     auto child = std::make_unique<Child>(launch.worker, events, *std::move(process));
+    child->own_group = command.group != SubprocessOptions::Group::kInherit;
     child->err_fd = err[0];
     child->report_fd = rep[0];
     {
@@ -95,8 +96,12 @@ class LocalLauncher::Impl {
   void Signal(int worker, RankSignal signal) {
     MutexLock lock(&mu_);
     for (auto& c : children_) {
-      if (c->worker == worker) {
-        c->process.SignalGroup(signal == RankSignal::kKill ? SIGKILL : SIGTERM);
+      if (c->worker != worker) continue;
+      const int sig = signal == RankSignal::kKill ? SIGKILL : SIGTERM;
+      if (c->own_group) {
+        c->process.SignalGroup(sig);
+      } else {
+        c->process.Signal(sig);
       }
     }
   }
@@ -109,7 +114,8 @@ class LocalLauncher::Impl {
     RankEvents* const events;  // the supervisor's: it outlives its ranks
     Subprocess process;        // guarded by mu_ (Signal and the reaping)
     // Owned by the thread.
-    int pidfd = -1;  // -1 once reaped
+    int pidfd = -1;          // -1 once reaped
+    bool own_group = false;  // it leads a process group of its own
     int err_fd = -1;
     int report_fd = -1;
     std::string err_partial, report_partial;
@@ -142,8 +148,8 @@ class LocalLauncher::Impl {
   // The child has exited: what it wrote comes first (its pipes end now: it held their only
   // write ends), then its exit.
   void Reap(Child& c) {
-    {
-      // What it left in a group of its own goes with it (else as Signal: nothing, it exited).
+    if (c.own_group) {
+      // What it left in its group goes with it.
       MutexLock lock(&mu_);
       c.process.SignalGroup(SIGKILL);
     }
