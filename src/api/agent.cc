@@ -466,9 +466,10 @@ struct Agent::Impl {
     const kc::v1::StartOrder::Role role = j.order.role();
     const int ranks = role == kc::v1::StartOrder::ROLE_WHOLE ? j.order.devices_size()
                                                              : j.order.assignment().ranks_size();
+    // (A command job with min_devices starts at a size in its range too, and keeps it.)
     const bool elastic = j.spec.command.empty() && j.spec.min_devices > 0;
     if (ranks != j.spec.ranks &&
-        !(elastic && ranks >= j.spec.min_devices && ranks <= j.spec.ranks)) {
+        !(j.spec.min_devices > 0 && ranks >= j.spec.min_devices && ranks <= j.spec.ranks)) {
       return fail(fmt::format("{} devices for {} ranks", ranks, j.spec.ranks));
     }
     std::string hosts;  // a run across hosts: its hosts and their ranks, in rank order
@@ -521,7 +522,7 @@ struct Agent::Impl {
           args.insert(args.end(),
                       {"--hosts", hosts, "--rendezvous", j.order.assignment().rendezvous()});
         } else {
-          args.insert(args.end(), {"--nproc", std::to_string(j.spec.ranks), "--checkpoint-dir",
+          args.insert(args.end(), {"--nproc", std::to_string(ranks), "--checkpoint-dir",
                                    CheckpointDir(j.order, j.spec)});
         }
         args.insert(args.end(),

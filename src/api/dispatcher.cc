@@ -726,11 +726,12 @@ struct Dispatcher::Impl {
     }
     // A job's ranks share one host when one holds them (shared memory between all of them).
     // An elastic train job runs at any size in [min_devices, max_devices] a host has free,
-    // and the scheduler grows and shrinks it there; a command job at its size. A job larger
-    // than every host runs across hosts (a launcher on a supervisor agent, a share on each
-    // host: kc train's, or kc run's for a command job).
-    const bool elastic = spec->command.empty() && spec->min_devices > 0;
-    const int min = elastic ? spec->min_devices : spec->ranks;
+    // and the scheduler grows and shrinks it there; a command job with min_devices starts at
+    // any size in that range and keeps it (its program's world size is fixed while it runs),
+    // without it at its size. A job larger than every host runs across hosts (a launcher on a
+    // supervisor agent, a share on each host: kc train's, or kc run's for a command job).
+    const bool ranged = spec->min_devices > 0;
+    const int min = ranged ? spec->min_devices : spec->ranks;
     size_t largest = 0;
     for (const std::vector<int>& on_host : host_devices)
       largest = std::max(largest, on_host.size());
@@ -772,8 +773,9 @@ struct Dispatcher::Impl {
                           .max_devices = spec->ranks,
                           // Its tensor- and pipeline-parallel groups inside a host; the scheduler
                           // refuses a group that does not divide.
-                          .tp = elastic || across ? group : spec->ranks,
+                          .tp = ranged || across ? group : spec->ranks,
                           .one_host = !across,
+                          .resizable = spec->command.empty(),
                           .pool = TeamPool(j.team, job_class),
                           .duration_s = spec->expected_hours * 3600};
     if (Status s = scheduler->Submit(req, now); !s.ok()) {

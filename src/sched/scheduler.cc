@@ -649,7 +649,8 @@ struct Scheduler::Impl {
   // onto while no one waited, above those it started with. Its size when not at all.
   int ShrinkFloor(const Job& victim, const Job& j, int pi) const {
     const int n = static_cast<int>(victim.devices.size());
-    if (victim.placed_s == now || n <= victim.req.min_devices || CountIn(victim, pi) == 0) {
+    if (victim.placed_s == now || n <= victim.req.min_devices || CountIn(victim, pi) == 0 ||
+        !victim.req.resizable) {
       return n;
     }
     if ((victim.home != pi && j.home == pi) || victim.level < j.level) {
@@ -1101,7 +1102,7 @@ struct Scheduler::Impl {
       const Job& j = jobs[ji];
       const double end = ExpectedEnd(j);
       if (static_cast<int>(j.devices.size()) >= j.req.max_devices || j.placed_s == now ||
-          end - now < config.settings.grow_min_remaining_s) {
+          !j.req.resizable || end - now < config.settings.grow_min_remaining_s) {
         continue;
       }
       order.emplace_back(end, ji);
@@ -1454,7 +1455,7 @@ Status Scheduler::DevicesDown(const std::vector<int>& devices, double now_s) {
       keep.insert(keep.end(), devs.begin(), devs.end());
     }
     m.advisor.AddInterruption(m.KeyOf(j));
-    if (static_cast<int>(keep.size()) >= j.req.min_devices) {
+    if (static_cast<int>(keep.size()) >= j.req.min_devices && j.req.resizable) {
       const int before = static_cast<int>(j.devices.size());
       m.Reshape(ji, keep, m.config.settings.reconfigure_s);
       m.decisions.push_back(

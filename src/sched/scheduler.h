@@ -39,6 +39,10 @@ struct JobRequest {
   // All of its devices on one host, at every size it runs at (start, shrink, grow): its ranks
   // talk over shared memory. Its max_devices must fit a host.
   bool one_host = false;
+  // Its size may change while it runs (shrink, grow). A job that is not (a command job: its
+  // program cannot change its world size) starts at any size in [min_devices, max_devices]
+  // and keeps it: it is preempted instead of shrunk, and not grown.
+  bool resizable = true;
   std::string kind;  // a device model ("A100-SXM4-80GB") or kind ("cuda"); "" = any
   std::string pool;  // "" = level 1 chooses
   // Expected run time at max_devices (the job's time limit); its work is this times

@@ -261,6 +261,38 @@ TEST_F(SchedulerTest, ElasticJobsShrinkInsteadOfPausing) {
   EXPECT_EQ(grow->devices.size(), 16u);
 }
 
+// A job whose size cannot change while it runs (a command job) starts at what is free within
+// its range and keeps it: idle devices do not grow it, and a higher class is not given its
+// devices by a shrink. Its resizable twin is grown and shrunk in the same places.
+TEST_F(SchedulerTest, AJobThatIsNotResizableStartsInItsRangeAndKeepsItsSize) {
+  for (const bool resizable : {false, true}) {
+    SCOPED_TRACE(resizable ? "resizable" : "not resizable");
+    JobRequest fixed = Job("fixed", 2, 8, 1e5);
+    fixed.resizable = resizable;
+    // Started with 4 of 16 devices free; then the rest fall idle.
+    Make(OnePool());
+    Submit(Job("b", 12, 12, 1e5), 0);
+    Pass(0);
+    Submit(fixed, 1);
+    Pass(1);
+    ASSERT_EQ(Query("fixed").state, JobState::kRunning);
+    EXPECT_EQ(Query("fixed").devices.size(), 4u);  // what was free, in its range
+    ASSERT_TRUE(sched_->Finished("b", 3000).ok());
+    std::vector<Decision> d = Pass(3000);
+    EXPECT_EQ(Find(d, DecisionKind::kGrow, "fixed") != nullptr, resizable);
+    // Beside a job of its size on a full machine, a high job of 2 arrives.
+    Make(OnePool());
+    Submit(fixed, 0);
+    Submit(Job("other", 8, 8, 1e5), 0);
+    Pass(0);
+    ASSERT_EQ(Query("fixed").devices.size(), 8u);
+    Submit(Job("h", 2, 2, 100, JobClass::kHigh), 1000);
+    d = Pass(1000);
+    EXPECT_NE(Find(d, DecisionKind::kStart, "h"), nullptr);
+    EXPECT_EQ(Find(d, DecisionKind::kShrink, "fixed") != nullptr, resizable);
+  }
+}
+
 // A job on one host starts at the size one host has free, within its range, and grows on
 // that host only; one that no host can hold at its minimum is refused.
 TEST_F(SchedulerTest, AOneHostJobStartsAtWhatOneHostHasAndGrowsThere) {

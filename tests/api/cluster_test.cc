@@ -1236,6 +1236,37 @@ TEST_F(ClusterTest, ACommandJobRunsAnyProgramAndIsRestartedAfterKillNine) {
   EXPECT_EQ(up->Stop(SIGTERM), 0);
 }
 
+// A command job with min_devices starts at the size the cluster has free in its range, and its
+// program sees that size as WORLD_SIZE.
+TEST_F(ClusterTest, ACommandJobWithMinDevicesStartsAtWhatIsFree) {
+  std::unique_ptr<Daemon> up = Up();
+  const std::string holder = dir_.Write("holder.sh", "exec sleep 120\n");
+  KcRun first =
+      Kc("submit " +
+         dir_.Write("holder.yaml",
+                    fmt::format("name: holder\ncommand: [/bin/sh, {}]\nranks: 1\n", holder)) +
+         " --json");
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  const int64_t held = Int(nlohmann::json::parse(first.out), "id");
+  Await(held, [](const nlohmann::json& x) { return x["phase"] == "running"; });
+  const std::string script = dir_.Write("size.sh", "echo \"rank=$RANK world=$WORLD_SIZE\"\n");
+  KcRun submit =
+      Kc("submit " +
+         dir_.Write("ranged.yaml", fmt::format("name: ranged\ncommand: [/bin/sh, {}]\nranks: 2\n"
+                                               "min_devices: 1\n",
+                                               script)) +
+         " --json");
+  ASSERT_EQ(submit.exit_code, 0) << submit.err;
+  const int64_t id = Int(nlohmann::json::parse(submit.out), "id");
+  nlohmann::json j = Await(id, [](const nlohmann::json& x) { return Ended(x["phase"]); });
+  const std::string logs = Kc(fmt::format("job logs {}", id)).out;
+  EXPECT_EQ(j["phase"], "succeeded") << logs;
+  EXPECT_THAT(logs, HasSubstr("[rank 0] rank=0 world=1"));
+  EXPECT_THAT(logs, Not(HasSubstr("[rank 1]")));
+  ASSERT_EQ(Kc(fmt::format("job cancel {}", held)).exit_code, 0);
+  EXPECT_EQ(up->Stop(SIGTERM), 0);
+}
+
 // The example PyTorch DDP program (examples/jobs/torch-ddp) as a command job on kc up: it
 // trains and succeeds; kill -9 of one of its ranks after its first checkpoint requeues the job,
 // and the next run, its restart counted, resumes from the checkpoint. Skipped where Debian's
