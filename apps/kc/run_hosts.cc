@@ -147,7 +147,13 @@ class BeatWatch final : public fault::ProcessLauncher, public fault::RankEvents 
       monitor_->Watch(launch.worker, fault::HeartbeatMonitor::Clock::now());
       events_[launch.worker] = events;
     }
-    return inner_->Start(launch, this);
+    Status started = inner_->Start(launch, this);
+    if (!started.ok()) {  // no exit follows: it is not watched
+      MutexLock lock(&mu_);
+      monitor_->Forget(launch.worker);
+      events_.erase(launch.worker);
+    }
+    return started;
   }
   void Signal(int worker, fault::RankSignal signal) override { inner_->Signal(worker, signal); }
 
