@@ -84,11 +84,7 @@ class Attempt {
       for (int i = 0; i < a_.nproc; ++i) unlink(fault::HeartbeatFile(beat_dir_, i).c_str());
       beats_.emplace(
           [dir = beat_dir_](int r) { return fault::FileBeat(fault::HeartbeatFile(dir, r)); },
-          world_,
-          fault::HeartbeatOptions{.period = fault::Seconds(a_.heartbeat_period_s),
-                                  .timeout = fault::Seconds(a_.heartbeat_timeout_s),
-                                  .first_beat = fault::Seconds(a_.heartbeat_first_s)},
-          fault::HeartbeatMonitor::Clock::now());
+          world_, HeartbeatOptionsOf(a_), fault::HeartbeatMonitor::Clock::now());
     }
     ranks_.resize(static_cast<size_t>(world_));
     for (int i = 0; i < world_; ++i) {
@@ -183,13 +179,8 @@ class Attempt {
     for (int i : silent) {
       Rank& r = ranks_[static_cast<size_t>(i)];
       if (r.status) continue;
-      std::cerr << fmt::format(
-          "kc run: rank {} failed: sent no heartbeat for {:.1f} s ({}): declared failed and "
-          "killed\n",
-          i, beats_->silent_for(i).count(),
-          beats_->heard(i) ? fmt::format("--heartbeat-timeout {} s", a_.heartbeat_timeout_s)
-                           : fmt::format("none since its start; --heartbeat-first {} s",
-                                         std::max(a_.heartbeat_first_s, a_.heartbeat_timeout_s)));
+      std::cerr << fmt::format("kc run: rank {} failed: {}\n", i,
+                               SilenceReason(*beats_, i, HeartbeatOptionsOf(a_)));
       r.process->SignalGroup(SIGKILL);
       ++failed_;
     }
@@ -290,9 +281,7 @@ int RunRun(RunArgs a, bool nproc_given) {
     return kExitBadInput;
   }
   if (a.heartbeat_timeout_s > 0) {
-    if (Status s = fault::ValidateHeartbeat({.period = fault::Seconds(a.heartbeat_period_s),
-                                             .timeout = fault::Seconds(a.heartbeat_timeout_s)});
-        !s.ok()) {
+    if (Status s = fault::ValidateHeartbeat(HeartbeatOptionsOf(a)); !s.ok()) {
       std::cerr << fmt::format("kc run: --heartbeat-timeout {} with --heartbeat-period {}: {}\n",
                                a.heartbeat_timeout_s, a.heartbeat_period_s, s.message());
       return kExitBadInput;

@@ -205,16 +205,7 @@ class BeatWatch final : public fault::ProcessLauncher, public fault::RankEvents 
     while (!stop_) {
       const std::vector<int> silent = monitor_->Check(fault::HeartbeatMonitor::Clock::now());
       std::vector<std::pair<int, std::string>> why;
-      for (int w : silent) {
-        why.emplace_back(
-            w, fmt::format(
-                   "sent no heartbeat for {:.1f} s ({}): declared failed and killed",
-                   monitor_->silent_for(w).count(),
-                   monitor_->heard(w)
-                       ? fmt::format("--heartbeat-timeout {} s", options_.timeout.count())
-                       : fmt::format("none since its start; --heartbeat-first {} s",
-                                     std::max(options_.first_beat, options_.timeout).count())));
-      }
+      for (int w : silent) why.emplace_back(w, SilenceReason(*monitor_, w, options_));
       mu_.Unlock();
       for (const auto& [w, text] : why) {
         store_->Set(SilentKey(w), text).IgnoreError();  // the kill says the rest
@@ -261,6 +252,22 @@ Status BeatDir::Create() {
   }
   path_ = templ;
   return OkStatus();
+}
+
+fault::HeartbeatOptions HeartbeatOptionsOf(const RunArgs& a) {
+  return {.period = fault::Seconds(a.heartbeat_period_s),
+          .timeout = fault::Seconds(a.heartbeat_timeout_s),
+          .first_beat = fault::Seconds(a.heartbeat_first_s)};
+}
+
+std::string SilenceReason(const fault::HeartbeatMonitor& monitor, int rank,
+                          const fault::HeartbeatOptions& options) {
+  return fmt::format("sent no heartbeat for {:.1f} s ({}): declared failed and killed",
+                     monitor.silent_for(rank).count(),
+                     monitor.heard(rank)
+                         ? fmt::format("--heartbeat-timeout {} s", options.timeout.count())
+                         : fmt::format("none since its start; --heartbeat-first {} s",
+                                       std::max(options.first_beat, options.timeout).count()));
 }
 
 Result<std::string> FindProgram(const std::string& name) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "fault/heartbeat.h"
 
 namespace kc::app {
 
@@ -61,6 +62,14 @@ class BeatDir {
  private:
   std::string path_;
 };
+
+// The heartbeat watch --heartbeat-timeout, --heartbeat-period and --heartbeat-first ask for.
+fault::HeartbeatOptions HeartbeatOptionsOf(const RunArgs& a);
+
+// Why rank `rank`, which `monitor` (watching with `options`) reported silent, is declared
+// failed: "sent no heartbeat for 1.1 s (--heartbeat-timeout 1 s): declared failed and killed".
+std::string SilenceReason(const fault::HeartbeatMonitor& monitor, int rank,
+                          const fault::HeartbeatOptions& options);
 
 // Whether `a` asks for a run across hosts (--hosts or --share).
 inline bool AcrossHosts(const RunArgs& a) { return !a.hosts.empty() || !a.share.empty(); }
