@@ -379,6 +379,35 @@ std::string Join(const std::vector<int>& v) {
   return s;
 }
 
+// Each rank's device in `topology` from the host it runs on: the ranks of a host, in rank
+// order, take that host's devices in the topology's order. kInvalidArgument naming the rank
+// when its host is not in the topology or has fewer devices than ranks.
+Result<std::vector<int>> DevicesByHost(const hal::Topology& topology,
+                                       const std::vector<std::string>& host_names) {
+  std::map<std::string, std::vector<int>> free;
+  for (size_t h = 0; h < topology.hosts().size(); ++h) free[topology.hosts()[h].name];
+  for (int d = 0; d < topology.num_devices(); ++d) {
+    free[topology.hosts()[static_cast<size_t>(topology.host_of(d))].name].push_back(d);
+  }
+  for (auto& [name, devices] : free) std::reverse(devices.begin(), devices.end());
+  std::vector<int> out;
+  for (size_t r = 0; r < host_names.size(); ++r) {
+    auto it = free.find(host_names[r]);
+    if (it == free.end()) {
+      return InvalidArgumentError("rank " + std::to_string(r) + " runs on host " + host_names[r] +
+                                  ", which topology " + topology.name() + " does not have");
+    }
+    if (it->second.empty()) {
+      return InvalidArgumentError("rank " + std::to_string(r) + ": host " + host_names[r] +
+                                  " of topology " + topology.name() +
+                                  " has fewer devices than the ranks that run on it");
+    }
+    out.push_back(it->second.back());
+    it->second.pop_back();
+  }
+  return out;
+}
+
 // Builds the direct engines and the leaders' view for a group whose rank r is root rank
 // root_ranks[r] (root_ranks sorted by the group's rank order). `name` is unique per group.
 Status BuildEngines(const Root& root, const std::string& name, const std::vector<int>& root_ranks,
@@ -394,6 +423,9 @@ Status BuildEngines(const Root& root, const std::string& name, const std::vector
   links.num_hosts = static_cast<int>(renumber.size());
   const bool shm_allowed = root.options.transport != TransportKind::kTcp;
   const CommunicatorOptions& o = root.options;
+  // Every rank of the whole job on this host shares its cores, whatever group it is in.
+  const int host_ranks = static_cast<int>(
+      std::count(root.hosts.begin(), root.hosts.end(), root.hosts[root_ranks[rank]]));
   auto make_direct = [&](const std::string& group, int r,
                          int size) -> Result<std::unique_ptr<ShmDirectGroup>> {
     return ShmDirectGroup::Create({.store = o.store,
@@ -402,7 +434,8 @@ Status BuildEngines(const Root& root, const std::string& name, const std::vector
                                    .size = size,
                                    .clock = o.clock,
                                    .connect_timeout = o.connect_timeout,
-                                   .staging_bytes = o.staging_bytes});
+                                   .staging_bytes = o.staging_bytes,
+                                   .host_ranks = host_ranks});
   };
   if (n == 1) return OkStatus();
   if (links.num_hosts == 1) {
@@ -1092,7 +1125,7 @@ Result<std::unique_ptr<Communicator>> Communicator::Create(const CommunicatorOpt
   if (o.timeout <= Duration::zero()) {
     return InvalidArgumentError("communicator: options.timeout must be positive");
   }
-  if (o.topology != nullptr) {
+  if (o.topology != nullptr && !o.devices.empty()) {
     if (o.devices.size() != static_cast<size_t>(o.size)) {
       return InvalidArgumentError("communicator: options.devices has " +
                                   std::to_string(o.devices.size()) +
@@ -1128,6 +1161,11 @@ Result<std::unique_ptr<Communicator>> Communicator::Create(const CommunicatorOpt
     root->hosts.push_back(it->second);
   }
   const int num_hosts = static_cast<int>(index.size());
+  if (o.topology != nullptr && o.devices.empty()) {
+    Result<std::vector<int>> devices = DevicesByHost(*o.topology, host_names);
+    if (!devices.ok()) return devices.status().WithContext("communicator " + o.group);
+    root->options.devices = *std::move(devices);
+  }
   if (o.transport == TransportKind::kShm && num_hosts > 1) {
     return InvalidArgumentError("communicator " + o.group +
                                 ": transport shm needs every rank on one host, ranks are on " +

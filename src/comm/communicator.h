@@ -98,7 +98,10 @@ struct CommunicatorOptions {
   // all-reduce by the topology's cost model for the group's actual devices and links
   // (Topology::Collective: ring, recursive doubling for its tree, or hierarchical), the
   // estimate `kc topo report` advises from, instead of by size alone. The hierarchical
-  // algorithm groups ranks by host. Null: the size rule (small_message_bytes).
+  // algorithm groups ranks by host. Null: the size rule (small_message_bytes). `devices`
+  // empty with a topology: by host name, the ranks of a host (in rank order) take its devices
+  // in the topology's order; a host the topology lacks, or one with too few devices, is
+  // kInvalidArgument.
   std::shared_ptr<const hal::Topology> topology;
   std::vector<int> devices;
 };

@@ -1,5 +1,6 @@
 #include "comm/communicator.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -44,6 +45,7 @@ struct GroupSpec {
   std::vector<std::string> hosts;  // empty: one host
   Algorithm algorithm = Algorithm::kAuto;
   Duration timeout = 30s;
+  std::shared_ptr<const hal::Topology> topology;  // devices by host name
 };
 
 // Runs body(comm) on `spec.size` threads, one communicator each, built concurrently.
@@ -63,7 +65,8 @@ void RunRanks(const GroupSpec& spec, const std::function<void(Communicator&)>& b
                                 .timeout = spec.timeout,
                                 .algorithm = spec.algorithm,
                                 .staging_bytes = 64 << 10,
-                                .shm_ring_bytes = 64 << 10});
+                                .shm_ring_bytes = 64 << 10,
+                                .topology = spec.topology});
       ASSERT_TRUE(c.ok()) << c.status();
       body(**c);
     });
@@ -189,6 +192,82 @@ TEST(CommunicatorTest, AutoChoosesByLayoutAndSize) {
   });
   RunRanks({.size = 2, .algorithm = Algorithm::kRing},
            [](Communicator& c) { EXPECT_EQ(c.ChooseAllreduce(4096), Algorithm::kRing); });
+}
+
+std::shared_ptr<const hal::Topology> TwoHosts(double network_gbs) {
+  Result<hal::TopologySpec> spec = hal::LoadInventoryString(fmt::format(R"(name: two-hosts
+models:
+  cpu: {{kind: simulated, memory_gb: 1, peak_tflops_fp32: 1, peak_tflops_bf16: 0,
+        memory_bandwidth_gbs: 10}}
+hosts:
+  - {{name: "h[0-1]", model: cpu, count: 2, intra_host: {{kind: shm, bandwidth_gbs: 10,
+     latency_us: 1}}, network: {{bandwidth_gbs: {}, latency_us: 50}}}}
+)",
+                                                                        network_gbs),
+                                                            "two-hosts.yaml");
+  if (!spec.ok()) return nullptr;
+  Result<hal::Topology> built = hal::Topology::Build(*std::move(spec));
+  if (!built.ok()) return nullptr;
+  return std::make_shared<const hal::Topology>(*std::move(built));
+}
+
+// With a topology and no devices, each rank takes a device of its host's in the topology
+// (the ranks of a host in rank order), and kAuto follows the topology's cost model for them.
+TEST(CommunicatorTest, ATopologyWithoutDevicesPlacesTheRanksByHostName) {
+  for (double network_gbs : {0.125, 100.0}) {
+    std::shared_ptr<const hal::Topology> topology = TwoHosts(network_gbs);
+    ASSERT_NE(topology, nullptr);
+    ASSERT_EQ(topology->num_devices(), 4);
+    // Ranks 0 and 2 on h1 (devices 2 and 3), ranks 1 and 3 on h0 (devices 0 and 1).
+    const std::vector<int> devices = {2, 0, 3, 1};
+    RunRanks({.size = 4, .hosts = {"h1", "h0", "h1", "h0"}, .topology = topology},
+             [&](Communicator& c) {
+               for (int64_t bytes : {int64_t{4096}, int64_t{1} << 20, int64_t{64} << 20}) {
+                 const hal::CollectiveAlgo want =
+                     topology->Collective(hal::CollectiveOp::kAllreduce, devices, bytes).algo;
+                 const Algorithm got = c.ChooseAllreduce(bytes);
+                 switch (want) {
+                   case hal::CollectiveAlgo::kTree:
+                     EXPECT_EQ(got, Algorithm::kRecursiveDoubling) << bytes;
+                     break;
+                   case hal::CollectiveAlgo::kHierarchical:
+                     EXPECT_EQ(got, Algorithm::kHierarchical) << bytes;
+                     break;
+                   default:
+                     EXPECT_EQ(got, Algorithm::kRing) << bytes;
+                 }
+               }
+             });
+  }
+  // A host the topology does not have, and more ranks on a host than its devices, are named.
+  std::shared_ptr<const hal::Topology> topology = TwoHosts(1);
+  ASSERT_NE(topology, nullptr);
+  for (const auto& [names, named] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"h0", "h0", "h9"}, "host h9"}, {{"h0", "h0", "h0"}, "fewer devices"}}) {
+    const std::vector<std::string>& hosts = names;
+    HashStore store;
+    const std::string group = UniqueGroup("topology-hosts");
+    std::vector<Status> status(3);
+    {
+      std::vector<std::jthread> threads;
+      for (int r = 0; r < 3; ++r) {
+        threads.emplace_back([&, r] {
+          status[r] = Communicator::Create({.store = &store,
+                                            .group = group,
+                                            .rank = r,
+                                            .size = 3,
+                                            .host = hosts[r],
+                                            .connect_timeout = 10s,
+                                            .topology = topology})
+                          .status();
+        });
+      }
+    }
+    for (const Status& st : status) {
+      EXPECT_EQ(st.code(), ErrorCode::kInvalidArgument) << st;
+      EXPECT_NE(st.message().find(named), std::string::npos) << st;
+    }
+  }
 }
 
 TEST(CommunicatorTest, ForcedAlgorithmThatCannotRunIsInvalidArgument) {

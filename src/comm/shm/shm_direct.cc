@@ -187,7 +187,7 @@ class ShmDirectImpl final : public ShmDirectGroup {
         first_failed_by_(options.rank) {
     for (const SegmentHeader* h : headers_) pids_.push_back(h->pid);
     const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    const bool oversubscribed = cpus > 0 && size_ > cpus;
+    const bool oversubscribed = cpus > 0 && std::max(size_, options.host_ranks) > cpus;
     spin_limit_ = oversubscribed ? std::min(options.spin_iterations, 64) : options.spin_iterations;
     yield_limit_ = oversubscribed ? 8 : 256;
     next_liveness_ = std::chrono::steady_clock::now() + kLivenessPeriod;
@@ -847,7 +847,8 @@ Result<std::unique_ptr<ShmDirectGroup>> ShmDirectGroup::Create(const ShmDirectOp
   if (o.store == nullptr || o.clock == nullptr || o.group.empty() || o.size < 1 ||
       o.size > kMaxSize || o.rank < 0 || o.rank >= o.size || o.staging_bytes < 4096 ||
       o.staging_bytes < 64 * int64_t{o.size} || o.staging_bytes > (int64_t{1} << 40) ||
-      o.small_bytes < 0 || o.small_bytes > o.staging_bytes || o.spin_iterations < 0) {
+      o.small_bytes < 0 || o.small_bytes > o.staging_bytes || o.spin_iterations < 0 ||
+      o.host_ranks < 0) {
     return InvalidArgumentError("shm_direct: bad options for group " + o.group + " rank " +
                                 std::to_string(o.rank) + " of " + std::to_string(o.size));
   }

@@ -36,10 +36,13 @@ struct ShmDirectOptions {
   // double-buffered area of 2 * small_bytes per rank. 0..staging_bytes; the same on every rank.
   int64_t small_bytes = 32 << 10;
   // Polls of a waiting rank before it yields the CPU, then sleeps on a futex (at most 50 ms
-  // at a time, to check peer liveness and the deadline). When size exceeds the number of
-  // online CPUs a waiter spins at most 64 polls, so oversubscribed ranks do not starve the
-  // ones doing work.
+  // at a time, to check peer liveness and the deadline). When the host's ranks (the larger
+  // of size and host_ranks) exceed the number of online CPUs a waiter spins at most 64
+  // polls, so oversubscribed ranks do not starve the ones doing work.
   int spin_iterations = 20000;
+  // The ranks of the job on this host, this group's and others' (a sub-group of a larger
+  // communicator shares the cores with the rest of it); 0: size.
+  int host_ranks = 0;
 };
 
 // A buffer every rank of the group has mapped: rank r's data() is its own copy, and peers

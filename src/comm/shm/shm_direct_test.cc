@@ -378,6 +378,35 @@ TEST(ShmDirectTest, BadOptionsAreRejected) {
   EXPECT_EQ(ShmDirectGroup::Create(o).status().code(), ErrorCode::kInvalidArgument);
   o = Options(nullptr, "bad", 0, 1);
   EXPECT_EQ(ShmDirectGroup::Create(o).status().code(), ErrorCode::kInvalidArgument);
+  o = Options(&store, "bad", 0, 1);
+  o.host_ranks = -1;
+  EXPECT_EQ(ShmDirectGroup::Create(o).status().code(), ErrorCode::kInvalidArgument);
+}
+
+// A small group of a job with more ranks on the host than it has CPUs (a tensor-parallel
+// group beside others) waits as an oversubscribed one, and reduces the same.
+TEST(ShmDirectTest, AGroupAmongManyHostRanksReducesTheSame) {
+  HashStore store;
+  const std::string group = UniqueGroup("host-ranks");
+  std::vector<std::unique_ptr<ShmDirectGroup>> gs(2);
+  OnEveryRank(2, [&](int r) {
+    ShmDirectOptions o = Options(&store, group, r, 2);
+    o.host_ranks = 4096;  // more than any machine's CPUs
+    auto g = ShmDirectGroup::Create(o);
+    ASSERT_TRUE(g.ok()) << g.status();
+    gs[r] = std::move(g).value();
+  });
+  OnEveryRank(2, [&](int r) {
+    for (int round = 0; round < 50; ++round) {
+      std::vector<float> v(1000, static_cast<float>(r + round));
+      ASSERT_TRUE(gs[r]
+                      ->Allreduce(std::as_writable_bytes(std::span(v)), v.size(), DataType::kF32,
+                                  ReduceOp::kSum, Soon())
+                      .ok());
+      EXPECT_EQ(v[0], static_cast<float>(1 + 2 * round));
+      EXPECT_EQ(v[999], static_cast<float>(1 + 2 * round));
+    }
+  });
 }
 
 TEST(ShmDirectTest, RanksCallingDifferentCollectivesFailWithInvalidArgument) {
