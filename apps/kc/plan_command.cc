@@ -703,7 +703,8 @@ int RunCalibrate(const PlanArgs& a) {
                              {"efficiency", p.efficiency},
                              {"forward_share", p.forward_share},
                              {"weight_share", p.weight_share},
-                             {"block_seconds", p.block_seconds}});
+                             {"block_seconds", p.block_seconds},
+                             {"tp_comm_seconds", p.tp_comm_seconds}});
     }
     for (const pl::RankedPlan& r : found->ranked) {
       j["predictions"].push_back({{"plan", PlanJson(r.plan)},
@@ -737,9 +738,12 @@ int RunCalibrate(const PlanArgs& a) {
   for (const pl::EfficiencyPoint& p : cal.points) {
     os << fmt::format(
         "  t={} micro-batch {:>2}: {:>9} per micro-batch, {:5.1f}% of peak; forward {:.0f}%, "
-        "weight pass {:.0f}%, one block {}\n",
+        "weight pass {:.0f}%, one block {}{}\n",
         p.t, p.micro_batch_size, Time(p.seconds), p.efficiency * 100, p.forward_share * 100,
-        p.weight_share * 100, p.block_seconds > 0 ? Time(p.block_seconds) : "-");
+        p.weight_share * 100, p.block_seconds > 0 ? Time(p.block_seconds) : "-",
+        p.tp_comm_seconds > 0
+            ? fmt::format("; the groups communicating {}", Time(p.tp_comm_seconds))
+            : "");
   }
   os << fmt::format(
       "fit      efficiency = {:.3f} * size / (size + {:.0f}), size = b * seq * "

@@ -124,11 +124,29 @@ class SilentGroup final : public TensorParallelGroup {
   const int size_;
 };
 
-// What is timed: one (t, micro-batch size) in one of three ways.
+// A tensor-parallel group that does communicate, over a sub-communicator of the devices:
+// the all-reduces as the trainer's ranks make them, among devices that compute beside them.
+class CommGroup final : public TensorParallelGroup {
+ public:
+  explicit CommGroup(std::unique_ptr<comm::Communicator> comm) : comm_(std::move(comm)) {}
+  int rank() const override { return comm_->rank(); }
+  int size() const override { return comm_->size(); }
+  Status AllReduce(std::span<std::byte> data, size_t count, hal::DataType type,
+                   comm::ReduceOp op) override {
+    KC_ASSIGN_OR_RETURN(std::shared_ptr<comm::Work> w, comm_->Allreduce(data, count, type, op));
+    return w->Wait();
+  }
+
+ private:
+  std::unique_ptr<comm::Communicator> comm_;
+};
+
+// What is timed: one (t, micro-batch size) in one of four ways.
 enum class Probe : uint8_t {
-  kWhole,  // every layer: forward, then backward
-  kSplit,  // every layer, the backward split: forward, input pass, weight pass
-  kBlock,  // one transformer block alone (layer 1): forward, then backward
+  kWhole,   // every layer: forward, then backward
+  kSplit,   // every layer, the backward split: forward, input pass, weight pass
+  kBlock,   // one transformer block alone (layer 1): forward, then backward
+  kTpComm,  // as kWhole, the t > 1 group communicating (CommGroup)
 };
 struct Job {
   size_t config = 0;  // index into the (t, b) configurations
@@ -151,9 +169,12 @@ struct Config {
 // Runs on the device's own thread (pinned to `cpus`); `sync` lines the devices up so that
 // every timed pass runs while the others do, as in training. Every device arrives at the
 // barrier as often as the others whatever fails, so that none waits for ever.
+// `tp_groups`: this device's communicating group of each t > 1 (kTpComm); a job whose group
+// is missing fails.
 DeviceTimes TimeDevice(const ModelSpec& spec, const CalibrationOptions& o,
                        const std::vector<Config>& configs, const std::vector<Job>& jobs, int index,
-                       const std::vector<int>& cpus, std::barrier<>& sync) {
+                       const std::vector<int>& cpus, std::map<int, CommGroup*> tp_groups,
+                       std::barrier<>& sync) {
   DeviceTimes out;
   out.parts.assign(jobs.size(), {});
   const int passes = 1 + o.repetitions;
@@ -195,8 +216,15 @@ DeviceTimes TimeDevice(const ModelSpec& spec, const CalibrationOptions& o,
           out.status = opened.status();
         }
       }
+      TensorParallelGroup* tp = group.get();
+      if (out.status.ok() && probe == Probe::kTpComm) {
+        tp = tp_groups[c.t];
+        if (tp == nullptr) {
+          out.status = InternalError(fmt::format("calibrate: no t = {} group to time", c.t));
+        }
+      }
       if (out.status.ok()) {
-        GptOptions g{.batch = c.b, .threads = threads, .tensor_parallel = group.get()};
+        GptOptions g{.batch = c.b, .threads = threads, .tensor_parallel = tp};
         if (probe == Probe::kSplit) g.split_backward = true;
         if (probe == Probe::kBlock) {
           g.first_layer = 1;
@@ -342,7 +370,8 @@ std::vector<MeasuredPass> PassTable(std::span<const EfficiencyPoint> points) {
                      .seconds = p.seconds,
                      .block_seconds = p.block_seconds,
                      .forward_share = p.forward_share,
-                     .weight_share = p.weight_share});
+                     .weight_share = p.weight_share,
+                     .tp_comm_seconds = p.tp_comm_seconds});
   }
   return table;
 }
@@ -377,13 +406,27 @@ Result<ComputeCalibration> MeasureCompute(const ModelSpec& spec,
     for (int t : ts) configs.push_back({t, b});
   }
   std::vector<Job> jobs;
+  const size_t n = options.device_cpus.size();
+  // The groups of t that communicate: the devices split into n / t groups of t, every group
+  // at once (as a plan's tensor-parallel groups run beside each other).
+  std::vector<int> comm_ts;
+  for (int t : ts) {
+    if (t > 1 && options.tensor_parallel_comm && n % static_cast<size_t>(t) == 0) {
+      comm_ts.push_back(t);
+    }
+  }
   for (size_t k = 0; k < configs.size(); ++k) {
     if (options.block && spec.layers >= 3) jobs.push_back({k, Probe::kBlock});
     if (options.split_backward && spec.layers >= 2) jobs.push_back({k, Probe::kSplit});
     jobs.push_back({k, Probe::kWhole});
+    if (std::find(comm_ts.begin(), comm_ts.end(), configs[k].t) != comm_ts.end()) {
+      jobs.push_back({k, Probe::kTpComm});
+    }
   }
 
-  const size_t n = options.device_cpus.size();
+  static std::atomic<int> store_groups{0};
+  const std::string group_name = fmt::format("kc-calibrate-tp-{}-{}", getpid(), store_groups++);
+  comm::HashStore store;
   std::barrier<> sync(static_cast<std::ptrdiff_t>(n));
   std::vector<DeviceTimes> times(n);
   {
@@ -392,7 +435,40 @@ Result<ComputeCalibration> MeasureCompute(const ModelSpec& spec,
       threads.emplace_back([&, i] {
         const std::vector<int>& cpus = options.device_cpus[i];
         PinTo(cpus);  // before the model's worker threads are born
-        times[i] = TimeDevice(spec, options, configs, jobs, static_cast<int>(i), cpus, sync);
+        const int r = static_cast<int>(i);
+        std::unique_ptr<comm::Communicator> whole;
+        std::vector<std::unique_ptr<CommGroup>> owned;
+        std::map<int, CommGroup*> tp_groups;
+        Status made;
+        if (!comm_ts.empty()) {
+          Result<std::unique_ptr<comm::Communicator>> c =
+              comm::Communicator::Create({.store = &store,
+                                          .group = group_name,
+                                          .rank = r,
+                                          .size = static_cast<int>(n),
+                                          .host = "calibrate",
+                                          .connect_timeout = std::chrono::seconds(60),
+                                          .timeout = std::chrono::seconds(60)});
+          if (c.ok()) {
+            whole = std::move(*c);
+          } else {
+            made = c.status();
+          }
+          for (int t : comm_ts) {
+            if (!made.ok()) break;
+            Result<std::unique_ptr<comm::Communicator>> split = whole->Split(r / t, r);
+            if (!split.ok()) {
+              made = split.status();
+              break;
+            }
+            owned.push_back(std::make_unique<CommGroup>(std::move(*split)));
+            tp_groups[t] = owned.back().get();
+          }
+        }
+        // A device whose groups failed still takes its turns at the barrier (TimeDevice
+        // fails each job it has no group for), so that none waits for ever.
+        times[i] = TimeDevice(spec, options, configs, jobs, r, cpus, tp_groups, sync);
+        if (!made.ok()) times[i].status = made.WithContext("calibrate: tensor-parallel groups");
       });
     }
   }
@@ -423,8 +499,12 @@ Result<ComputeCalibration> MeasureCompute(const ModelSpec& spec,
         case Probe::kBlock:
           p.block_seconds = mean(j, 0) + mean(j, 1);
           break;
+        case Probe::kTpComm:
+          p.tp_comm_seconds = mean(j, 0) + mean(j, 1);
+          break;
       }
     }
+
     p.efficiency =
         StepFlops(spec, p.micro_batch_size, false) / p.t / p.seconds / options.peak_flops;
     c.points.push_back(p);
@@ -657,7 +737,8 @@ std::string CalibrationToJson(const Calibration& c) {
                            {"efficiency", p.efficiency},
                            {"forward_share", p.forward_share},
                            {"weight_share", p.weight_share},
-                           {"block_seconds", p.block_seconds}});
+                           {"block_seconds", p.block_seconds},
+                           {"tp_comm_seconds", p.tp_comm_seconds}});
   }
   return j.dump(2) + "\n";
 }
@@ -723,6 +804,7 @@ Result<Calibration> CalibrationFromJson(std::string_view text, const std::string
       e.forward_share = p.value("forward_share", 0.0);
       e.weight_share = p.value("weight_share", 0.0);
       e.block_seconds = p.value("block_seconds", 0.0);
+      e.tp_comm_seconds = p.value("tp_comm_seconds", 0.0);
       c.points.push_back(e);
     }
   }

@@ -28,6 +28,8 @@ struct EfficiencyPoint {
   double forward_share = 0;  // the forward's part of `seconds`; 0: not measured
   double weight_share = 0;   // ZB-H1's weight pass's part of a split pass; 0: not measured
   double block_seconds = 0;  // one transformer block's forward + backward; 0: not measured
+  // t > 1: `seconds` with the group communicating (every group of t at once); 0: not measured.
+  double tp_comm_seconds = 0;
 };
 
 struct EfficiencyFit {
@@ -51,12 +53,16 @@ struct CalibrationOptions {
   std::vector<int64_t> micro_batch_sizes = {1, 2, 4, 8};
   // Tensor-parallel sizes to time each micro-batch size at (each must divide the heads and
   // ffn_hidden): the device runs its 1/t share of every layer, the group's all-reduces left
-  // out (MeasureCommunication times them).
+  // out (MeasureLinks times them alone).
   std::vector<int> tensor_parallel = {1};
   // Also time ZB-H1's split backward (the weight pass's share) and one transformer block
   // alone (the per-layer cost pipeline stages are priced with; models of 3 layers or more).
   bool split_backward = true;
   bool block = true;
+  // Also time each t > 1 that divides the devices with its groups communicating: the devices
+  // in groups of t, every group at once, as a plan's tensor-parallel groups run
+  // (EfficiencyPoint::tp_comm_seconds).
+  bool tensor_parallel_comm = true;
   int repetitions = 3;  // timed passes per size, after one untimed; the median is kept
   // The cores of each device, one entry per device; all devices run at once, as they do in
   // training, each on its own thread pinned to its cores. Must not be empty.

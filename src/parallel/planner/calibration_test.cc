@@ -85,10 +85,32 @@ TEST(MeasureComputeTest, TimesEveryTensorParallelSizeWithItsPassShares) {
     EXPECT_GT(p.weight_share, 0);
     EXPECT_LT(p.weight_share, 1);
     EXPECT_GT(p.block_seconds, 0);
+    // t = 2 is also timed with its group communicating (both devices one group).
+    if (p.t == 2) {
+      EXPECT_GT(p.tp_comm_seconds, 0);
+    } else {
+      EXPECT_EQ(p.tp_comm_seconds, 0);
+    }
   }
   const std::vector<MeasuredPass> passes = PassTable(c->points);
   ASSERT_EQ(passes.size(), 4u);
+  for (size_t i = 0; i < passes.size(); ++i) {
+    EXPECT_DOUBLE_EQ(passes[i].tp_comm_seconds, c->points[i].tp_comm_seconds);
+  }
   EXPECT_EQ(EfficiencyTable(c->points).size(), 2u);  // the curve is t = 1's
+  // Not asked for, or with devices that t does not divide: not timed communicating.
+  o.micro_batch_sizes = {1};
+  o.tensor_parallel_comm = false;
+  Result<ComputeCalibration> silent = MeasureCompute(spec, o);
+  ASSERT_TRUE(silent.ok()) << silent.status();
+  o.tensor_parallel_comm = true;
+  o.device_cpus = {{}, {}, {}};
+  Result<ComputeCalibration> three = MeasureCompute(spec, o);
+  ASSERT_TRUE(three.ok()) << three.status();
+  for (const auto* r : {&silent, &three}) {
+    ASSERT_EQ((*r)->points.size(), 2u);
+    for (const EfficiencyPoint& p : (*r)->points) EXPECT_EQ(p.tp_comm_seconds, 0) << p.t;
+  }
   // A t that does not split the model is refused.
   o.tensor_parallel = {3};
   EXPECT_EQ(MeasureCompute(spec, o).status().code(), ErrorCode::kInvalidArgument);
@@ -165,6 +187,7 @@ TEST(CalibrationFileTest, RoundTripsAndNamesAMissingKey) {
   c.points[1].forward_share = 0.3;
   c.points[1].weight_share = 0.25;
   c.points[1].block_seconds = 0.1;
+  c.points[1].tp_comm_seconds = 0.125;
   c.cluster.oversubscription = 2;
   const std::string text = CalibrationToJson(c);
   Result<Calibration> back = CalibrationFromJson(text, "cal.json");
@@ -183,6 +206,8 @@ TEST(CalibrationFileTest, RoundTripsAndNamesAMissingKey) {
   EXPECT_DOUBLE_EQ(back->options.efficiency_points[0].first, 1000);
   EXPECT_DOUBLE_EQ(back->options.efficiency_points[0].second, c.points[0].efficiency);
   ASSERT_EQ(back->options.measured_passes.size(), 4u);  // and every point times its plans
+  EXPECT_DOUBLE_EQ(back->points[1].tp_comm_seconds, 0.125);
+  EXPECT_DOUBLE_EQ(back->options.measured_passes[1].tp_comm_seconds, 0.125);
   EXPECT_EQ(back->options.measured_passes[1].t, 2);
   EXPECT_DOUBLE_EQ(back->options.measured_passes[1].forward_share, 0.3);
   EXPECT_DOUBLE_EQ(back->options.measured_passes[1].weight_share, 0.25);
@@ -191,7 +216,7 @@ TEST(CalibrationFileTest, RoundTripsAndNamesAMissingKey) {
   // A file from before the per-t points reads as t = 1 points without shares.
   std::string old = text;
   for (const char* key : {"\"t\"", "\"forward_share\"", "\"weight_share\"", "\"block_seconds\"",
-                          "\"oversubscription\""}) {
+                          "\"oversubscription\"", "\"tp_comm_seconds\""}) {
     for (size_t at = old.find(key); at != std::string::npos; at = old.find(key)) {
       old.replace(at, std::string(key).size(), "\"unused\"");
     }
@@ -200,6 +225,7 @@ TEST(CalibrationFileTest, RoundTripsAndNamesAMissingKey) {
   ASSERT_TRUE(before.ok()) << before.status();
   EXPECT_EQ(before->points[1].t, 1);
   EXPECT_EQ(before->points[1].forward_share, 0);
+  EXPECT_EQ(before->points[1].tp_comm_seconds, 0);
   EXPECT_DOUBLE_EQ(before->cluster.oversubscription, 1);
 
   std::string broken = text;

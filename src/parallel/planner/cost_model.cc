@@ -45,10 +45,12 @@ Status CheckInputs(const ModelSpec& spec, const ClusterSpec& c, const CostModelO
   }
   if (o.matmul_efficiency <= 0 || o.matmul_efficiency > 1 || o.efficiency_half_size < 0 ||
       o.dp_overlap_fraction < 0 || o.dp_overlap_fraction > 1 || o.usable_memory_fraction <= 0 ||
-      o.usable_memory_fraction > 1) {
+      o.usable_memory_fraction > 1 || !(o.shared_core_bubble_kept >= 0) ||
+      o.shared_core_bubble_kept > 1) {
     return InvalidArgumentError(
         "cost model: options: matmul_efficiency and usable_memory_fraction must be in (0, 1], "
-        "dp_overlap_fraction in [0, 1], efficiency_half_size not negative");
+        "dp_overlap_fraction and shared_core_bubble_kept in [0, 1], efficiency_half_size not "
+        "negative");
   }
   for (size_t i = 0; i < o.efficiency_points.size(); ++i) {
     const auto [size, eff] = o.efficiency_points[i];
@@ -144,6 +146,30 @@ const MeasuredPass* FindPass(const CostModelOptions& o, int t, int64_t b) {
   return nullptr;
 }
 
+// One tensor-parallel all-reduce of micro-batch size b among devices that compute beside it,
+// as measured: what communicating added to each pass of group size t, per all-reduce of the
+// pass, on a least-squares line over the micro-batch sizes measured (the message grows with
+// b; each size's figure is a difference of two medians, noisy alone). 0: none measured.
+double MeasuredTpCollective(const ModelSpec& spec, const CostModelOptions& o, int t, int64_t b) {
+  double n = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (const MeasuredPass& p : o.measured_passes) {
+    if (p.t != t || !(p.tp_comm_seconds > 0) || !(p.seconds > 0)) continue;
+    const double x = static_cast<double>(p.micro_batch_size);
+    const double y = std::max(0.0, p.tp_comm_seconds - p.seconds) / TensorParallelCollectives(spec);
+    n += 1;
+    sx += x;
+    sy += y;
+    sxx += x * x;
+    sxy += x * y;
+  }
+  if (n == 0) return 0;
+  const double var = n * sxx - sx * sx;
+  if (!(var > 0)) return sy / n;  // one size measured
+  const double slope = (n * sxy - sx * sy) / var;
+  const double intercept = (sy - slope * sx) / n;
+  return std::max(0.0, intercept + slope * static_cast<double>(b));
+}
+
 // One micro-batch's forward + backward on the slowest stage of `plan`, from a measured pass:
 // the stages' chunks as the trainer cuts them (BalanceStages over p * v chunks, stage s
 // holding chunks s, s + p, ...), each block at the measured block's time, and the rest of the
@@ -152,7 +178,9 @@ double SlowestStageSeconds(const ModelSpec& spec, const ParallelPlan& plan,
                            const MeasuredPass& pass) {
   const double layers = static_cast<double>(spec.layers);
   double block = pass.block_seconds;
-  if (!(block > 0)) {
+  // A block timed slower than its share of the whole pass (the short probe, on cores the
+  // devices share, can be timed under other sharing than the long one): by the shares.
+  if (!(block > 0) || layers * block > pass.seconds) {
     const std::vector<double> costs = LayerCosts(spec);
     double total = 0;
     for (double c : costs) total += c;
@@ -200,6 +228,10 @@ double StepFlops(const ModelSpec& spec, int64_t global_batch, bool recompute) {
   const double k = recompute ? 96 : 72;
   const double logits = recompute ? v / (16 * l * h) : v / (12 * l * h);
   return k * b * s * l * h * h * ((4 * h + 2 * f) / (12 * h) + s / (6 * h) + logits);
+}
+
+double TensorParallelCollectives(const ModelSpec& spec) {
+  return 4.0 * static_cast<double>(spec.layers) + 4;
 }
 
 double RingAllReduceSeconds(int n, double bytes, double bandwidth, double latency) {
@@ -293,6 +325,11 @@ Result<PlanEstimate> EstimatePlan(const ModelSpec& spec, const ParallelPlan& pla
     e.tp.time_s = count * RingAllReduceSeconds(plan.t, tp_message, bw, lat) +
                   m * (RingAllReduceSeconds(plan.t, stats, bw, lat) +
                        RingAllReduceSeconds(plan.t, 2 * stats, bw, lat));
+    // Measured among devices computing beside each other: on shared cores a peer is often
+    // descheduled when its partner arrives, which the link alone does not show.
+    e.tp.time_s =
+        std::max(e.tp.time_s,
+                 (count + 2 * m) * MeasuredTpCollective(spec, o, plan.t, plan.micro_batch_size));
     e.tp.exposed_s = e.tp.time_s;
   }
 
@@ -318,9 +355,11 @@ Result<PlanEstimate> EstimatePlan(const ModelSpec& spec, const ParallelPlan& pla
   }
   // The stages' busy time stretched by the bubble; with more devices than cores the busy time
   // was measured with every device sharing a core, and idle stages give theirs back: the
-  // pipeline then takes the longer of the two.
+  // pipeline then takes the longer of the two, but keeps the part of the bubble a waiting
+  // stage's core does not hand over (shared_core_bubble_kept).
   const double busy = e.compute_s + e.tp.exposed_s + e.pp.exposed_s;
-  e.bubble_s = busy * std::max(0.0, (1 + e.bubble_fraction) / cluster.oversubscription - 1);
+  e.bubble_s = busy * std::max({0.0, (1 + e.bubble_fraction) / cluster.oversubscription - 1,
+                                o.shared_core_bubble_kept * e.bubble_fraction});
 
   // Data parallelism: a ring all-reduce of this device's gradients (ZeRO-1/2: reduce-scatter
   // plus all-gather, the same volume; ZeRO-3 adds an all-gather of the weights in the forward

@@ -55,7 +55,16 @@ struct MeasuredPass {
   double block_seconds = 0;  // of which one transformer block's; 0: by LayerCosts' shares
   double forward_share = 0;  // the forward's part of seconds; 0: a third
   double weight_share = 0;   // ZB-H1's weight pass's part of forward + backward; 0: a third
+  // t > 1: `seconds` with the tensor-parallel group communicating, among devices that compute
+  // beside it (transfer, rendezvous and descheduled peers); 0: not measured, the link's
+  // bandwidth and latency alone price the all-reduces.
+  double tp_comm_seconds = 0;
 };
+
+// The tensor-parallel all-reduces of one micro-batch's forward + backward through every
+// layer, without recompute: four per layer, and four for the vocabulary-parallel embeddings,
+// head and loss.
+double TensorParallelCollectives(const ModelSpec& spec);
 
 // Constants of the engine and the numerics. One set serves every model, plan and cluster.
 struct CostModelOptions {
@@ -99,6 +108,12 @@ struct CostModelOptions {
   double optimizer_step_bytes = 34;
   double usable_memory_fraction = 0.9;  // the rest: runtime context, allocator fragmentation
   double dp_bucket_bytes = 2 << 20;     // one gradient bucket (TrainerOptions::bucket_bytes)
+  // With more devices than cores (ClusterSpec::oversubscription > 1): the part of a pipeline
+  // stage's idle time its core does not give to another device (the hand-off: the waiting
+  // rank wakes, the next one refills its caches). 0.17 to 0.34 of the bubble measured on a
+  // 2-core machine with 3 and 4 ranks (bench/plan); on dedicated cores the whole bubble is
+  // kept anyway. [0, 1].
+  double shared_core_bubble_kept = 0.2;
 };
 
 enum class Link : uint8_t { kNone = 0, kIntraNode = 1, kInterNode = 2 };

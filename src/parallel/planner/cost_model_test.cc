@@ -406,6 +406,61 @@ TEST(CostModelTest, MeasuredPassesTimeThePlansTheyWereMeasuredFor) {
   EXPECT_DOUBLE_EQ(other->matmul_efficiency, MatmulEfficiency(o, 4 * 32 * 64));
 }
 
+// A block timed slower than its share of the whole pass leaves no room for the head: the
+// stages are priced by the layers' shares instead (the rest is never negative).
+TEST(CostModelTest, ABlockTimedSlowerThanItsShareOfThePassFallsBackToTheShares) {
+  ModelSpec spec = Tiny();
+  spec.layers = 4;
+  CostModelOptions o;
+  o.measured_passes = {{.t = 1, .micro_batch_size = 2, .seconds = 1.0, .block_seconds = 0.4}};
+  Result<PlanEstimate> pp = EstimatePlan(spec, Plan(1, 2, 1, 2, 4), Cluster(2), 8, o);
+  ASSERT_TRUE(pp.ok()) << pp.status();
+  // Two blocks of 0.4 s would be 0.8 s of a 1 s pass per stage; by the shares each of the two
+  // stages holds about half the pass, the head's stage a little more.
+  EXPECT_GT(pp->compute_s, 4 * 0.5);
+  EXPECT_LT(pp->compute_s, 4 * 0.6);
+  o.measured_passes[0].block_seconds = 0;
+  EXPECT_DOUBLE_EQ(EstimatePlan(spec, Plan(1, 2, 1, 2, 4), Cluster(2), 8, o)->compute_s,
+                   pp->compute_s);
+}
+
+// Tensor-parallel all-reduces measured among devices that compute beside them (kc plan
+// --calibrate's communicating pass) price the group when they cost more than the link alone
+// says: what communicating added to the pass, per all-reduce, on a line over the micro-batch
+// sizes measured.
+TEST(CostModelTest, MeasuredTensorParallelAllReducesPriceTheGroup) {
+  ModelSpec spec = Tiny();
+  spec.layers = 4;
+  const double per_pass = TensorParallelCollectives(spec);
+  EXPECT_DOUBLE_EQ(per_pass, 4 * 4 + 4);
+  CostModelOptions o;
+  o.measured_passes = {{.t = 2, .micro_batch_size = 1, .seconds = 0.3},
+                       {.t = 2, .micro_batch_size = 2, .seconds = 0.6},
+                       {.t = 2, .micro_batch_size = 4, .seconds = 1.2}};
+  const ParallelPlan plan = Plan(2, 1, 1, 2, 4);
+  Result<PlanEstimate> link = EstimatePlan(spec, plan, Cluster(2), 8, o);
+  ASSERT_TRUE(link.ok()) << link.status();
+  EXPECT_GT(link->tp_exposed_s, 0);
+  // Communicating added 1 ms per all-reduce at b = 1, 2 ms at b = 4 (a line: 1 + (b-1)/3 ms;
+  // the b = 2 point on it), far above the link's.
+  o.measured_passes[0].tp_comm_seconds = 0.3 + per_pass * 1e-3;
+  o.measured_passes[1].tp_comm_seconds = 0.6 + per_pass * (1e-3 + 1e-3 / 3);
+  o.measured_passes[2].tp_comm_seconds = 1.2 + per_pass * 2e-3;
+  Result<PlanEstimate> measured = EstimatePlan(spec, plan, Cluster(2), 8, o);
+  ASSERT_TRUE(measured.ok()) << measured.status();
+  // Four micro-batches of b = 2, each with per_pass all-reduces.
+  EXPECT_NEAR(measured->tp_exposed_s, 4 * per_pass * (1e-3 + 1e-3 / 3), 1e-12);
+  EXPECT_NEAR(measured->step_time_s - link->step_time_s,
+              measured->tp_exposed_s - link->tp_exposed_s, 1e-12);
+  // Two stages: each device makes its own layers' all-reduces, and the embeddings' and head's.
+  Result<PlanEstimate> staged = EstimatePlan(spec, Plan(2, 2, 1, 2, 4), Cluster(4), 8, o);
+  ASSERT_TRUE(staged.ok()) << staged.status();
+  EXPECT_NEAR(staged->tp_exposed_s, 4 * (2 * 4 + 4) * (1e-3 + 1e-3 / 3), 1e-12);
+  // Measured cheaper than the link's price (or for another t): the link's.
+  for (MeasuredPass& p : o.measured_passes) p.tp_comm_seconds = p.seconds;
+  EXPECT_DOUBLE_EQ(EstimatePlan(spec, plan, Cluster(2), 8, o)->tp_exposed_s, link->tp_exposed_s);
+}
+
 // With two devices per core, a waiting stage gives its core to the other: the bubble costs
 // only what stretches the pipeline past its busy time shared.
 TEST(CostModelTest, OversubscribedDevicesAbsorbTheBubble) {
@@ -419,8 +474,18 @@ TEST(CostModelTest, OversubscribedDevicesAbsorbTheBubble) {
   EXPECT_NEAR(dedicated->bubble_s, busy / 2, 1e-12);
   c.oversubscription = 1.25;  // (1 + 1/2) / 1.25 = 1.2: a fifth of the busy time is left
   EXPECT_NEAR(EstimatePlan(spec, plan, c, 2)->bubble_s, busy * 0.2, 1e-12);
+  // Absorbed but for the hand-offs: the part of the bubble a core does not hand over.
   c.oversubscription = 2;
-  EXPECT_DOUBLE_EQ(EstimatePlan(spec, plan, c, 2)->bubble_s, 0);
+  CostModelOptions o;
+  EXPECT_NEAR(EstimatePlan(spec, plan, c, 2, o)->bubble_s, busy * o.shared_core_bubble_kept / 2,
+              1e-12);
+  o.shared_core_bubble_kept = 0;
+  EXPECT_DOUBLE_EQ(EstimatePlan(spec, plan, c, 2, o)->bubble_s, 0);
+  // On dedicated cores the whole bubble is kept whatever the option says.
+  c.oversubscription = 1;
+  EXPECT_NEAR(EstimatePlan(spec, plan, c, 2, o)->bubble_s, busy / 2, 1e-12);
+  o.shared_core_bubble_kept = 1.5;
+  EXPECT_EQ(EstimatePlan(spec, plan, c, 2, o).status().code(), ErrorCode::kInvalidArgument);
   c.oversubscription = 0.5;
   EXPECT_EQ(EstimatePlan(spec, plan, c, 2).status().code(), ErrorCode::kInvalidArgument);
 }
@@ -432,7 +497,9 @@ TEST(PlanSearchTest, OnATieTheScheduleWithTheSmallerBubbleRanksFirst) {
   spec.layers = 6;
   ClusterSpec c = Cluster(3);
   c.oversubscription = 1.5;
-  Result<SearchResult> r = SearchPlans(spec, c, 24, {}, {}, 100000);
+  CostModelOptions o;
+  o.shared_core_bubble_kept = 0;  // every bubble absorbed: the schedules of one shape tie
+  Result<SearchResult> r = SearchPlans(spec, c, 24, {}, o, 100000);
   ASSERT_TRUE(r.ok()) << r.status();
   int broken = 0;  // ties the bubble decided
   for (size_t i = 1; i < r->ranked.size(); ++i) {
