@@ -114,6 +114,7 @@ int RunLauncher(TrainArgs a) {
   if (!a.hosts.empty()) {
     Result<std::vector<fault::RemoteHost>> h = ParseHostsFlag(a.hosts);
     Status checked = h.ok() ? CheckHostsArgs(a, *h) : h.status();
+    if (checked.ok() && p.topology != nullptr) checked = CheckHostsInInventory(*p.topology, *h);
     if (!checked.ok()) {
       std::cerr << "kc train: " << checked.message() << "\n";
       return kExitBadInput;
@@ -569,6 +570,12 @@ void AddTrainCommand(CLI::App& app, Action* action) {
                 "With --hosts: seconds a host's share may be silent before its ranks are taken "
                 "for lost (and a share cut off that long kills its ranks)")
       ->capture_default_str();
+  c->add_option("--inventory", a->inventory,
+                "With --hosts or --share: the cluster's inventory (hosts named as in --hosts; "
+                "docs/user-guide/inventory.md): each rank takes a device of its host's, and the "
+                "collectives choose ring, tree or hierarchical by its cost model, as kc topo "
+                "report advises")
+      ->check(CLI::ExistingFile);
   c->add_option("--worker-host", a->worker_host)->group("");        // internal: the rank's host
   c->add_option("--bind-address", a->bind_address)->group("");      // internal: its TCP address
   c->add_flag("--elastic-join", a->elastic_join)->group("");        // internal: a replacement

@@ -45,7 +45,8 @@ Json Fingerprint(const TrainArgs& a, const TrainSetup& p) {
           {"min_ranks", a.min_ranks},
           {"max_ranks", a.max_ranks},
           {"heartbeat_period_s", a.heartbeat_period_s},
-          {"heartbeat_timeout_s", a.heartbeat_timeout_s}};
+          {"heartbeat_timeout_s", a.heartbeat_timeout_s},
+          {"inventory", p.topology != nullptr ? p.topology->name() : ""}};
 }
 
 }  // namespace
@@ -121,6 +122,30 @@ Status ParseListenFlag(const std::string& flag, std::string* address, int* port)
   if (address->size() > 2 && address->front() == '[')
     *address = address->substr(1, address->size() - 2);
   if (address->empty()) return InvalidArgumentError("--listen: no address");
+  return OkStatus();
+}
+
+Status CheckHostsInInventory(const hal::Topology& topology,
+                             const std::vector<fault::RemoteHost>& hosts) {
+  for (const fault::RemoteHost& h : hosts) {
+    int devices = 0;
+    bool named = false;
+    for (int d = 0; d < topology.num_devices(); ++d) {
+      if (topology.hosts()[static_cast<size_t>(topology.host_of(d))].name == h.name) ++devices;
+    }
+    for (const hal::HostSpec& s : topology.hosts()) named = named || s.name == h.name;
+    if (!named) {
+      return InvalidArgumentError(fmt::format(
+          "--hosts: host {} is not in --inventory's topology {} (name the hosts as it does)",
+          h.name, topology.name()));
+    }
+    if (devices < h.slots) {
+      return InvalidArgumentError(
+          fmt::format("--hosts: host {} runs {} ranks, and --inventory's topology {} gives it {} "
+                      "device{}",
+                      h.name, h.slots, topology.name(), devices, devices == 1 ? "" : "s"));
+    }
+  }
   return OkStatus();
 }
 
@@ -240,9 +265,13 @@ int RunHostShare(TrainArgs a) {
   }
   bool listed = false;
   std::vector<std::string> names;
+  fault::RemoteHost self{.name = a.share};
   for (const Json& h : run["hosts"]) {
     names.push_back(h.value("name", std::string()));
-    listed = listed || names.back() == a.share;
+    if (names.back() == a.share) {
+      listed = true;
+      self.slots = h.value("slots", 1);
+    }
   }
   if (!listed) {
     return fail(
@@ -255,6 +284,11 @@ int RunHostShare(TrainArgs a) {
   Result<TrainSetup> setup = CheckTrainArgs(&a);
   if (!setup.ok()) return fail(std::string(setup.status().message()), kExitBadInput);
   const TrainSetup& p = *setup;
+  if (p.topology != nullptr) {
+    if (Status s = CheckHostsInInventory(*p.topology, {self}); !s.ok()) {
+      return fail(std::string(s.message()), kExitBadInput);
+    }
+  }
   const Json mine = Fingerprint(a, p);
   if (mine != run["fingerprint"]) {
     std::vector<std::string> differ;

@@ -35,6 +35,10 @@ Status ParseListenFlag(const std::string& flag, std::string* address, int* port)
 
 // Checks the flags of a launcher across hosts against `p`: the hosts hold the run's ranks
 // (its --max-ranks too), and --listen is given.
+// Every host of --hosts named in --inventory's topology with a device for each of its ranks.
+Status CheckHostsInInventory(const hal::Topology& topology,
+                             const std::vector<fault::RemoteHost>& hosts);
+
 Status CheckHostsArgs(const TrainArgs& a, const std::vector<fault::RemoteHost>& hosts);
 
 // Publishes what the shares read before they serve: the group, the plan and checkpoint the

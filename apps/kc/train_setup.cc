@@ -17,6 +17,7 @@
 #include "fault/heartbeat.h"
 #include "hal/cuda/cuda_device.h"
 #include "hal/host_probe.h"
+#include "hal/inventory.h"
 #include "parallel/batch_share.h"
 #include "parallel/engine_support.h"
 
@@ -105,6 +106,7 @@ Status ApplyTrainRun(TrainArgs* args) {
   a.checkpoint_compress = c.compress();
   if (job.heartbeat().period_s() > 0) a.heartbeat_period_s = job.heartbeat().period_s();
   if (job.heartbeat().timeout_s() > 0) a.heartbeat_timeout_s = job.heartbeat().timeout_s();
+  a.inventory_text = as.inventory();
   if (as.has_comm_limits()) {
     comm::RateLimit limit;
     KC_RETURN_IF_ERROR(
@@ -121,6 +123,24 @@ Result<parallel::ModelSpec> LoadTrainModel(const TrainArgs& a) {
 
 Result<TrainSetup> CheckTrainArgs(TrainArgs* args) {
   TrainSetup p;
+  if (!args->inventory.empty() || !args->inventory_text.empty()) {
+    // The run file's (kcd's cluster) over the flag's.
+    const bool from_run = !args->inventory_text.empty();
+    const std::string where =
+        from_run ? "--job " + args->job_file + ": inventory" : "--inventory " + args->inventory;
+    if (!from_run && args->hosts.empty() && args->share.empty() && args->worker_host.empty()) {
+      return InvalidArgumentError(
+          "--inventory is for a run across hosts (--hosts or --share): one host's ranks talk "
+          "over shared memory whatever the inventory says");
+    }
+    Result<hal::TopologySpec> spec = from_run
+                                         ? hal::LoadInventoryString(args->inventory_text, where)
+                                         : hal::LoadInventory(args->inventory);
+    if (!spec.ok()) return spec.status().WithContext(where);
+    Result<hal::Topology> topology = hal::Topology::Build(*std::move(spec));
+    if (!topology.ok()) return topology.status().WithContext(where);
+    p.topology = std::make_shared<const hal::Topology>(*std::move(topology));
+  }
   // The plan, if any, decides the rank count when --ranks does not.
   parallel::ParallelPlan plan;
   parallel::PlanKeys stated;
@@ -435,6 +455,10 @@ std::vector<std::string> WorkerArgv(const TrainArgs& a, const TrainSetup& p, int
   if (!a.export_dir.empty()) {
     v.push_back("--export");
     v.push_back(a.export_dir);
+  }
+  if (!a.inventory.empty()) {
+    v.push_back("--inventory");
+    v.push_back(a.inventory);
   }
   if (!a.trace.empty()) {
     v.push_back("--trace");

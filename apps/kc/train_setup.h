@@ -3,6 +3,7 @@
 // launcher and its workers pass them on.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -12,6 +13,7 @@
 #include "comm/comm_limits_config.h"
 #include "comm/communicator.h"
 #include "fault/elastic.h"
+#include "hal/topology.h"
 #include "parallel/data/loader.h"
 #include "parallel/model_spec.h"
 #include "parallel/plan.h"
@@ -94,6 +96,10 @@ struct TrainArgs {
   std::string share;
   std::string rendezvous;
   double host_timeout_s = 2;
+  // Across hosts: the cluster's inventory (hosts named as in --hosts): each rank takes a device
+  // of its host's in it, and the collectives choose their algorithm by its cost model.
+  std::string inventory;
+  std::string inventory_text;  // from a run file: the cluster's inventory, as text
   // Internal: set by the launcher for its workers.
   bool elastic_join = false;  // a replacement: joins a later generation
   std::string worker_host;    // the host it runs on (ranks of one host share memory)
@@ -110,6 +116,8 @@ struct TrainArgs {
 
 // What the flags resolve to, checked before any worker starts.
 struct TrainSetup {
+  // --inventory: the topology every rank's communicator chooses its collectives by.
+  std::shared_ptr<const hal::Topology> topology;
   // --comm-limits: the limit and lanes every rank's communicator gets.
   std::optional<comm::RateLimit> rate_limit;
   comm::LaneOptions lanes;

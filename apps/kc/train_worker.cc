@@ -15,6 +15,7 @@
 #include "apps/kc/train_hosts.h"
 #include "apps/kc/train_output.h"
 #include "apps/kc/train_setup.h"
+#include "comm/collectives.h"
 #include "comm/tcp_store.h"
 #include "fault/elastic_worker.h"
 #include "fault/local_launcher.h"
@@ -204,6 +205,7 @@ int RunTrainWorker(const TrainArgs& a, const TrainSetup& p) {
     };
   }
   o.transport = p.transport;
+  o.topology = p.topology;
   o.host = a.worker_host;
   if (!a.bind_address.empty()) o.bind_address = a.bind_address;
   // The admin's comm limits: this rank's communicators admit their operations through the
@@ -265,8 +267,17 @@ int RunTrainWorker(const TrainArgs& a, const TrainSetup& p) {
 
   const Drill drill(p, worker);
   std::unique_ptr<parallel::Timeline> timeline;  // the generation's, with --trace or a drill
-  o.hooks.configure = [&](const fault::WorkerGeneration&, parallel::TrainerOptions* to,
+  o.hooks.configure = [&](const fault::WorkerGeneration& g, parallel::TrainerOptions* to,
                           fault::RunnerOptions* ro) {
+    if (p.topology != nullptr && g.rank == 0 && to->comm != nullptr) {
+      // What the inventory's cost model chose for this generation's ranks (a lost host
+      // changes them).
+      std::cerr << fmt::format(
+          "kc train: generation {}: a gradient bucket's all-reduce ({} bytes over {} ranks) by "
+          "{}, as inventory {}'s cost model advises\n",
+          g.generation->number, to->bucket_bytes, g.ranks,
+          comm::AlgorithmName(to->comm->ChooseAllreduce(to->bucket_bytes)), p.topology->name());
+    }
     timeline.reset();
     if (!a.trace.empty() || drill.in_step()) {
       // About 60 spans a step (most are the backward's bucket hand-offs), reserved up front.

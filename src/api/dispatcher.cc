@@ -8,9 +8,11 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -970,6 +972,11 @@ struct Dispatcher::Impl {
         order.mutable_assignment()->set_rendezvous(
             fmt::format("{}:{}", o.store_address, store->port()));
         order.mutable_assignment()->set_rendezvous_token(store_token);
+        // Every rank chooses its collectives by the cluster's cost model for its hosts.
+        std::ifstream inventory(fs::path(o.dir) / "topology.yaml");
+        std::stringstream text;
+        text << inventory.rdbuf();
+        if (inventory) order.mutable_assignment()->set_inventory(text.str());
       }
     }
     order.set_token(token->token);

@@ -263,7 +263,8 @@ Status ElasticWorker::RunGeneration(Generation& g) {
                                               .connect_timeout = connect_timeout,
                                               .timeout = o_.timeout,
                                               .lanes = o_.lanes,
-                                              .rate_limiter = o_.rate_limiter}));
+                                              .rate_limiter = o_.rate_limiter,
+                                              .topology = o_.topology}));
       set_live(g.comm.get(), nullptr, nullptr);
       if (g.watch != nullptr && g.watch->fired()) abort_generation();
     }

@@ -74,6 +74,10 @@ struct ElasticWorkerOptions {
   // reach. Empty host: this machine's name.
   std::string host;
   std::string bind_address = "127.0.0.1";
+  // The cluster's topology (null: none): each generation's communicator places its ranks on
+  // their hosts' devices in it by host name and chooses its collectives by its cost model
+  // (comm::CommunicatorOptions::topology).
+  std::shared_ptr<const hal::Topology> topology;
   // The job's comm limits (the admin's file): every generation's communicator admits its
   // operations through `rate_limiter` (not owned; null: no limit) and sends by `lanes`.
   comm::RateLimiter* rate_limiter = nullptr;

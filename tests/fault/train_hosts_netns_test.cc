@@ -144,6 +144,45 @@ TEST_F(TrainHostsNetnsTest, TwoHostsGiveTheLossesOfOneHost) {
   EXPECT_THAT(d.out, ::testing::Not(HasSubstr("retransmit"))) << d.out;
 }
 
+// With the cluster's inventory every part of the run places the ranks on its hosts' devices
+// and the gradients' all-reduce follows its cost model; the losses stay those of one host. An
+// inventory without a host of --hosts, or a share with another inventory, is refused.
+TEST_F(TrainHostsNetnsTest, WithTheInventoryTheCollectivesFollowItsCostModel) {
+  const std::string inventory = dir_.Write("cluster.yaml", kc::testing::kTwoCpuHosts);
+  const std::string flags = Flags(20, "--inventory " + inventory);
+  std::unique_ptr<Daemon> launcher = Launcher(flags, "h1:2,h2:2");
+  ASSERT_THAT(launcher->WaitForLine("rendezvous at"), HasSubstr(hosts_.ip_a()));
+  std::unique_ptr<Daemon> h1 = Share(hosts_.a(), "h1", flags);
+  std::unique_ptr<Daemon> h2 = Share(hosts_.b(), "h2", flags);
+  ASSERT_EQ(launcher->Finish(), 0) << launcher->output();
+  EXPECT_EQ(h1->Finish(), 0) << h1->output();
+  EXPECT_EQ(h2->Finish(), 0) << h2->output();
+  // Rank 0 runs on h1 and says what the cost model chose for its generation.
+  EXPECT_THAT(h1->output() + launcher->output(),
+              ::testing::ContainsRegex("generation 0: a gradient bucket's all-reduce \\([0-9]+ "
+                                       "bytes over 4 ranks\\) by (ring|recursive_doubling|"
+                                       "hierarchical), as inventory test's cost model advises"));
+  ExpectSameLosses(Losses(dir_.Path("out/metrics.jsonl")), OneHostLosses(20));
+
+  // h3 is not in the inventory: the launcher names it before anything starts.
+  KcRun bad = kc::testing::RunKc(
+      KC_BINARY, fmt::format("train {} --hosts h1:2,h3:2 --listen 127.0.0.1:{} --out {}", flags,
+                             port_ + 1, dir_.Path("bad")));
+  EXPECT_EQ(bad.exit_code, 2) << bad.err;
+  EXPECT_THAT(bad.err, HasSubstr("host h3 is not in --inventory's topology test"));
+  // One host's ranks on a host of the inventory with fewer devices.
+  bad = kc::testing::RunKc(
+      KC_BINARY, fmt::format("train {} --hosts h1:3,h2:1 --listen 127.0.0.1:{} --out {}", flags,
+                             port_ + 1, dir_.Path("bad")));
+  EXPECT_EQ(bad.exit_code, 2) << bad.err;
+  EXPECT_THAT(bad.err, HasSubstr("host h1 runs 3 ranks, and --inventory's topology test gives "
+                                 "it 2 devices"));
+  // Without a host list the inventory has nothing to place.
+  bad = kc::testing::RunKc(KC_BINARY, "train " + flags + " --out " + dir_.Path("bad"));
+  EXPECT_EQ(bad.exit_code, 2) << bad.err;
+  EXPECT_THAT(bad.err, HasSubstr("--inventory is for a run across hosts"));
+}
+
 TEST_F(TrainHostsNetnsTest, AShareWithOtherFlagsOrWithoutTheTokenIsRefused) {
   std::unique_ptr<Daemon> launcher = Launcher(Flags(30), "h1:2,h2:2");
   ASSERT_NE(launcher->WaitForLine("rendezvous at"), "");
