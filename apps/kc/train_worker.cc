@@ -272,12 +272,12 @@ int RunTrainWorker(const TrainArgs& a, const TrainSetup& p) {
     if (p.topology != nullptr && g.rank == 0 && to->comm != nullptr) {
       // What the inventory's cost model chose for this generation's ranks (a lost host
       // changes them). On stdout: a worker's last line on stderr is why it failed.
+      const std::string_view algorithm =
+          comm::AlgorithmName(to->comm->ChooseAllreduce(to->bucket_bytes));
       std::cout << fmt::format(
                        "kc train: generation {}: a gradient bucket's all-reduce ({} bytes over {} "
-                       "ranks) by "
-                       "{}, as inventory {}'s cost model advises\n",
-                       g.generation->number, to->bucket_bytes, g.ranks,
-                       comm::AlgorithmName(to->comm->ChooseAllreduce(to->bucket_bytes)),
+                       "ranks) by {}, as inventory {}'s cost model advises\n",
+                       g.generation->number, to->bucket_bytes, g.ranks, algorithm,
                        p.topology->name())
                 << std::flush;
     }
