@@ -56,6 +56,10 @@ struct Job {
   std::optional<Subprocess> process;  // it, killed with its group if the job is dropped
   int out_fd = -1;                    // its stdout and stderr
   std::string log;                    // output not yet delivered to kcd
+  // A share of a run across hosts: each line of its output goes to kcd as "[host NAME] LINE",
+  // beside the other hosts' in the job's log; whether the next byte starts a line.
+  std::string line_prefix;
+  bool at_line_start = true;
   std::string last_line;
   std::string advice_path;  // checkpoint_every: auto: the scheduler's advice, for kc train
   std::string resize_path;  // an elastic train job: the size kc train follows (--resize-file)
@@ -484,6 +488,7 @@ struct Agent::Impl {
         return fail(
             fmt::format("{} devices for this host's {} ranks", j.order.devices_size(), here));
       }
+      if (role == kc::v1::StartOrder::ROLE_SHARE) j.line_prefix = fmt::format("[host {}] ", o.host);
     }
     if (Status s = ExecutionCheck(j.order, j.spec, stub); !s.ok()) {
       j.ended = true;
@@ -643,13 +648,25 @@ struct Agent::Impl {
     if (j.process && !j.ended) j.process->SignalGroup(sig);
   }
 
+  static void AppendLog(Job& j, std::string_view bytes) {
+    if (j.line_prefix.empty()) {
+      j.log.append(bytes);
+      return;
+    }
+    for (char c : bytes) {
+      if (j.at_line_start) j.log += j.line_prefix;
+      j.log += c;
+      j.at_line_start = c == '\n';
+    }
+  }
+
   // Output and progress since the last look; whether it ended.
   void Poll(Job& j) {
     if (j.out_fd >= 0) {
       char buf[16384];
       ssize_t n;
       while ((n = read(j.out_fd, buf, sizeof buf)) > 0) {
-        if (j.log.size() < (16u << 20)) j.log.append(buf, static_cast<size_t>(n));
+        if (j.log.size() < (16u << 20)) AppendLog(j, std::string_view(buf, static_cast<size_t>(n)));
         std::string line = LastLine(std::string(buf, static_cast<size_t>(n)));
         if (!line.empty()) j.last_line = std::move(line);
       }

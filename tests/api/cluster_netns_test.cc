@@ -441,11 +441,12 @@ TEST_F(ClusterNetnsTest, AJobLargerThanAHostRunsAcrossBothWithTheLossesOfOneMach
   ASSERT_EQ(across.size(), 40u) << Kc(fmt::format("job logs {}", id)).out;
   ASSERT_EQ(one.size(), across.size());
   for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(across[i], one[i], 1e-4 * one[i]) << i;
-  // kcd sent the cluster's inventory with the run: rank 0 chose its all-reduce by it.
+  // kcd sent the cluster's inventory with the run: rank 0 (on h1) chose its all-reduce by it.
+  // A share's lines are in the job's log under its host's name.
   EXPECT_THAT(Kc(fmt::format("job logs {}", id)).out,
-              ::testing::ContainsRegex("generation 0: a gradient bucket's all-reduce .* by "
-                                       "(ring|recursive_doubling|hierarchical), as inventory "
-                                       "test's cost model advises"));
+              ::testing::ContainsRegex("\\[host h1\\] kc train: generation 0: a gradient "
+                                       "bucket's all-reduce .* by (ring|recursive_doubling|"
+                                       "hierarchical), as inventory test's cost model advises"));
 }
 
 // The host of rank 0 dies (its agent and its ranks) while an elastic job runs across both
