@@ -8,11 +8,9 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <optional>
 #include <set>
-#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -23,6 +21,7 @@
 #include "api/permissions.h"
 #include "api/rpc_guard.h"
 #include "api/train_job.h"
+#include "base/file.h"
 #include "base/log.h"
 #include "base/mutex.h"
 #include "comm/comm_limits_config.h"
@@ -171,11 +170,14 @@ std::string KcdJobIds(std::string_view text) {
 }
 
 // The cluster of DIR's files: its topology (none without topology.yaml) and a scheduler over it
-// with DIR/pools.yaml's pools (one pool of every device without it).
+// with DIR/pools.yaml's pools (one pool of every device without it), and topology.yaml's text
+// as the topology was built from it.
 Status LoadCluster(const fs::path& dir, std::unique_ptr<hal::Topology>* topology,
-                   std::unique_ptr<sched::Scheduler>* scheduler) {
+                   std::unique_ptr<sched::Scheduler>* scheduler, std::string* inventory) {
   if (!fs::exists(dir / "topology.yaml")) return OkStatus();
-  KC_ASSIGN_OR_RETURN(hal::TopologySpec spec, hal::LoadInventory((dir / "topology.yaml").string()));
+  const std::string path = (dir / "topology.yaml").string();
+  KC_ASSIGN_OR_RETURN(std::string text, ReadWholeFile(path));
+  KC_ASSIGN_OR_RETURN(hal::TopologySpec spec, hal::LoadInventoryString(text, path));
   KC_ASSIGN_OR_RETURN(hal::Topology built, hal::Topology::Build(std::move(spec)));
   auto topo = std::make_unique<hal::Topology>(std::move(built));
   sched::PoolConfig pools = sched::AllDevicesPoolConfig();
@@ -186,6 +188,7 @@ Status LoadCluster(const fs::path& dir, std::unique_ptr<hal::Topology>* topology
                       sched::Scheduler::Create(topo.get(), pools, {}));
   *scheduler = std::move(sched);
   *topology = std::move(topo);
+  *inventory = std::move(text);
   return OkStatus();
 }
 
@@ -194,6 +197,9 @@ Status LoadCluster(const fs::path& dir, std::unique_ptr<hal::Topology>* topology
 struct Dispatcher::Impl {
   DispatcherOptions o;
   std::unique_ptr<hal::Topology> topology;  // null: no topology yet
+  // topology.yaml's text as `topology` was built from it: sent with every run across hosts,
+  // whose ranks choose their collectives by it (an edit that does not load is not sent).
+  std::string inventory;
   std::unique_ptr<sched::Scheduler> scheduler;
   std::vector<std::vector<int>> host_devices;   // per host index: its devices, in order
   parallel::planner::ApprovalLimits limits;     // zeros: none; replaced only under mu
@@ -973,10 +979,7 @@ struct Dispatcher::Impl {
             fmt::format("{}:{}", o.store_address, store->port()));
         order.mutable_assignment()->set_rendezvous_token(store_token);
         // Every rank chooses its collectives by the cluster's cost model for its hosts.
-        std::ifstream inventory(fs::path(o.dir) / "topology.yaml");
-        std::stringstream text;
-        text << inventory.rdbuf();
-        if (inventory) order.mutable_assignment()->set_inventory(text.str());
+        order.mutable_assignment()->set_inventory(inventory);
       }
     }
     order.set_token(token->token);
@@ -1081,7 +1084,8 @@ struct Dispatcher::Impl {
     config_applied = stamps;
     std::unique_ptr<hal::Topology> topo;
     std::unique_ptr<sched::Scheduler> sched;
-    if (Status s = LoadCluster(fs::path(o.dir), &topo, &sched); !s.ok() || topo == nullptr) {
+    std::string text;
+    if (Status s = LoadCluster(fs::path(o.dir), &topo, &sched, &text); !s.ok() || topo == nullptr) {
       const std::string why = s.ok() ? "no topology.yaml" : std::string(s.message());
       KC_LOG(WARNING) << "dispatcher: topology and pools unchanged: " << why;
       Audit("kcd", "cluster.apply", "cluster", "failed", why);
@@ -1143,6 +1147,7 @@ struct Dispatcher::Impl {
     deferred.clear();
     scheduler.reset();  // before the topology it points to
     topology = std::move(topo);
+    inventory = std::move(text);
     scheduler = std::move(sched);
     IndexHosts();
     // An agent whose host left, or whose device count changed, registers again (and is
@@ -1345,7 +1350,7 @@ Result<std::unique_ptr<Dispatcher>> Dispatcher::Start(DispatcherOptions o) {
   {
     MutexLock lock(&m.mu);
     m.config_applied = m.ConfigStamps();
-    KC_RETURN_IF_ERROR(LoadCluster(dir, &m.topology, &m.scheduler));
+    KC_RETURN_IF_ERROR(LoadCluster(dir, &m.topology, &m.scheduler, &m.inventory));
     m.IndexHosts();
   }
   if (m.topology != nullptr) {
