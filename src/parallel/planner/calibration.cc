@@ -76,14 +76,32 @@ Line FitLine(const std::vector<std::pair<double, double>>& xy) {
   return line;
 }
 
+// A name no other calibration group of this process has.
+std::string CalibrationGroup(std::string_view kind) {
+  static std::atomic<int> groups{0};
+  return fmt::format("kc-calibrate-{}{}-{}", kind, getpid(), groups++);
+}
+
+// Rank `rank` of `size` devices' communicator of `group` (this process's shared memory, as the
+// trainer's). Operations time out after a minute: a rank that fails leaves the others waiting
+// that long at most.
+Result<std::unique_ptr<comm::Communicator>> CalibrationComm(comm::Store* store,
+                                                            const std::string& group, int rank,
+                                                            int size) {
+  return comm::Communicator::Create({.store = store,
+                                     .group = group,
+                                     .rank = rank,
+                                     .size = size,
+                                     .host = "calibrate",
+                                     .connect_timeout = std::chrono::seconds(60),
+                                     .timeout = std::chrono::seconds(60)});
+}
+
 // Runs body(rank, comm) on a thread per entry of `device_cpus`, pinned to its cores, each
-// rank with its communicator of one group (this process's shared memory, as the trainer's);
-// returns the first error. Operations time out after a minute: a rank that fails leaves the
-// others waiting that long at most.
+// rank with its communicator of one group (CalibrationComm); returns the first error.
 Status OnRanks(const std::vector<std::vector<int>>& device_cpus, std::string_view what,
                const std::function<Status(int rank, comm::Communicator& comm)>& body) {
-  static std::atomic<int> groups{0};
-  const std::string group = fmt::format("kc-calibrate-{}-{}", getpid(), groups++);
+  const std::string group = CalibrationGroup("");
   const int k = static_cast<int>(device_cpus.size());
   comm::HashStore store;
   std::vector<Status> status(static_cast<size_t>(k));
@@ -92,14 +110,7 @@ Status OnRanks(const std::vector<std::vector<int>>& device_cpus, std::string_vie
     for (int r = 0; r < k; ++r) {
       threads.emplace_back([&, r] {
         PinTo(device_cpus[static_cast<size_t>(r)]);
-        Result<std::unique_ptr<comm::Communicator>> c =
-            comm::Communicator::Create({.store = &store,
-                                        .group = group,
-                                        .rank = r,
-                                        .size = k,
-                                        .host = "calibrate",
-                                        .connect_timeout = std::chrono::seconds(60),
-                                        .timeout = std::chrono::seconds(60)});
+        Result<std::unique_ptr<comm::Communicator>> c = CalibrationComm(&store, group, r, k);
         status[static_cast<size_t>(r)] = c.ok() ? body(r, **c) : c.status();
       });
     }
@@ -424,8 +435,7 @@ Result<ComputeCalibration> MeasureCompute(const ModelSpec& spec,
     }
   }
 
-  static std::atomic<int> store_groups{0};
-  const std::string group_name = fmt::format("kc-calibrate-tp-{}-{}", getpid(), store_groups++);
+  const std::string group_name = CalibrationGroup("tp-");
   comm::HashStore store;
   std::barrier<> sync(static_cast<std::ptrdiff_t>(n));
   std::vector<DeviceTimes> times(n);
@@ -442,13 +452,7 @@ Result<ComputeCalibration> MeasureCompute(const ModelSpec& spec,
         Status made;
         if (!comm_ts.empty()) {
           Result<std::unique_ptr<comm::Communicator>> c =
-              comm::Communicator::Create({.store = &store,
-                                          .group = group_name,
-                                          .rank = r,
-                                          .size = static_cast<int>(n),
-                                          .host = "calibrate",
-                                          .connect_timeout = std::chrono::seconds(60),
-                                          .timeout = std::chrono::seconds(60)});
+              CalibrationComm(&store, group_name, r, static_cast<int>(n));
           if (c.ok()) {
             whole = std::move(*c);
           } else {
