@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
@@ -127,17 +128,18 @@ Status ParseListenFlag(const std::string& flag, std::string* address, int* port)
 
 Status CheckHostsInInventory(const hal::Topology& topology,
                              const std::vector<fault::RemoteHost>& hosts) {
+  const std::vector<hal::HostSpec>& specs = topology.hosts();
   for (const fault::RemoteHost& h : hosts) {
-    int devices = 0;
-    bool named = false;
-    for (int d = 0; d < topology.num_devices(); ++d) {
-      if (topology.hosts()[static_cast<size_t>(topology.host_of(d))].name == h.name) ++devices;
-    }
-    for (const hal::HostSpec& s : topology.hosts()) named = named || s.name == h.name;
-    if (!named) {
+    const auto spec = std::find_if(specs.begin(), specs.end(),
+                                   [&](const hal::HostSpec& s) { return s.name == h.name; });
+    if (spec == specs.end()) {
       return InvalidArgumentError(fmt::format(
           "--hosts: host {} is not in --inventory's topology {} (name the hosts as it does)",
           h.name, topology.name()));
+    }
+    int devices = 0;
+    for (int d = 0; d < topology.num_devices(); ++d) {
+      devices += topology.host_of(d) == static_cast<int>(spec - specs.begin());
     }
     if (devices < h.slots) {
       return InvalidArgumentError(
