@@ -177,6 +177,7 @@ int RunLauncher(TrainArgs a) {
                   {"global_batch", p.global_batch},
                   {"micro_batches", p.micro_batches},
                   {"zero_stage", p.zero_stage},
+                  {"memory_copy_every", p.memory_copy_every},
                   {"seq_len", p.spec.seq_len},
                   {"grad_sync", a.grad_sync},
                   {"device", a.device},
@@ -529,6 +530,12 @@ void AddTrainCommand(CLI::App& app, Action* action) {
   c->add_option("--checkpoint-full-every", a->checkpoint_full_every,
                 "Every Nth checkpoint stores whole chunks; those between store each changed chunk "
                 "as a delta against the previous checkpoint's (1: every checkpoint whole)")
+      ->capture_default_str();
+  c->add_option("--memory-copy-every", a->memory_copy_every,
+                "Steps between in-memory copies of each rank's state on a rank of another host, "
+                "which bring back a stage or tensor-parallel rank whose every replica was lost "
+                "without reading a checkpoint; 0: none; auto: every 10 steps in an elastic run "
+                "with t x p > 1 (docs/user-guide/elastic.md)")
       ->capture_default_str();
   c->add_option("--resume", a->resume,
                 "auto (the newest checkpoint in --checkpoint-dir that verifies, if any), never, "

@@ -43,6 +43,7 @@ Json Fingerprint(const TrainArgs& a, const TrainSetup& p) {
           {"device", a.device},
           {"transport", a.transport},
           {"checkpoint_every", a.checkpoint_every},
+          {"memory_copy_every", p.memory_copy_every},
           {"min_ranks", a.min_ranks},
           {"max_ranks", a.max_ranks},
           {"heartbeat_period_s", a.heartbeat_period_s},

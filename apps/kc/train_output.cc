@@ -58,6 +58,8 @@ void TrainProgress::OnReport(const fault::Report& report) {
                  .tp_comm_s = s->tp_comm_ms / 1e3,
                  .tokens = s->tokens,
                  .stage_bubble = s->stage_bubble};
+    if (s->memory_copy_bytes > 0)
+      memory_copies_.emplace_back(s->memory_copy_ms, s->memory_copy_bytes);
     // After a recovery the steps since the restored state come again: the new ones count.
     while (!steps_.empty() && steps_.back().step >= r.step) steps_.pop_back();
     steps_.push_back(std::move(r));
@@ -218,6 +220,8 @@ void LauncherView::OnReport(int, const fault::Report& report) {
     for (int64_t chunks : r->lane_backlog) step->add_lane_backlog(chunks);
     step->set_retransmits(r->retransmits);
     step->set_rtt_s(r->rtt_ms / 1e3);
+    step->set_memory_copy_s(r->memory_copy_ms / 1e3);
+    step->set_memory_copy_bytes(r->memory_copy_bytes);
     step->set_ranks(ranks_);
     Append(std::move(out));
   } else if (const auto* c = std::get_if<fault::CheckpointReport>(&report)) {
@@ -438,11 +442,25 @@ void PrintSummary(const TrainArgs& a, const TrainSetup& p, const TrainProgress& 
         s.step_ms_median > 0 ? 100 * stall_ms / s.step_ms_median : 0.0, persist_ms,
         written / (1 << 20), raw > 0 ? 100 * written / raw : 0.0, reused, chunks, deltas);
   }
+  if (!m.memory_copies().empty()) {
+    // In-memory copies: what each took on rank 0 against a step, and what rank 0 holds.
+    std::vector<double> took;
+    for (const auto& [ms, bytes] : m.memory_copies()) took.push_back(ms);
+    std::sort(took.begin(), took.end());
+    const double copy_ms = took[took.size() / 2];
+    std::cout << fmt::format(
+        "  memory copies   {} (every {} steps): {:.1f} ms median ({:.1f}% of a step), rank 0 "
+        "holds {:.1f} MiB (its own state and a peer's)\n",
+        took.size(), p.memory_copy_every, copy_ms,
+        s.step_ms_median > 0 ? 100 * copy_ms / s.step_ms_median : 0.0,
+        static_cast<double>(m.memory_copies().back().second) / (1 << 20));
+  }
   if (faults > 0) {
     std::string what;
     for (const fault::FaultEvent& r : recoveries) {
       what += fmt::format("; generation {} with {} rank{} from {} in {:.2f} s, {} step{} lost",
-                          r.generation, r.ranks, r.ranks == 1 ? "" : "s", r.source,
+                          r.generation, r.ranks, r.ranks == 1 ? "" : "s",
+                          r.source == "memory" ? "in-memory copies" : r.source,
                           r.duration_s.value_or(0.0), r.steps_lost.value_or(0),
                           r.steps_lost.value_or(0) == 1 ? "" : "s");
     }

@@ -37,6 +37,8 @@ class TrainProgress {
   const std::vector<ValRecord>& val() const { return val_; }
   const std::vector<int64_t>& stage_activation_bytes() const { return stage_activation_bytes_; }
   const std::vector<fault::CheckpointReport>& checkpoints() const { return checkpoints_; }
+  // Rank 0's in-memory copies (--memory-copy-every): each one's time, ms, and bytes held.
+  const std::vector<std::pair<double, int64_t>>& memory_copies() const { return memory_copies_; }
   int64_t resumed_from() const { return resumed_from_; }
 
  private:
@@ -51,6 +53,7 @@ class TrainProgress {
   std::vector<ValRecord> val_;
   std::vector<int64_t> stage_activation_bytes_;
   std::vector<fault::CheckpointReport> checkpoints_;
+  std::vector<std::pair<double, int64_t>> memory_copies_;
   int64_t resumed_from_ = -1;  // the checkpoint's step, when resumed
 };
 

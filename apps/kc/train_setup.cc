@@ -103,6 +103,10 @@ Status ApplyTrainRun(TrainArgs* args) {
     a.checkpoint_every = std::to_string(c.every_steps());
   }
   if (c.keep() > 0) a.checkpoint_keep = c.keep();
+  // 0: the runtime's default (auto); -1: none.
+  a.memory_copy_every = c.memory_copy_every() == 0  ? std::string("auto")
+                        : c.memory_copy_every() < 0 ? std::string("0")
+                                                    : std::to_string(c.memory_copy_every());
   a.checkpoint_compress = c.compress();
   if (job.heartbeat().period_s() > 0) a.heartbeat_period_s = job.heartbeat().period_s();
   if (job.heartbeat().timeout_s() > 0) a.heartbeat_timeout_s = job.heartbeat().timeout_s();
@@ -196,6 +200,15 @@ Result<TrainSetup> CheckTrainArgs(TrainArgs* args) {
                                 ": must be at least 1 (1: every checkpoint whole)");
   }
 
+  if (a.memory_copy_every != "auto") {
+    char* end = nullptr;
+    const long long every = std::strtoll(a.memory_copy_every.c_str(), &end, 10);
+    if (a.memory_copy_every.empty() || *end != '\0' || every < 0) {
+      return InvalidArgumentError("--memory-copy-every " + a.memory_copy_every +
+                                  ": expected a number of steps (0: no copies) or auto");
+    }
+    p.memory_copy_every = every;
+  }
   if (a.progress != "auto" && a.progress != "bar" && a.progress != "lines" &&
       a.progress != "none") {
     return InvalidArgumentError("--progress " + a.progress + ": expected auto, bar, lines or none");
@@ -326,6 +339,11 @@ Result<TrainSetup> CheckTrainArgs(TrainArgs* args) {
         a.max_ranks));
   }
   p.elastic = a.min_ranks > 0 && a.min_ranks < most;
+  if (a.memory_copy_every == "auto") {
+    // Where a loss can take every replica of a position: replicas cannot bring it back.
+    p.memory_copy_every =
+        p.elastic && p.tensor_parallel * p.pipeline_stages > 1 && p.zero_stage == 0 ? 10 : 0;
+  }
   if (!a.resize_file.empty() && !p.elastic) {
     return InvalidArgumentError(
         "--resize-file: only for an elastic run (--min-ranks below --ranks or --max-ranks)");
@@ -472,6 +490,8 @@ std::vector<std::string> WorkerArgv(const TrainArgs& a, const TrainSetup& p, int
     v.push_back("--inject-fault");
     v.push_back(a.inject_fault);
   }
+  v.push_back("--memory-copy-every");
+  v.push_back(a.memory_copy_every);
   if (a.min_ranks > 0) {
     v.push_back("--min-ranks");
     v.push_back(std::to_string(a.min_ranks));

@@ -61,7 +61,11 @@ struct TrainArgs {
   int checkpoint_keep = 3;
   bool checkpoint_compress = false;
   int checkpoint_full_every = 8;  // fault::CheckpointOptions::full_every
-  std::string resume = "auto";    // auto, never, or a checkpoint's directory
+  // In-memory copies of each rank's state on a rank of another host (fault/memory_copy.h):
+  // steps between copies, 0 (none) or auto (every 10 steps when a loss can take every
+  // replica of a stage or tensor-parallel rank: an elastic run with t * p > 1 without ZeRO).
+  std::string memory_copy_every = "auto";
+  std::string resume = "auto";  // auto, never, or a checkpoint's directory
   // Failure detection: a rank silent this long (no heartbeat) is declared failed.
   double heartbeat_period_s = 1;
   double heartbeat_timeout_s = 30;
@@ -143,7 +147,8 @@ struct TrainSetup {
   bool pin = false;       // ranks * threads fit the cores: each rank gets its own
   bool validation = false;
   int64_t eval_every = 0;
-  int64_t checkpoint_every = 0;  // steps; 0 with mtbf_s: Young/Daly
+  int64_t checkpoint_every = 0;   // steps; 0 with mtbf_s: Young/Daly
+  int64_t memory_copy_every = 0;  // steps; 0: none (--memory-copy-every resolved)
   double mtbf_s = 0;
   int fault_rank = -1;  // --inject-fault
   int64_t fault_step = 0;
@@ -175,6 +180,7 @@ inline constexpr RunFileFlag kRunFileFlags[] = {{"--ranks"},
                                                 {"--mtbf"},
                                                 {"--checkpoint-keep"},
                                                 {"--checkpoint-compress", false},
+                                                {"--memory-copy-every"},
                                                 {"--comm-limits"},
                                                 {"--heartbeat-period"},
                                                 {"--heartbeat-timeout"},

@@ -259,6 +259,7 @@ int RunTrainWorker(const TrainArgs& a, const TrainSetup& p) {
       return last;
     };
   }
+  o.memory_copy_every = p.memory_copy_every;
   o.eval_every = p.eval_every;
   o.eval_batches = p.validation ? a.eval_batches : 0;
   o.stop_requested = &g_stop_requested;

@@ -17,6 +17,9 @@ Goal (issue 23): at least 64 ranks over 16 or more hosts; kill to training again
 hosts run (about 0.4 s a step); 128 over 32 did not reach their first step in 8 minutes: the
 ranks, 64 to a core, spin waiting for each other. For two hosts of gpt-tiny:
 kill to training again < 3 s (--model examples/models/gpt-tiny.yaml --hosts 2 --ranks-per-host 2).
+With --plan p=2,d=2 over two hosts of two, each host holds one stage of both replicas: the
+lost stage comes back from the other host's in-memory copies (kc train --memory-copy-every;
+`--memory-copy-every 0` for the checkpoint instead, to compare).
 
 A benchmark, not a test: nothing is asserted; the goals are reported met or not. Needs root
 (network namespaces), kc built (cmake --build build/release --target kc) and data/fortunes.
@@ -110,6 +113,10 @@ def main() -> int:
     ap.add_argument("--kill-at", type=int, default=100, help="kill once this step is reported")
     ap.add_argument("--kill-host", type=int, default=0)
     ap.add_argument("--host-timeout", type=float, default=2.0)
+    ap.add_argument("--plan", default="", help="kc train --plan (default: data-parallel)")
+    ap.add_argument("--global-batch", type=int, default=0)
+    ap.add_argument("--memory-copy-every", default="",
+                    help="kc train --memory-copy-every (default: kc train's, auto)")
     ap.add_argument("--json", default="", help="write the figures here")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, interrupted)  # cleans up as Ctrl-C does
@@ -126,6 +133,12 @@ def main() -> int:
              str(args.steps), "--data", str(DATA), "--eval-every", "0", "--threads-per-rank",
              "1", "--checkpoint-dir", str(work / "ckpt"), "--checkpoint-every",
              str(max(1, args.steps // 4)), "--timeout", "600", "--heartbeat-timeout", "60"]
+    if args.plan:
+        flags += ["--plan", args.plan]
+    if args.global_batch:
+        flags += ["--global-batch", str(args.global_batch)]
+    if args.memory_copy_every:
+        flags += ["--memory-copy-every", args.memory_copy_every]
     procs: list[subprocess.Popen] = []
     try:
         make_network(args.hosts)
@@ -176,6 +189,7 @@ def main() -> int:
         steps_lost = r.get("steps_lost", 0)
         fig = {
             "ranks": ranks, "hosts": args.hosts, "model": model.name, "steps": args.steps,
+            "plan": args.plan, "memory_copy_every": args.memory_copy_every,
             "killed_host": args.kill_host, "killed_ranks": args.ranks_per_host,
             "generation_ranks": r["ranks"], "source": r["source"],
             "detected_s": round(detected_s, 3), "training_again_s": round(restored_s, 3),

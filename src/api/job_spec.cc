@@ -96,6 +96,18 @@ JobSpec ReadCommon(config::Map root) {
   s.checkpoint_keep =
       static_cast<int>(root.OptionalInt("checkpoint_keep", 3, config::InRange(1, 1000)));
   s.checkpoint_compress = root.OptionalBool("checkpoint_compress", false);
+  if (const std::string copies = root.OptionalString("memory_copy_every", "auto");
+      copies != "auto") {
+    if (copies.empty() || copies.find_first_not_of("0123456789") != std::string::npos) {
+      root.Reject(
+          "memory_copy_every",
+          fmt::format("expected a number of steps (0: no copies) or auto, got \"{}\"", copies));
+    } else {
+      const int64_t copy_every =
+          root.OptionalInt("memory_copy_every", 0, config::InRange(0, 1000000));
+      s.memory_copy_every = copy_every == 0 ? -1 : copy_every;
+    }
+  }
   s.heartbeat_period_s =
       root.OptionalDouble("heartbeat_period", 1, {.min = 0, .max = 60, .min_exclusive = true});
   // A command job's program beats only if it is asked to (kc run --heartbeat-timeout): none by
@@ -129,8 +141,8 @@ JobSpec ReadCommon(config::Map root) {
       }
     }
     // What only a model job has.
-    for (const char* key :
-         {"plan", "global_batch", "data", "steps", "checkpoint_keep", "checkpoint_compress"}) {
+    for (const char* key : {"plan", "global_batch", "data", "steps", "checkpoint_keep",
+                            "checkpoint_compress", "memory_copy_every"}) {
       if (root.Has(key)) {
         root.Reject(key, "only for a model job (a command job's program trains as it will)");
       }
@@ -242,31 +254,35 @@ Result<JobSpec> LoadJobFile(const std::string& path) {
 }
 
 std::string JobSpecText(const JobSpec& s) {
-  nlohmann::ordered_json j = {{"name", s.name},
-                              {"team", s.team},
-                              {"class", s.job_class},
-                              {"ranks", s.ranks},
-                              {"min_devices", s.min_devices},
-                              {"plan", s.plan},
-                              {"steps", s.steps},
-                              {"global_batch", s.global_batch},
-                              {"checkpoint_every", s.checkpoint_every},
-                              {"max_restarts", s.max_restarts},
-                              {"restart_backoff", s.restart_backoff_s},
-                              {"expected_hours", s.expected_hours},
-                              {"storage_gb", s.storage_gb},
-                              {"data", s.data},
-                              {"checkpoint_dir", s.checkpoint_dir},
-                              {"checkpoint_keep", s.checkpoint_keep},
-                              {"checkpoint_compress", s.checkpoint_compress},
-                              {"heartbeat_period", s.heartbeat_period_s},
-                              {"heartbeat_timeout", s.heartbeat_timeout_s},
-                              {"model_yaml", s.model_yaml}};
+  nlohmann::ordered_json j = {
+      {"name", s.name},
+      {"team", s.team},
+      {"class", s.job_class},
+      {"ranks", s.ranks},
+      {"min_devices", s.min_devices},
+      {"plan", s.plan},
+      {"steps", s.steps},
+      {"global_batch", s.global_batch},
+      {"checkpoint_every", s.checkpoint_every},
+      {"max_restarts", s.max_restarts},
+      {"restart_backoff", s.restart_backoff_s},
+      {"expected_hours", s.expected_hours},
+      {"storage_gb", s.storage_gb},
+      {"data", s.data},
+      {"checkpoint_dir", s.checkpoint_dir},
+      {"checkpoint_keep", s.checkpoint_keep},
+      {"checkpoint_compress", s.checkpoint_compress},
+      {"memory_copy_every", s.memory_copy_every > 0   ? nlohmann::ordered_json(s.memory_copy_every)
+                            : s.memory_copy_every < 0 ? nlohmann::ordered_json(0)
+                                                      : nlohmann::ordered_json("auto")},
+      {"heartbeat_period", s.heartbeat_period_s},
+      {"heartbeat_timeout", s.heartbeat_timeout_s},
+      {"model_yaml", s.model_yaml}};
   if (s.checkpoint_auto) j["checkpoint_every"] = "auto";
   if (!s.command.empty()) {
     // A command job: no model, nor what only a model job has.
     for (const char* key : {"plan", "steps", "global_batch", "data", "model_yaml",
-                            "checkpoint_keep", "checkpoint_compress"}) {
+                            "checkpoint_keep", "checkpoint_compress", "memory_copy_every"}) {
       j.erase(key);
     }
     if (s.heartbeat_timeout_s == 0) {  // no heartbeats asked of its program

@@ -63,6 +63,10 @@ struct JobSpec {
   std::string checkpoint_dir;  // under the agent's work root; "" = the job's own directory
   int checkpoint_keep = 3;     // checkpoints kept (the newest)
   bool checkpoint_compress = false;
+  // Steps between in-memory copies of each rank's state on another host (kc train
+  // --memory-copy-every); the job file's `memory_copy_every`: N, 0 (none) or auto (the default).
+  // Here as in CheckpointPolicy: 0: auto, -1: none.
+  int64_t memory_copy_every = 0;
   // A rank silent for heartbeat_timeout_s (no heartbeat) is declared failed.
   double heartbeat_period_s = 1;
   double heartbeat_timeout_s = 30;

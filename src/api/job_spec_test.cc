@@ -63,6 +63,8 @@ TEST(JobSpecTest, BadJobFilesAreRefusedNamingFileLineAndKey) {
            // Checkpoints every N steps or as the scheduler advises; bounded restarts.
            {"name: x\nmodel: " + model + "\ncheckpoint_every: often\n",
             "job.yaml:3: checkpoint_every: expected a number of steps or auto"},
+           {"name: x\nmodel: " + model + "\nmemory_copy_every: sometimes\n",
+            "job.yaml:3: memory_copy_every: expected a number of steps (0: no copies) or auto"},
            {"name: x\nmodel: " + model + "\nmax_restarts: 1000\n", "job.yaml:3: max_restarts"},
            {"name: x\nmodel: " + model + "\nrestart_backoff: -1\n", "job.yaml:3: restart_backoff"},
            // Other jobs' directories and the agent's own are no job's to name.
@@ -99,6 +101,17 @@ TEST(JobSpecTest, DevicesAndAPlanLoadAndTravelAsText) {
   EXPECT_EQ(back->plan, s->plan);
   EXPECT_EQ(back->max_restarts, 3);  // the defaults
   EXPECT_EQ(back->restart_backoff_s, 10);
+  EXPECT_EQ(back->memory_copy_every, 0);  // auto
+  // In-memory copies: every N steps, none (0), or auto; each travels as text.
+  for (const auto& [text, want] : {std::pair{"5", int64_t{5}}, {"0", int64_t{-1}}, {"auto", 0}}) {
+    Result<JobSpec> copies = LoadJobFile(
+        dir.Write("job.yaml", "name: x\nmodel: " + model + "\nmemory_copy_every: " + text + "\n"));
+    ASSERT_TRUE(copies.ok()) << copies.status().message();
+    EXPECT_EQ(copies->memory_copy_every, want) << text;
+    Result<JobSpec> again = ParseJobSpec(JobSpecText(*copies), "spec");
+    ASSERT_TRUE(again.ok()) << again.status().message();
+    EXPECT_EQ(again->memory_copy_every, want) << text;
+  }
   // The plan kcd writes for a start below max_devices is for that size: within [min, max]
   // it checks; a size past max_devices does not.
   JobSpec at_one = *back;

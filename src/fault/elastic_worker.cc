@@ -320,11 +320,30 @@ Status ElasticWorker::RunGeneration(Generation& g) {
         return r.status();
       }
     }
+    if (need_checkpoint && o_.memory_copy_every > 0) {
+      // The copies of a peer host, unless every member sees a newer checkpoint.
+      int64_t checkpoint_step = -1;
+      if (!ro.checkpoint.dir.empty()) {
+        Result<std::vector<CheckpointEntry>> saved = ListCheckpoints(ro.checkpoint.dir);
+        if (saved.ok() && !saved->empty()) checkpoint_step = saved->front().step;
+      }
+      Result<MemoryRestore> m = copies_.Restore(g.trainer.get(), g.comm.get(), checkpoint_step);
+      if (m.ok()) {
+        need_checkpoint = false;
+        source = "memory";
+        state_bytes = m->bytes;
+      } else if (m.status().code() != ErrorCode::kFailedPrecondition) {
+        return m.status();
+      } else {
+        KC_LOG(WARNING) << fmt::format("rank {}: {}; loading the newest checkpoint", g.rank,
+                                       m.status().message());
+      }
+    }
     if (need_checkpoint) {
       if (ro.checkpoint.dir.empty()) {
         return FailedPreconditionError(
-            "no data-parallel replica of the lost ranks survived whole and there is no "
-            "checkpoint directory to restore from");
+            "no data-parallel replica of the lost ranks survived whole, no in-memory copy "
+            "of their state either, and there is no checkpoint directory to restore from");
       }
       KC_ASSIGN_OR_RETURN(CheckpointEntry e, LatestGoodCheckpoint(ro.checkpoint.dir, nullptr));
       ro.resume_from = e.path;
@@ -366,6 +385,16 @@ Status ElasticWorker::RunGeneration(Generation& g) {
     callbacks.on_step = [&](const parallel::StepStats& s) {
       loader_after_ = g.trainer->loader().state();
       StepReport report = ToStepReport(s);
+      const int64_t done = g.trainer->steps_done();
+      if (o_.memory_copy_every > 0 && done < ro.steps && done % o_.memory_copy_every == 0) {
+        // The state of step `done`, copied before its checkpoint and evaluation.
+        const auto copy_start = std::chrono::steady_clock::now();
+        KC_RETURN_IF_ERROR(copies_.Exchange(*g.trainer, loader_after_, g.comm.get()));
+        report.memory_copy_ms =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - copy_start)
+                .count();
+        report.memory_copy_bytes = copies_.bytes();
+      }
       if (o_.rate_limiter != nullptr) {
         // The limiter is the rank's, over every group's collectives: its wait since the last step.
         const Duration waited = o_.rate_limiter->metrics().total_wait;

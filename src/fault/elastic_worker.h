@@ -1,7 +1,8 @@
 // One training rank of a run, every generation it is a member of: it builds the generation's
 // communicator and engine (parallel::Trainer) as its rank there, brings them to the run's state
 // (the checkpoint it was asked to resume from, its own state and the surviving replicas'
-// (elastic.h), or the newest good checkpoint), steps them with the resilient runner
+// (elastic.h), the in-memory copies of a peer host (memory_copy.h), or the newest good
+// checkpoint), steps them with the resilient runner
 // (runner.h), evaluates on a cadence, beats its heartbeat, stops after a step every rank agrees
 // on when asked to, and reports its progress through an observer. When a generation fails
 // (a peer lost or silent, a new generation announced) it keeps its state and joins the next
@@ -28,6 +29,7 @@
 #include "comm/store.h"
 #include "fault/elastic.h"
 #include "fault/heartbeat.h"
+#include "fault/memory_copy.h"
 #include "fault/reports.h"
 #include "fault/runner.h"
 #include "parallel/trainer.h"
@@ -92,6 +94,11 @@ struct ElasticWorkerOptions {
   // The runner: everything but its rank, ranks, store and plan, set per generation.
   // runner.resume_from applies to the first generation only.
   RunnerOptions runner;
+  // Every N steps (0: never) each rank copies its state in memory and sends a copy to a rank
+  // of another host (memory_copy.h): a later generation whose lost ranks took every replica of
+  // some position rolls back to those copies instead of reading the newest checkpoint, unless
+  // that checkpoint is newer.
+  int64_t memory_copy_every = 0;
   int64_t eval_every = 0;    // validation every N steps and after the last (0: the last only)
   int64_t eval_batches = 0;  // validation batches per rank; 0: no validation
   // A stop asked for from outside (a signal handler may set it): as RequestStop.
@@ -152,6 +159,7 @@ class ElasticWorker {
   const comm::Communicator* links_of_ = nullptr;
   comm::LinkStats links_seen_;
   StateSnapshot snapshot_;              // this worker's state when its last generation ended
+  MemoryCopies copies_;                 // its in-memory copies (memory_copy_every)
   parallel::LoaderState loader_after_;  // the loader after the trainer's last step
 
   Mutex mu_;

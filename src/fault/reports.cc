@@ -61,7 +61,9 @@ struct Encoder {
             {"lane_wait_ms", r.lane_wait_ms},
             {"lane_backlog", r.lane_backlog},
             {"retransmits", r.retransmits},
-            {"rtt_ms", r.rtt_ms}};
+            {"rtt_ms", r.rtt_ms},
+            {"memory_copy_ms", r.memory_copy_ms},
+            {"memory_copy_bytes", r.memory_copy_bytes}};
   }
   Json operator()(const EvaluationReport& r) const {
     return {{"type", "val"}, {"step", r.step}, {"loss", r.loss}};
@@ -137,7 +139,9 @@ Result<Report> Decode(const Json& j) {  // nlohmann's accessors throw Json::exce
                       .lane_wait_ms = j.value("lane_wait_ms", std::vector<double>()),
                       .lane_backlog = j.value("lane_backlog", std::vector<int64_t>()),
                       .retransmits = j.value("retransmits", int64_t{0}),
-                      .rtt_ms = j.value("rtt_ms", 0.0)};
+                      .rtt_ms = j.value("rtt_ms", 0.0),
+                      .memory_copy_ms = j.value("memory_copy_ms", 0.0),
+                      .memory_copy_bytes = j.value("memory_copy_bytes", int64_t{0})};
   }
   if (type == "val") {
     return EvaluationReport{.step = j.at("step").get<int64_t>(),

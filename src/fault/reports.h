@@ -57,6 +57,10 @@ struct StepReport {
   std::vector<int64_t> lane_backlog;
   int64_t retransmits = 0;
   double rtt_ms = 0;
+  // The in-memory copy exchanged after this step (memory_copy.h), if any: its time on this
+  // rank and the bytes of the copies this rank holds now (its own and its peers').
+  double memory_copy_ms = 0;
+  int64_t memory_copy_bytes = 0;
 };
 StepReport ToStepReport(const parallel::StepStats& stats);
 
@@ -97,7 +101,7 @@ struct RecoveryReport {
   int64_t micro_batch_size = 0;  // the leader's replica's (others may differ by a sequence)
   int64_t micro_batches = 0;
   int64_t step = 0;    // the steps done of the state restored
-  std::string source;  // "replica" or "checkpoint"
+  std::string source;  // "replica", "memory" (a peer host's in-memory copies) or "checkpoint"
   int64_t state_bytes_received = 0;
   double rebuild_s = 0;  // from the generation's start to the state restored
   std::string reason;    // why the generation began

@@ -66,7 +66,7 @@ struct FaultEvent {
   int min_ranks = 0;
   int d = 0;  // the replicas of that generation
   // kRecovered, kStopped.
-  std::string source;  // "replica" or "checkpoint"
+  std::string source;  // "replica", "memory" (a peer host's in-memory copies) or "checkpoint"
   int64_t step = 0;    // of the state restored
   double rebuild_s = 0;
   // Steps reported before the failure that the restored state does not hold, and the time

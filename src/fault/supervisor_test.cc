@@ -57,7 +57,8 @@ struct Drill {
   int worker = 0;
   int64_t step = 0;  // 1-based: before this step
   How how = How::kKill;
-  int ranks = 0;  // kResize
+  int ranks = 0;          // kResize
+  std::vector<int> with;  // kKill: killed with it, as ranks of one host
 };
 
 struct RunSpec {
@@ -71,6 +72,7 @@ struct RunSpec {
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
   std::string resume_from;
+  int64_t memory_copy_every = 0;
   std::vector<Drill> drills;
 };
 
@@ -180,6 +182,7 @@ RunResult Train(const RunSpec& spec) {
          o.runner.checkpoint.dir = spec.checkpoint_dir;
          o.runner.checkpoint_every = spec.checkpoint_every;
          o.runner.resume_from = spec.resume_from;
+         o.memory_copy_every = spec.memory_copy_every;
          o.runner.model = ModelFingerprint(o.trainer.spec);
          o.stop_requested = rank.stop_requested();
          o.observer = rank.observer();
@@ -188,6 +191,7 @@ RunResult Train(const RunSpec& spec) {
              if (d.worker != rank.worker() || d.step != next) continue;
              switch (d.how) {
                case Drill::How::kKill:
+                 for (int w : d.with) launcher.Signal(w, RankSignal::kKill);
                  launcher.Signal(d.worker, RankSignal::kKill);
                  break;
                case Drill::How::kSilenceAfterBeat:
@@ -387,6 +391,43 @@ TEST(SupervisorTest, ALoneSurvivorTakesInAReplacementAndTheRunGrowsBack) {
   EXPECT_LE(
       MaxRelativeDifference(r.losses, Train({.ranks = 1, .global_batch = 4, .steps = 40}).losses),
       1e-5);
+}
+
+// Both tensor-parallel rank 1s of a t = 2, d = 2 run are lost at once (a host's ranks): no
+// replica holds that position any more. With in-memory copies every 2 steps, the survivors
+// roll back to the copies of step 4 (each rank's copy is held by the next rank; the
+// checkpoint of step 4 is no newer) and go on as one replica, with the uninterrupted run's
+// losses; without them, to the newest committed checkpoint.
+TEST(SupervisorTest, ALostPositionComesBackFromTheInMemoryCopiesOfItsState) {
+  const std::string dir = ::testing::TempDir() + "kc_memory_copy_" + std::to_string(getpid());
+  for (const int64_t every : {2, 0}) {
+    std::filesystem::remove_all(dir);
+    RunResult r = Train({.ranks = 4,
+                         .min_ranks = 2,
+                         .t = 2,
+                         .steps = 10,
+                         .checkpoint_dir = dir,
+                         .checkpoint_every = 2,
+                         .memory_copy_every = every,
+                         .drills = {{.worker = 3, .step = 6, .with = {1}}}});
+    EXPECT_EQ(r.outcome.end, RunOutcome::End::kCompleted) << r.outcome.error;
+    const FaultEvent* recovered = nullptr;
+    for (const FaultEvent& e : r.faults) {
+      if (e.kind == FaultEvent::Kind::kRecovered) recovered = &e;
+    }
+    ASSERT_NE(recovered, nullptr);
+    EXPECT_EQ(recovered->ranks, 2);
+    if (every > 0) {
+      EXPECT_EQ(recovered->source, "memory");
+      EXPECT_EQ(recovered->step, 4);
+    } else {
+      EXPECT_EQ(recovered->source, "checkpoint");
+      EXPECT_LE(recovered->step, 4);
+    }
+    ASSERT_EQ(r.losses.size(), 10u);
+    EXPECT_LE(MaxRelativeDifference(r.losses, Train({.ranks = 1, .steps = 10}).losses), 1e-5);
+  }
+  std::filesystem::remove_all(dir);
 }
 
 // A replacement announced as the survivors take their last step: they finish the training

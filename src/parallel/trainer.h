@@ -160,8 +160,10 @@ class Trainer {
   // entry without pipelining.
   const std::vector<int64_t>& stage_activation_bytes() const { return stage_activation_bytes_; }
   int stage() const { return stage_; }
+  int stages() const { return stages_; }  // p
   int dp_rank() const { return dp_rank_; }
   int tp_rank() const { return tp_rank_; }
+  int tp_size() const { return tp_; }  // t
   int zero_stage() const { return options_.plan.zero_stage; }
 
   // Every parameter tensor this rank holds, with views of its values and moments (valid while

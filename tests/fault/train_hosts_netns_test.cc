@@ -95,11 +95,11 @@ class TrainHostsNetnsTest : public ::testing::Test {
   }
   static constexpr char kToken[] = "0123abcd-the-runs-secret";
   // The same training on this machine alone.
-  std::map<int64_t, double> OneHostLosses(int steps) {
+  std::map<int64_t, double> OneHostLosses(int steps, const std::string& extra = "") {
     KcRun one = kc::testing::RunKc(
         KC_BINARY, fmt::format("train {} --ranks 4 --steps {} --data {}/fortunes/manifest.json "
-                               "--eval-every 0 --progress none --out {}",
-                               model_, steps, data_->path(), dir_.Path("one")));
+                               "--eval-every 0 --progress none --out {} {}",
+                               model_, steps, data_->path(), dir_.Path("one"), extra));
     EXPECT_EQ(one.exit_code, 0) << one.err;
     return Losses(dir_.Path("one/metrics.jsonl"));
   }
@@ -223,6 +223,39 @@ TEST_F(TrainHostsNetnsTest, KillingTheHostOfRankZeroLeavesTheOtherTraining) {
   }
   EXPECT_TRUE(recovered) << launcher->output();
   ExpectSameLosses(Losses(dir_.Path("out/metrics.jsonl")), OneHostLosses(1500), 20);
+}
+
+// A plan with p = 2 over h1:2,h2:2 puts stage 0 of both replicas on h1 and stage 1 on h2: when
+// h2 dies no replica of stage 1 survives. Every 10 steps (the default of an elastic run with
+// t x p > 1) each rank's state is copied to its place on the other host, so h1's two ranks
+// form one replica of both stages from those copies, not from a checkpoint, and train on
+// with the losses of the run on one host.
+TEST_F(TrainHostsNetnsTest, AStageWhoseHostDiedComesBackFromTheOtherHostsInMemoryCopies) {
+  std::string two_layers = kc::testing::kMicroModel;
+  two_layers.replace(two_layers.find("layers: 1"), 9, "layers: 2");
+  model_ = dir_.Write("micro2.yaml", two_layers);
+  const std::string plan = "--plan p=2,d=2 --global-batch 8 ";
+  const std::string flags = Flags(600, plan + "--min-ranks 2");
+  std::unique_ptr<Daemon> launcher = Launcher(flags + " --host-timeout 1", "h1:2,h2:2");
+  ASSERT_NE(launcher->WaitForLine("rendezvous at"), "") << launcher->output();
+  std::unique_ptr<Daemon> h1 = Share(hosts_.a(), "h1", flags);
+  std::unique_ptr<Daemon> h2 = Share(hosts_.b(), "h2", flags);
+  ASSERT_NE(launcher->WaitForLine(" 150/600"), "") << launcher->output();
+  kill(-h2->pid(), SIGKILL);
+  h2->Stop(SIGKILL);
+  ASSERT_EQ(launcher->Finish(), 0) << launcher->output();
+  EXPECT_EQ(h1->Finish(), 0) << h1->output();
+  bool recovered = false;
+  for (const nlohmann::json& f : Faults(dir_.Path("out/faults.jsonl"))) {
+    if (f["event"] != "recovered") continue;
+    recovered = true;
+    EXPECT_EQ(f["source"], "memory") << f;
+    EXPECT_EQ(f["ranks"], 2) << f;
+    EXPECT_EQ(f["step"].get<int64_t>() % 10, 0) << f;
+    EXPECT_LE(f["steps_lost"].get<int64_t>(), 10) << f;
+  }
+  EXPECT_TRUE(recovered) << launcher->output();
+  ExpectSameLosses(Losses(dir_.Path("out/metrics.jsonl")), OneHostLosses(600, plan));
 }
 
 // h2's link goes down mid-run: its share, cut off from the store, kills its ranks and ends with

@@ -1005,6 +1005,14 @@ TEST(KcElasticCheckpointTest, ShardedStateComesBackFromTheCheckpoint) {
   EXPECT_GE(events[1]["steps_lost"].get<int64_t>(), 0);
 }
 
+TEST_F(KcTrainBadInputTest, MemoryCopyEveryIsStepsOrAuto) {
+  for (const std::string v : {"often", "-3", ""}) {
+    KcRun r = Expect2(TheCorpus().model(), data() + " --memory-copy-every '" + v + "'");
+    EXPECT_THAT(r.err, HasSubstr("--memory-copy-every " + v +
+                                 ": expected a number of steps (0: no copies) or auto"));
+  }
+}
+
 TEST_F(KcTrainBadInputTest, ElasticOptions) {
   KcRun r = Expect2(TheCorpus().model(), data() + " --ranks 2 --min-ranks 3");
   EXPECT_THAT(r.err, HasSubstr("--min-ranks 3: must be between 1 and --ranks (2)"));
