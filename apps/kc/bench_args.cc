@@ -109,6 +109,17 @@ Result<Plan> Check(const BenchArgs& a) {
                                 "\" (auto ring recursive_doubling hierarchical direct)");
   }
   p.algo = *al;
+  if (a.wire != "f32" && a.wire != "bf16") {
+    return InvalidArgumentError("--wire: unknown \"" + a.wire + "\" (f32 bf16)");
+  }
+  if (a.wire == "bf16") {
+    if (p.dtype != DataType::kF32 || (p.redop != ReduceOp::kSum && p.redop != ReduceOp::kAvg)) {
+      return InvalidArgumentError(
+          "--wire bf16: carries f32 sums and averages (--dtype f32, "
+          "--redop sum or avg)");
+    }
+    p.wire = comm::WireFormat::kBf16;
+  }
   std::optional<TransportKind> k = comm::TransportKindFromName(a.transport);
   if (!k)
     return InvalidArgumentError("--transport: unknown \"" + a.transport + "\" (auto shm tcp)");

@@ -22,6 +22,7 @@ struct BenchArgs {
   std::string dtype = "f32";
   std::string redop = "sum";
   std::string algo = "auto";
+  std::string wire = "f32";  // all-reduce: what travels, f32 or bf16 (comm::WireFormat)
   std::string transport = "auto";
   std::string buffers = "user";
   int iters = 20;
@@ -58,6 +59,7 @@ struct Plan {
   hal::DataType dtype;
   comm::ReduceOp redop;
   comm::Algorithm algo;
+  comm::WireFormat wire = comm::WireFormat::kNative;
   comm::TransportKind transport;
   bool registered;
   int world;

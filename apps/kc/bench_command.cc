@@ -185,7 +185,9 @@ class Worker {
     }
     const int n = p_.world;
     Result<std::shared_ptr<comm::Work>> w = [&]() -> Result<std::shared_ptr<comm::Work>> {
-      if (op == "allreduce") return comm_->Allreduce(data, count, p_.dtype, p_.redop);
+      if (op == "allreduce") {
+        return comm_->Allreduce(data, count, p_.dtype, p_.redop, {.wire = p_.wire});
+      }
       if (op == "reduce_scatter") return comm_->ReduceScatter(data, count, p_.dtype, p_.redop);
       if (op == "allgather") return comm_->Allgather(data, count, p_.dtype);
       if (op == "broadcast") return comm_->Broadcast(data, 0);
@@ -333,9 +335,9 @@ class Worker {
       hosts = static_cast<int>(std::unique(h.begin(), h.end()) - h.begin());
     }
     std::cout << fmt::format(
-        "# kc bench comm: {} ranks on {} host(s), transport {}, algorithm {}, buffers {}, "
-        "{} iterations after {} warm-up{}\n#\n",
-        p_.world, hosts, a_.transport, a_.algo, a_.buffers, a_.iters, a_.warmup,
+        "# kc bench comm: {} ranks on {} host(s), transport {}, algorithm {}, wire {}, buffers "
+        "{}, {} iterations after {} warm-up{}\n#\n",
+        p_.world, hosts, a_.transport, a_.algo, a_.wire, a_.buffers, a_.iters, a_.warmup,
         p_.flood_bytes > 0 ? fmt::format(", under a {}-byte telemetry-lane flood", p_.flood_bytes)
                            : "");
     std::cout << fmt::format(
@@ -359,6 +361,7 @@ class Worker {
                           {"transport", a_.transport},
                           {"buffers", a_.buffers},
                           {"algo", algo},
+                          {"wire", a_.wire},
                           {"dtype", a_.dtype},
                           {"redop", a_.redop},
                           {"size", size},
@@ -466,6 +469,8 @@ std::vector<std::string> WorkerArgv(const BenchArgs& a, int rank, const std::str
                                 a.redop,
                                 "--algo",
                                 a.algo,
+                                "--wire",
+                                a.wire,
                                 "--transport",
                                 a.transport,
                                 "--buffers",
@@ -643,6 +648,10 @@ void AddBenchCommand(CLI::App& app, Action* action) {
   c->add_option("--dtype", a->dtype, "f32, f64, i32, i64 or bf16")->capture_default_str();
   c->add_option("--redop", a->redop, "sum, prod, min, max or avg")->capture_default_str();
   c->add_option("--algo", a->algo, "auto, ring, recursive_doubling, hierarchical or direct")
+      ->capture_default_str();
+  c->add_option("--wire", a->wire,
+                "All-reduce: what travels between ranks, f32 or bf16 (f32 sums and averages sent "
+                "as bf16, added in f32; ring and hierarchical)")
       ->capture_default_str();
   c->add_option("--transport", a->transport, "auto, shm or tcp")->capture_default_str();
   c->add_option("--buffers", a->buffers,

@@ -180,6 +180,7 @@ int RunLauncher(TrainArgs a) {
                   {"memory_copy_every", p.memory_copy_every},
                   {"seq_len", p.spec.seq_len},
                   {"grad_sync", a.grad_sync},
+                  {"grad_wire", a.grad_wire},
                   {"device", a.device},
                   {"precision", a.precision},
                   {"data", a.data},
@@ -481,6 +482,11 @@ void AddTrainCommand(CLI::App& app, Action* action) {
   c->add_option("--grad-sync", a->grad_sync,
                 "bucketed (fused buckets overlapped with the backward) or per-tensor (one "
                 "all-reduce per tensor after the backward: the baseline)")
+      ->capture_default_str();
+  c->add_option("--grad-wire", a->grad_wire,
+                "What the gradients' all-reduces send between ranks: fp32, or bf16 (half the "
+                "bytes of the ring, additions in fp32; for links slower than the ranks' compute, "
+                "docs/user-guide/comm.md)")
       ->capture_default_str();
   c->add_option("--bucket-mb", a->bucket_mb, "Gradient bucket size in MiB")->capture_default_str();
   c->add_option("--transport", a->transport,

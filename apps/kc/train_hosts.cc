@@ -38,6 +38,7 @@ Json Fingerprint(const TrainArgs& a, const TrainSetup& p) {
           {"micro_batches", p.micro_batches},
           {"plan", parallel::PlanToString(p.ParallelPlanFor(a.ranks))},
           {"grad_sync", a.grad_sync},
+          {"grad_wire", a.grad_wire},
           {"bucket_mb", a.bucket_mb},
           {"precision", a.precision},
           {"device", a.device},

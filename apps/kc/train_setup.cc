@@ -110,6 +110,7 @@ Status ApplyTrainRun(TrainArgs* args) {
   a.checkpoint_compress = c.compress();
   if (job.heartbeat().period_s() > 0) a.heartbeat_period_s = job.heartbeat().period_s();
   if (job.heartbeat().timeout_s() > 0) a.heartbeat_timeout_s = job.heartbeat().timeout_s();
+  if (!job.grad_wire().empty()) a.grad_wire = job.grad_wire();
   a.inventory_text = as.inventory();
   if (as.has_comm_limits()) {
     comm::RateLimit limit;
@@ -214,6 +215,10 @@ Result<TrainSetup> CheckTrainArgs(TrainArgs* args) {
     return InvalidArgumentError("--progress " + a.progress + ": expected auto, bar, lines or none");
   }
   KC_ASSIGN_OR_RETURN(p.grad_sync, parallel::ParseGradSync(a.grad_sync));
+  if (a.grad_wire != "fp32" && a.grad_wire != "bf16") {
+    return InvalidArgumentError("--grad-wire " + a.grad_wire + ": expected fp32 or bf16");
+  }
+  p.grad_wire = a.grad_wire == "bf16" ? comm::WireFormat::kBf16 : comm::WireFormat::kNative;
   const std::optional<comm::TransportKind> transport = comm::TransportKindFromName(a.transport);
   if (!transport)
     return InvalidArgumentError("--transport " + a.transport + ": expected auto, shm or tcp");
@@ -451,6 +456,8 @@ std::vector<std::string> WorkerArgv(const TrainArgs& a, const TrainSetup& p, int
       std::to_string(a.eval_batches),
       "--grad-sync",
       a.grad_sync,
+      "--grad-wire",
+      a.grad_wire,
       "--bucket-mb",
       fmt::format("{}", a.bucket_mb),
       "--transport",

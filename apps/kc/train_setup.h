@@ -37,6 +37,7 @@ struct TrainArgs {
   int64_t eval_every = -1;  // -1: steps / 5; 0: only at the end
   int64_t eval_batches = 4;
   std::string grad_sync = "bucketed";
+  std::string grad_wire = "fp32";  // what gradient all-reduces send: fp32, or bf16
   double bucket_mb = 2;
   std::string transport = "auto";
   std::string device = "cpu";      // cpu, or cuda: one GPU per rank
@@ -160,6 +161,7 @@ struct TrainSetup {
   int gpus = 0;  // CUDA devices visible (the launcher's count; ranks share them round robin)
   parallel::Precision precision = parallel::Precision::kFp32;
   parallel::GradSync grad_sync = parallel::GradSync::kBucketed;
+  comm::WireFormat grad_wire = comm::WireFormat::kNative;
   comm::TransportKind transport = comm::TransportKind::kAuto;
 
   // The plan of these fields for `ranks` ranks (d = ranks / (t * p)).
@@ -181,6 +183,7 @@ inline constexpr RunFileFlag kRunFileFlags[] = {{"--ranks"},
                                                 {"--checkpoint-keep"},
                                                 {"--checkpoint-compress", false},
                                                 {"--memory-copy-every"},
+                                                {"--grad-wire"},
                                                 {"--comm-limits"},
                                                 {"--heartbeat-period"},
                                                 {"--heartbeat-timeout"},

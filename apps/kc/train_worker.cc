@@ -235,6 +235,7 @@ int RunTrainWorker(const TrainArgs& a, const TrainSetup& p) {
   t.compute_threads = p.compute_threads;
   t.plan = p.ParallelPlanFor(a.ranks);  // its size and micro-batching are set per generation
   t.grad_sync = p.grad_sync;
+  t.grad_wire = p.grad_wire;
   t.precision = p.precision;
   t.bucket_bytes = static_cast<int64_t>(a.bucket_mb * (1 << 20));
   o.runner = {.steps = a.steps,

@@ -164,15 +164,19 @@ def command(cfg, args, bins, ranks, op, size, iters, warmup, gloo_algos=""):
         if algos and op == "allreduce":
             cmd += ["--algos", algos]
         return cmd
+    wire = []
     if cfg.transport == "wire":
         # The links' limit between the same ranks: plain sockets streaming around the ring
         # (kc bench comm --op wire); its busbw is a ring all-reduce's ceiling.
         op, transport = "wire", "tcp"
+    elif cfg.transport == "tcp-bf16":
+        # kc's optional bf16 wire (--wire bf16): f32 sums sent as bf16, half the bytes.
+        transport, wire = "tcp", ["--wire", "bf16"]
     else:
         transport = cfg.transport
     return [args.kc, "bench", "comm", "--ranks", str(ranks), "--sizes", s, "--op", op,
             "--transport", transport, "--buffers", cfg.buffers, "--iters", str(iters),
-            "--warmup", str(warmup), "--format", "json"]
+            "--warmup", str(warmup), "--format", "json"] + wire
 
 
 def run_json_lines(cmd, timeout_s):
@@ -309,7 +313,8 @@ def print_tables(agg, args, kc_state, vers, load):
           "the wire (plain sockets streaming around the same ring: kc bench comm --op wire)")
     print(f"{'op':<15}{'ranks':>5} {'size':>6}  {'gloo best':<18}{'kc busbw':>9}"
           f"{'gloo busbw':>11}{'bw ratio':>9}{'kc us':>10}{'gloo us':>10}{'time ratio':>11}"
-          f"{'wire busbw':>11}{'kc/wire':>8}{'gloo/wire':>10}")
+          f"{'wire busbw':>11}{'kc/wire':>8}{'gloo/wire':>10}"
+          + (f"{'bf16 busbw':>11}{'bf16/gloo':>10}" if args.kc_bf16 else ""))
     for op in ops:
         for n in ranks_list:
             for size in sizes:
@@ -319,6 +324,7 @@ def print_tables(agg, args, kc_state, vers, load):
                     continue
                 w = get("kc", "wire", n, size, "tcp", "user") if op == "allreduce" else None
                 small = size <= SMALL_BYTES
+                b = get("kc", op, n, size, "tcp-bf16", "user") if op == "allreduce" else None
                 print(f"{op:<15}{n:>5} {fmt_size(size):>6}  {(g['algo'] if g else '-'):<18}"
                       f"{cell(kc and kc['busbw'], '9.3f')}{cell(g and g['busbw'], '11.3f')}"
                       f"{ratio(kc and kc['busbw'], g and g['busbw']):>9}"
@@ -327,7 +333,9 @@ def print_tables(agg, args, kc_state, vers, load):
                          if small else f"{'':>11}")
                       + f"{cell(w and w['busbw'], '11.3f')}"
                       f"{ratio(kc and kc['busbw'], w and w['busbw']):>8}"
-                      f"{ratio(g and g['busbw'], w and w['busbw']):>10}")
+                      f"{ratio(g and g['busbw'], w and w['busbw']):>10}"
+                      + (f"{cell(b['busbw'], '11.3f')}{ratio(b['busbw'], g and g['busbw']):>10}"
+                         if b else ""))
 
     algos = sorted({a for (i, _, _, _, _, _, a) in agg if i == "gloo"})
     if algos:
@@ -376,6 +384,8 @@ def main():
     ap.add_argument("--skip-install", action="store_true",
                     help="do not check or apt-get install Open MPI and Gloo")
     ap.add_argument("--only", default="openmpi,gloo,kc", help="subset of openmpi,gloo,kc")
+    ap.add_argument("--kc-bf16", action="store_true",
+                    help="also kc's all-reduce with the bf16 wire (--wire bf16), in the TCP table")
     ap.add_argument("--gloo-algos", default="",
                     help="gloo allreduce algorithms (default all: ring,ring_chunked,"
                     "halving_doubling,bcube,new_ring,new_bcube)")
@@ -420,6 +430,8 @@ def main():
     if "kc" in only:
         kc_configs = [Config("kc", "shm", "user"), Config("kc", "shm", "registered"),
                       Config("kc", "tcp", "user"), Config("kc", "wire", "user")]
+        if args.kc_bf16:
+            kc_configs.append(Config("kc", "tcp-bf16", "user"))
         if not (os.path.isfile(args.kc) and os.access(args.kc, os.X_OK)):
             kc_state = f"UNAVAILABLE: {args.kc} not found or not executable"
             log(kc_state)
@@ -466,7 +478,8 @@ def main():
                             raw.append(r)
                             key = (r.get("impl", cfg.impl), r.get("op", op),
                                    int(r.get("ranks", n)), size,
-                                   r.get("transport", cfg.transport),
+                                   cfg.transport if cfg.transport == "tcp-bf16"
+                                   else r.get("transport", cfg.transport),
                                    r.get("buffers", cfg.buffers), r.get("algo", ""))
                             samples.setdefault(key, []).append(r)
         log(f"repetition {rep + 1}/{args.reps} done, {time.time() - started:.0f}s elapsed")

@@ -2,7 +2,7 @@
 # kc's TCP all-reduce against the link's own limit between two hosts: two network namespaces
 # joined by a veth pair shaped with tc tbf, one rank on each. In one run, interleaved:
 # `kc bench comm --op wire` (plain sockets streaming both ways: what the link carries), kc's
-# ring all-reduce, and Open MPI's all-reduce over its tcp BTL between the same namespaces
+# ring all-reduce (f32 on the wire, and with --wire bf16: half the bytes), and Open MPI's all-reduce over its tcp BTL between the same namespaces
 # (when mpirun and build/bench-baselines/mpi_bench are there: bench/comm/compare.py builds
 # it). Prints the medians and each one's share of the wire. Needs root.
 # Usage: bench/comm/wire_netns.sh [KC_BINARY] [SIZES] [RATES] [REPEATS]
@@ -66,13 +66,14 @@ for rate in "${rates[@]}"; do
   done
   declare -A samples=()
   for _ in $(seq "$REPEATS"); do
-    for what in wire allreduce openmpi; do
+    for what in wire allreduce bf16 openmpi; do
       case $what in
         openmpi)
           [ "$MPI" = yes ] || continue
           # A baseline that fails or hangs (mpirun across namespaces sometimes does) costs its
           # sample, not the run.
           lines=$(run_mpi) || { echo "# Open MPI run failed (exit $?)" >&2; lines=""; } ;;
+        bf16) lines=$(run allreduce --algo ring --wire bf16) ;;
         *) lines=$(run "$what" --algo ring) ;;
       esac
       while read -r line; do
@@ -83,16 +84,18 @@ for rate in "${rates[@]}"; do
     done
   done
   echo "# link shaped to $rate (tc tbf, both directions); median busbw in GB/s of $REPEATS interleaved runs"
-  printf '%12s %10s %10s %10s %10s %10s\n' size wire kc kc/wire openmpi mpi/wire
+  printf '%12s %10s %10s %10s %10s %10s %10s %10s\n' size wire kc kc/wire kc-bf16 bf16/wire \
+    openmpi mpi/wire
   for key in "${!samples[@]}"; do
     case $key in wire/*) size=${key#wire/};
       python3 - "$size" "${samples[wire/$size]}" "${samples[allreduce/$size]}" \
-        "${samples[openmpi/$size]:-}" <<'PY'
+        "${samples[openmpi/$size]:-}" "${samples[bf16/$size]}" <<'PY'
 import statistics, sys
 med = lambda s: statistics.median(float(x) for x in s.split()) if s.strip() else None
-w, k, m = med(sys.argv[2]), med(sys.argv[3]), med(sys.argv[4])
+w, k, m, b = med(sys.argv[2]), med(sys.argv[3]), med(sys.argv[4]), med(sys.argv[5])
 mpi = f"{m:10.3f} {m / w:9.0%}" if m is not None else f"{'-':>10} {'-':>10}"
-print(f"{sys.argv[1]:>12} {w:10.3f} {k:10.3f} {k / w:9.0%} {mpi}")
+# busbw counts the f32 bytes: the bf16 wire moves half of them, so it may pass the wire.
+print(f"{sys.argv[1]:>12} {w:10.3f} {k:10.3f} {k / w:9.0%} {b:10.3f} {b / w:9.0%} {mpi}")
 PY
     esac
   done

@@ -108,6 +108,10 @@ JobSpec ReadCommon(config::Map root) {
       s.memory_copy_every = copy_every == 0 ? -1 : copy_every;
     }
   }
+  s.grad_wire = root.OptionalString("grad_wire", "fp32");
+  if (s.grad_wire != "fp32" && s.grad_wire != "bf16") {
+    root.Reject("grad_wire", fmt::format("expected fp32 or bf16, got \"{}\"", s.grad_wire));
+  }
   s.heartbeat_period_s =
       root.OptionalDouble("heartbeat_period", 1, {.min = 0, .max = 60, .min_exclusive = true});
   // A command job's program beats only if it is asked to (kc run --heartbeat-timeout): none by
@@ -142,7 +146,7 @@ JobSpec ReadCommon(config::Map root) {
     }
     // What only a model job has.
     for (const char* key : {"plan", "global_batch", "data", "steps", "checkpoint_keep",
-                            "checkpoint_compress", "memory_copy_every"}) {
+                            "checkpoint_compress", "memory_copy_every", "grad_wire"}) {
       if (root.Has(key)) {
         root.Reject(key, "only for a model job (a command job's program trains as it will)");
       }
@@ -275,14 +279,16 @@ std::string JobSpecText(const JobSpec& s) {
       {"memory_copy_every", s.memory_copy_every > 0   ? nlohmann::ordered_json(s.memory_copy_every)
                             : s.memory_copy_every < 0 ? nlohmann::ordered_json(0)
                                                       : nlohmann::ordered_json("auto")},
+      {"grad_wire", s.grad_wire},
       {"heartbeat_period", s.heartbeat_period_s},
       {"heartbeat_timeout", s.heartbeat_timeout_s},
       {"model_yaml", s.model_yaml}};
   if (s.checkpoint_auto) j["checkpoint_every"] = "auto";
   if (!s.command.empty()) {
     // A command job: no model, nor what only a model job has.
-    for (const char* key : {"plan", "steps", "global_batch", "data", "model_yaml",
-                            "checkpoint_keep", "checkpoint_compress", "memory_copy_every"}) {
+    for (const char* key :
+         {"plan", "steps", "global_batch", "data", "model_yaml", "checkpoint_keep",
+          "checkpoint_compress", "memory_copy_every", "grad_wire"}) {
       j.erase(key);
     }
     if (s.heartbeat_timeout_s == 0) {  // no heartbeats asked of its program

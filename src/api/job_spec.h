@@ -67,6 +67,8 @@ struct JobSpec {
   // --memory-copy-every); the job file's `memory_copy_every`: N, 0 (none) or auto (the default).
   // Here as in CheckpointPolicy: 0: auto, -1: none.
   int64_t memory_copy_every = 0;
+  // What the gradients' all-reduces send (kc train --grad-wire): fp32 or bf16.
+  std::string grad_wire = "fp32";
   // A rank silent for heartbeat_timeout_s (no heartbeat) is declared failed.
   double heartbeat_period_s = 1;
   double heartbeat_timeout_s = 30;

@@ -63,6 +63,8 @@ TEST(JobSpecTest, BadJobFilesAreRefusedNamingFileLineAndKey) {
            // Checkpoints every N steps or as the scheduler advises; bounded restarts.
            {"name: x\nmodel: " + model + "\ncheckpoint_every: often\n",
             "job.yaml:3: checkpoint_every: expected a number of steps or auto"},
+           {"name: x\nmodel: " + model + "\ngrad_wire: fp16\n",
+            "job.yaml:3: grad_wire: expected fp32 or bf16, got \"fp16\""},
            {"name: x\nmodel: " + model + "\nmemory_copy_every: sometimes\n",
             "job.yaml:3: memory_copy_every: expected a number of steps (0: no copies) or auto"},
            {"name: x\nmodel: " + model + "\nmax_restarts: 1000\n", "job.yaml:3: max_restarts"},

@@ -99,6 +99,7 @@ kc::v1::TrainJob ToTrainJob(const JobSpec& s) {
   c->set_keep(s.checkpoint_keep);
   c->set_compress(s.checkpoint_compress);
   c->set_memory_copy_every(s.memory_copy_every);
+  if (s.command.empty()) j.set_grad_wire(s.grad_wire);
   j.mutable_heartbeat()->set_period_s(s.heartbeat_period_s);
   j.mutable_heartbeat()->set_timeout_s(s.heartbeat_timeout_s);
   j.set_expected_hours(s.expected_hours);
@@ -139,6 +140,7 @@ JobSpec JobSpecOf(const kc::v1::TrainJob& j) {
   if (j.checkpoint().keep() > 0) s.checkpoint_keep = j.checkpoint().keep();
   s.checkpoint_compress = j.checkpoint().compress();
   s.memory_copy_every = j.checkpoint().memory_copy_every();
+  if (!j.grad_wire().empty()) s.grad_wire = j.grad_wire();
   if (j.heartbeat().period_s() > 0) s.heartbeat_period_s = j.heartbeat().period_s();
   if (j.heartbeat().timeout_s() > 0) s.heartbeat_timeout_s = j.heartbeat().timeout_s();
   if (!j.command().empty()) s.heartbeat_timeout_s = j.heartbeat().timeout_s();  // 0: none

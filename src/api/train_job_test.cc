@@ -30,6 +30,7 @@ JobSpec ElasticJob() {
   s.checkpoint_keep = 2;
   s.checkpoint_compress = true;
   s.memory_copy_every = 5;
+  s.grad_wire = "bf16";
   s.heartbeat_period_s = 0.5;
   s.heartbeat_timeout_s = 5;
   s.max_restarts = 5;
@@ -49,6 +50,7 @@ TEST(TrainJobTest, ASpecAndItsTypedJobCarryTheSameJob) {
   EXPECT_EQ(j.plan().p(), 2);
   EXPECT_EQ(j.plan().schedule(), "1f1b");
   EXPECT_EQ(j.checkpoint().memory_copy_every(), 5);
+  EXPECT_EQ(j.grad_wire(), "bf16");
   // Back, and again: nothing lost.
   EXPECT_EQ(JobSpecText(JobSpecOf(j)), JobSpecText(s));
   EXPECT_EQ(ToTrainJob(JobSpecOf(j)).SerializeAsString(), j.SerializeAsString());

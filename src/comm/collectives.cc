@@ -16,7 +16,14 @@ namespace kc::comm {
 namespace {
 
 Status CheckReduce(std::string_view name, const AllreduceOptions& o) {
-  return CheckReduceArgs(name, o.data, o.count, o.dtype, o.op);
+  KC_RETURN_IF_ERROR(CheckReduceArgs(name, o.data, o.count, o.dtype, o.op));
+  if (o.wire == WireFormat::kBf16 &&
+      (o.dtype != hal::DataType::kF32 || (o.op != ReduceOp::kSum && o.op != ReduceOp::kAvg))) {
+    return InvalidArgumentError(std::string(name) +
+                                ": the bf16 wire carries f32 sums and averages only, not " +
+                                std::string(hal::DataTypeName(o.dtype)));
+  }
+  return OkStatus();
 }
 
 // Runs the protocol of one collective call: posts requests, waits with the call's deadline,
@@ -276,6 +283,114 @@ Status RingAllreduce(Transport& transport, const AllreduceOptions& o) {
   return OkStatus();
 }
 
+// The bf16 wire's conversions (round to nearest even, as hal::FloatToBf16).
+void ToWire(std::span<const float> in, hal::Bf16* out) {
+  for (size_t i = 0; i < in.size(); ++i) out[i] = hal::FloatToBf16(in[i]);
+}
+void FromWire(const hal::Bf16* in, std::span<float> out) {
+  for (size_t i = 0; i < out.size(); ++i) out[i] = hal::Bf16ToFloat(in[i]);
+}
+void AddFromWire(const hal::Bf16* in, std::span<float> acc) {
+  for (size_t i = 0; i < acc.size(); ++i) acc[i] += hal::Bf16ToFloat(in[i]);
+}
+
+// RingAllreduce with the bf16 wire (WireFormat::kBf16), the same steps and segments: every
+// send is a bf16 copy of the segment (the partial sums, then the final values), every receive
+// lands in a wire buffer of its own, so all of them are posted up front; the reduce-scatter
+// adds what it receives into the f32 data, the all-gather writes it in place and forwards the
+// received bytes as they are. The owner of a chunk rounds its final values once, keeping
+// what it sends, so that every rank ends with the same values.
+Status RingAllreduceBf16(Transport& transport, const AllreduceOptions& o) {
+  const int n = transport.size();
+  if (n == 1 || o.count == 0) return OkStatus();
+  Session session(transport, "allreduce", o.deadline, o.tag, o.lane);
+  const int r = transport.rank();
+  const int left = Mod(r - 1, n);
+  const int right = Mod(r + 1, n);
+  float* const data = reinterpret_cast<float*>(o.data.data());
+  const size_t slot = ChunkOf(o.count, n, 0).count;  // the largest chunk, elements
+  const int segs = RingSegments(slot * sizeof(hal::Bf16));
+  const int steps = 2 * (n - 1);
+  // Wire buffers: a slot per step's receive, and per send of steps 0 .. n-1 (later sends
+  // forward what was received).
+  hal::Bf16* const received = reinterpret_cast<hal::Bf16*>(
+      Scratch(0, static_cast<size_t>(steps) * slot * sizeof(hal::Bf16)).data());
+  hal::Bf16* const sent = reinterpret_cast<hal::Bf16*>(
+      Scratch(1, static_cast<size_t>(n) * slot * sizeof(hal::Bf16)).data());
+  auto part = [&](int index, int j) {
+    const ChunkRange c = ChunkOf(o.count, n, Mod(index, n));
+    const ChunkRange p = ChunkOf(c.count, segs, j);
+    return std::pair{c, p};
+  };
+  auto seg = [&](int index, int j) {
+    const auto [c, p] = part(index, j);
+    return std::span<float>(data + c.offset + p.offset, p.count);
+  };
+  auto wire = [&](hal::Bf16* base, int step, int index, int j) {
+    const auto [c, p] = part(index, j);
+    return std::span<hal::Bf16>(base + static_cast<size_t>(step) * slot + p.offset, p.count);
+  };
+  // The chunk step `step` receives: the reduce-scatter's partial chunk r-s-2, then the
+  // all-gather's final chunk r-t-1.
+  auto received_chunk = [&](int step) {
+    return step < n - 1 ? r - step - 2 : r - (step - n + 1) - 1;
+  };
+  std::vector<std::shared_ptr<Request>> recvs(static_cast<size_t>(steps) * segs);
+  std::vector<std::shared_ptr<Request>> sends(static_cast<size_t>(steps) * segs);
+  auto at = [segs](int step, int j) { return static_cast<size_t>(step) * segs + j; };
+  auto send = [&](int step, int j, std::span<const hal::Bf16> out) -> Status {
+    if (out.empty()) return OkStatus();
+    KC_ASSIGN_OR_RETURN(sends[at(step, j)], session.PostSend(step, right, std::as_bytes(out)));
+    return OkStatus();
+  };
+  for (int step = 0; step < steps; ++step) {
+    for (int j = 0; j < segs; ++j) {
+      std::span<hal::Bf16> in = wire(received, step, received_chunk(step), j);
+      if (in.empty()) continue;
+      KC_ASSIGN_OR_RETURN(recvs[at(step, j)],
+                          session.PostRecv(step, left, std::as_writable_bytes(in)));
+    }
+  }
+  for (int j = 0; j < segs; ++j) {
+    std::span<hal::Bf16> out = wire(sent, 0, r - 1, j);
+    ToWire(seg(r - 1, j), out.data());
+    KC_RETURN_IF_ERROR(send(0, j, out));
+  }
+  for (int s = 0; s < n - 1; ++s) {
+    for (int j = 0; j < segs; ++j) {
+      KC_RETURN_IF_ERROR(session.Await(s, recvs[at(s, j)]));
+      std::span<float> mine = seg(r - s - 2, j);
+      AddFromWire(wire(received, s, r - s - 2, j).data(), mine);
+      std::span<hal::Bf16> out = wire(sent, s + 1, r - s - 2, j);
+      if (s == n - 2) {
+        // Chunk r is complete here alone: averaged once, rounded once, kept as sent.
+        if (o.op == ReduceOp::kAvg) {
+          ScaleByInverse(hal::DataType::kF32, reinterpret_cast<std::byte*>(mine.data()),
+                         mine.size(), n);
+        }
+        ToWire(mine, out.data());
+        FromWire(out.data(), mine);
+      } else {
+        ToWire(mine, out.data());
+      }
+      KC_RETURN_IF_ERROR(send(s + 1, j, out));
+    }
+  }
+  for (int t = 0; t < n - 1; ++t) {
+    const int step = n - 1 + t;
+    for (int j = 0; j < segs; ++j) {
+      KC_RETURN_IF_ERROR(session.Await(step, recvs[at(step, j)]));
+      std::span<hal::Bf16> in = wire(received, step, r - t - 1, j);
+      FromWire(in.data(), seg(r - t - 1, j));
+      if (t + 1 < n - 1) KC_RETURN_IF_ERROR(send(step + 1, j, in));
+    }
+  }
+  for (int step = 0; step < steps; ++step) {
+    for (int j = 0; j < segs; ++j) KC_RETURN_IF_ERROR(session.Await(step, sends[at(step, j)]));
+  }
+  return OkStatus();
+}
+
 // AllreduceRecursiveDoubling's body, after argument checks.
 Status RecursiveDoublingAllreduce(Transport& transport, const AllreduceOptions& o) {
   const int n = transport.size();
@@ -428,6 +543,7 @@ ChunkRange ChunkOf(size_t total, int size, int index) {
 Status Allreduce(Transport& transport, const AllreduceOptions& options) {
   KC_LAYER_ENTRY(Layer::kComm, "communicator");
   KC_RETURN_IF_ERROR(CheckReduce("allreduce", options));
+  if (options.wire == WireFormat::kBf16) return RingAllreduceBf16(transport, options);
   return RingAllreduce(transport, options);
 }
 

@@ -46,6 +46,16 @@ struct ChunkRange {
 };
 ChunkRange ChunkOf(size_t total, int size, int index);
 
+// What an all-reduce's data travels as between ranks.
+enum class WireFormat : uint8_t {
+  kNative = 0,  // the data's own type
+  // f32 sums and averages only: each value sent as bf16 (rounded to nearest even), half the
+  // bytes; additions stay in f32. The ring rounds every partial sum it sends and the final
+  // value once, on every rank alike (the owner of a chunk keeps the rounded value it sends),
+  // so the ranks end bit-identical. Recursive doubling sends f32 (it is for small messages).
+  kBf16 = 1,
+};
+
 struct AllreduceOptions {
   std::span<std::byte> data;  // at least count elements of dtype, aligned for it; in place
   size_t count = 0;
@@ -54,10 +64,12 @@ struct AllreduceOptions {
   TimePoint deadline;  // on transport.clock()
   uint64_t tag = 0;    // distinguishes collectives running concurrently on one transport
   Lane lane = Lane::kGradient;
+  WireFormat wire = WireFormat::kNative;
 };
 // Ring reduce-scatter then ring all-gather: 2 (size - 1) steps, each moving one chunk.
 // Afterwards every rank's data holds op over all ranks' inputs. size 1: a no-op (avg too).
-// kInvalidArgument: a bad dtype or op, avg of an integer type, data too small or misaligned.
+// kInvalidArgument: a bad dtype or op, avg of an integer type, data too small or misaligned,
+// the bf16 wire for anything but an f32 sum or average.
 Status Allreduce(Transport& transport, const AllreduceOptions& options);
 
 // Recursive doubling: every rank exchanges its whole buffer with partner rank ^ 2^k for

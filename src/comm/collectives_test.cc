@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -214,6 +215,97 @@ TEST(CollectiveSegmentTest, ChunksOfManySegmentsMatchThePlainReference) {
       CheckAllreduce<int32_t>(t, kCount, ReduceOp::kMax, 3);
     });
   }
+}
+
+// The bf16 wire: f32 sums and averages travel as bf16, added in f32. Values exact in bf16
+// (small integers) sum exactly; others within the rounding of each hop, and every rank ends
+// with the same bits (the owner of a chunk keeps the rounded value it sends). Over both
+// transports, 1 to 4 ranks, empty chunks, and chunks of several segments.
+TEST(CollectiveWireTest, TheBf16WireSumsWithinItsRoundingAndEveryRankEndsTheSame) {
+  for (Kind kind : {Kind::kShm, Kind::kTcp}) {
+    for (int n : {1, 2, 3, 4}) {
+      for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1000}, size_t{1'300'001}}) {
+        if (kind == Kind::kShm && count > 1000) continue;  // the segments are TCP's case
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+          std::vector<std::vector<float>> out(static_cast<size_t>(n));
+          std::vector<std::vector<float>> in(static_cast<size_t>(n));
+          for (int r = 0; r < n; ++r) {
+            std::mt19937 gen(static_cast<unsigned>(r * 131 + count));
+            std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+            in[r].resize(count);
+            for (float& x : in[r]) x = u(gen);
+          }
+          RunGroup(kind, n, [&](Transport& t) {
+            std::vector<float> data = in[static_cast<size_t>(t.rank())];
+            Status st = Allreduce(t, {.data = std::as_writable_bytes(std::span(data)),
+                                      .count = count,
+                                      .op = op,
+                                      .deadline = Deadline(t),
+                                      .tag = 5,
+                                      .wire = WireFormat::kBf16});
+            ASSERT_TRUE(st.ok()) << st;
+            out[static_cast<size_t>(t.rank())] = std::move(data);
+          });
+          for (size_t i = 0; i < count; ++i) {
+            double want = 0, magnitude = 0;
+            for (int r = 0; r < n; ++r) {
+              want += in[r][i];
+              magnitude += std::abs(in[r][i]);
+            }
+            if (op == ReduceOp::kAvg) {
+              want /= n;
+              magnitude /= n;
+            }
+            // One rank: nothing travels. Else each hop's partial sum and the result rounded
+            // once each: at most n roundings of 2^-9 relative.
+            const double bound = n == 1 ? 0 : n * std::ldexp(magnitude, -8);
+            ASSERT_NEAR(out[0][i], want, bound)
+                << "n " << n << " count " << count << " i " << i << " " << ReduceOpName(op);
+            for (int r = 1; r < n; ++r) {
+              ASSERT_EQ(std::memcmp(&out[r][i], &out[0][i], sizeof(float)), 0)
+                  << "rank " << r << " differs at " << i;
+            }
+            // What came over the wire is a bf16 value: the low 16 bits are zero.
+            if (n > 1) ASSERT_EQ(std::bit_cast<uint32_t>(out[0][i]) & 0xffffu, 0u) << i;
+          }
+        }
+      }
+    }
+  }
+  // Small integers are exact in bf16: their sums too.
+  RunGroup(Kind::kTcp, 3, [](Transport& t) {
+    std::vector<float> data(100);
+    for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<float>(Input(t.rank(), i));
+    Status st = Allreduce(t, {.data = std::as_writable_bytes(std::span(data)),
+                              .count = data.size(),
+                              .deadline = Deadline(t),
+                              .wire = WireFormat::kBf16});
+    ASSERT_TRUE(st.ok()) << st;
+    for (size_t i = 0; i < data.size(); ++i) ASSERT_EQ(data[i], Reference(3, i, ReduceOp::kSum));
+  });
+}
+
+TEST(CollectiveWireTest, TheBf16WireIsForFloatSumsAndAveragesOnly) {
+  RunGroup(Kind::kTcp, 2, [](Transport& t) {
+    std::vector<int32_t> ints(4);
+    Status s = Allreduce(t, {.data = std::as_writable_bytes(std::span(ints)),
+                             .count = 4,
+                             .dtype = DataType::kI32,
+                             .deadline = Deadline(t),
+                             .wire = WireFormat::kBf16});
+    EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("the bf16 wire carries f32 sums and averages only"),
+              std::string::npos)
+        << s;
+    std::vector<float> floats(4);
+    s = Allreduce(t, {.data = std::as_writable_bytes(std::span(floats)),
+                      .count = 4,
+                      .op = ReduceOp::kMax,
+                      .deadline = Deadline(t),
+                      .wire = WireFormat::kBf16});
+    EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument) << s;
+    EXPECT_TRUE(t.status().ok());
+  });
 }
 
 TEST(CollectiveArgsTest, BadArgumentsAreInvalidArgumentAndLeaveTheTransportUsable) {

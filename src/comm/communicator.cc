@@ -550,10 +550,14 @@ class CommunicatorImpl final : public Communicator {
     KC_RETURN_IF_ERROR(CheckAlgorithm("allreduce", algo,
                                       {Algorithm::kRing, Algorithm::kRecursiveDoubling,
                                        Algorithm::kHierarchical, Algorithm::kDirect}));
+    if (o.wire == WireFormat::kBf16 &&
+        (type != hal::DataType::kF32 || (op != ReduceOp::kSum && op != ReduceOp::kAvg))) {
+      return InvalidArgumentError("allreduce: the bf16 wire carries f32 sums and averages only");
+    }
     data = data.first(static_cast<size_t>(bytes));
     return Submit("allreduce", bytes, o,
-                  [this, data, count, type, op, algo, lane = o.lane](TimePoint deadline,
-                                                                     uint64_t tag) -> Status {
+                  [this, data, count, type, op, algo, lane = o.lane, wire = o.wire](
+                      TimePoint deadline, uint64_t tag) -> Status {
                     if (size() == 1 || count == 0) return OkStatus();
                     AllreduceOptions a{.data = data,
                                        .count = count,
@@ -561,7 +565,8 @@ class CommunicatorImpl final : public Communicator {
                                        .op = op,
                                        .deadline = deadline,
                                        .tag = tag,
-                                       .lane = lane};
+                                       .lane = lane,
+                                       .wire = wire};
                     switch (algo) {
                       case Algorithm::kDirect:
                         return links_.direct->Allreduce(data, count, type, op, deadline);

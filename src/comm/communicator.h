@@ -112,6 +112,10 @@ struct OpOptions {
   // kAuto: the communicator's choice (CommunicatorOptions::algorithm).
   Algorithm algorithm = Algorithm::kAuto;
   Lane lane = Lane::kGradient;
+  // All-reduce only: what f32 sums and averages travel as between ranks (collectives.h's
+  // WireFormat): kBf16 halves the bytes of the ring, and of the hierarchical all-reduce's ring
+  // across hosts; the direct shared-memory engine and recursive doubling send f32 still.
+  WireFormat wire = WireFormat::kNative;
 };
 
 // The handle of one operation. Safe for concurrent use.

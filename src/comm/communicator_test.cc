@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -268,6 +269,48 @@ TEST(CommunicatorTest, ATopologyWithoutDevicesPlacesTheRanksByHostName) {
       EXPECT_NE(st.message().find(named), std::string::npos) << st;
     }
   }
+}
+
+// OpOptions::wire: the gradients' bf16 wire through the communicator, on the ring (an
+// average) and on the hierarchical all-reduce's ring across hosts (a sum): every rank ends
+// with the same bf16 values (random floats are not bf16 values: only what came over the wire
+// is), near the f32 result.
+TEST(CommunicatorTest, TheBf16WireReachesTheRingAndTheHierarchicalRingAcrossHosts) {
+  for (const GroupSpec& spec :
+       {GroupSpec{.size = 3, .transport = TransportKind::kTcp, .algorithm = Algorithm::kRing},
+        GroupSpec{
+            .size = 4, .hosts = {"a", "a", "b", "b"}, .algorithm = Algorithm::kHierarchical}}) {
+    constexpr size_t kCount = 40000;  // past small_message_bytes: a ring, not recursive doubling
+    const ReduceOp op = spec.algorithm == Algorithm::kRing ? ReduceOp::kAvg : ReduceOp::kSum;
+    std::vector<std::vector<float>> out(static_cast<size_t>(spec.size));
+    auto input = [](int rank, size_t i) { return std::sin(static_cast<float>(rank * 7919 + i)); };
+    RunRanks(spec, [&](Communicator& c) {
+      std::vector<float> data(kCount);
+      for (size_t i = 0; i < kCount; ++i) data[i] = input(c.rank(), i);
+      auto w = c.Allreduce(std::span(data), op, {.wire = WireFormat::kBf16});
+      ASSERT_DONE(w);
+      out[static_cast<size_t>(c.rank())] = std::move(data);
+    });
+    for (size_t i = 0; i < kCount; ++i) {
+      float want = 0;
+      for (int r = 0; r < spec.size; ++r) want += input(r, i);
+      if (op == ReduceOp::kAvg) want /= static_cast<float>(spec.size);
+      ASSERT_NEAR(out[0][i], want, 0.05) << i;
+      ASSERT_EQ(std::bit_cast<uint32_t>(out[0][i]) & 0xffffu, 0u) << i;
+      for (int r = 1; r < spec.size; ++r) ASSERT_EQ(out[r][i], out[0][i]) << r << " " << i;
+    }
+  }
+  // Not for integers, nor for a max.
+  RunRanks({.size = 2, .transport = TransportKind::kTcp}, [](Communicator& c) {
+    std::vector<int32_t> ints(4);
+    EXPECT_EQ(
+        c.Allreduce(std::span(ints), ReduceOp::kSum, {.wire = WireFormat::kBf16}).status().code(),
+        ErrorCode::kInvalidArgument);
+    std::vector<float> floats(4);
+    EXPECT_EQ(
+        c.Allreduce(std::span(floats), ReduceOp::kMax, {.wire = WireFormat::kBf16}).status().code(),
+        ErrorCode::kInvalidArgument);
+  });
 }
 
 TEST(CommunicatorTest, ForcedAlgorithmThatCannotRunIsInvalidArgument) {

@@ -395,39 +395,43 @@ TEST(SupervisorTest, ALoneSurvivorTakesInAReplacementAndTheRunGrowsBack) {
 
 // Both tensor-parallel rank 1s of a t = 2, d = 2 run are lost at once (a host's ranks): no
 // replica holds that position any more. With in-memory copies every 2 steps, the survivors
-// roll back to the copies of step 4 (each rank's copy is held by the next rank; the
-// checkpoint of step 4 is no newer) and go on as one replica, with the uninterrupted run's
-// losses; without them, to the newest committed checkpoint.
+// roll back to the copies of step 4 (each rank's copy is held by the next rank; a checkpoint
+// of step 4 is no newer) and go on as one replica, with the uninterrupted run's losses.
+// Without them, and without a checkpoint to go back to, the run cannot go on.
 TEST(SupervisorTest, ALostPositionComesBackFromTheInMemoryCopiesOfItsState) {
   const std::string dir = ::testing::TempDir() + "kc_memory_copy_" + std::to_string(getpid());
-  for (const int64_t every : {2, 0}) {
-    std::filesystem::remove_all(dir);
-    RunResult r = Train({.ranks = 4,
-                         .min_ranks = 2,
-                         .t = 2,
-                         .steps = 10,
-                         .checkpoint_dir = dir,
-                         .checkpoint_every = 2,
-                         .memory_copy_every = every,
-                         .drills = {{.worker = 3, .step = 6, .with = {1}}}});
-    EXPECT_EQ(r.outcome.end, RunOutcome::End::kCompleted) << r.outcome.error;
-    const FaultEvent* recovered = nullptr;
-    for (const FaultEvent& e : r.faults) {
-      if (e.kind == FaultEvent::Kind::kRecovered) recovered = &e;
-    }
-    ASSERT_NE(recovered, nullptr);
-    EXPECT_EQ(recovered->ranks, 2);
-    if (every > 0) {
-      EXPECT_EQ(recovered->source, "memory");
-      EXPECT_EQ(recovered->step, 4);
-    } else {
-      EXPECT_EQ(recovered->source, "checkpoint");
-      EXPECT_LE(recovered->step, 4);
-    }
-    ASSERT_EQ(r.losses.size(), 10u);
-    EXPECT_LE(MaxRelativeDifference(r.losses, Train({.ranks = 1, .steps = 10}).losses), 1e-5);
-  }
   std::filesystem::remove_all(dir);
+  RunResult r = Train({.ranks = 4,
+                       .min_ranks = 2,
+                       .t = 2,
+                       .steps = 10,
+                       .checkpoint_dir = dir,
+                       .checkpoint_every = 2,
+                       .memory_copy_every = 2,
+                       .drills = {{.worker = 3, .step = 6, .with = {1}}}});
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(r.outcome.end, RunOutcome::End::kCompleted) << r.outcome.error;
+  const FaultEvent* recovered = nullptr;
+  for (const FaultEvent& e : r.faults) {
+    if (e.kind == FaultEvent::Kind::kRecovered) recovered = &e;
+  }
+  ASSERT_NE(recovered, nullptr);
+  EXPECT_EQ(recovered->ranks, 2);
+  EXPECT_EQ(recovered->source, "memory");
+  EXPECT_EQ(recovered->step, 4);
+  ASSERT_EQ(r.losses.size(), 10u);
+  EXPECT_LE(MaxRelativeDifference(r.losses, Train({.ranks = 1, .steps = 10}).losses), 1e-5);
+
+  RunResult without = Train({.ranks = 4,
+                             .min_ranks = 2,
+                             .t = 2,
+                             .steps = 10,
+                             .drills = {{.worker = 3, .step = 6, .with = {1}}}});
+  EXPECT_NE(without.outcome.end, RunOutcome::End::kCompleted);
+  std::string why;
+  for (const FaultEvent& e : without.faults) why += e.reason + "\n";
+  EXPECT_THAT(why, HasSubstr("no in-memory copy of their state either, and there is no "
+                             "checkpoint directory"));
 }
 
 // A replacement announced as the survivors take their last step: they finish the training

@@ -214,11 +214,12 @@ Status Trainer::Init() {
           }
         }
       }
-      KC_ASSIGN_OR_RETURN(buckets_,
-                          comm::GradientBuckets::Create(comm, spans,
-                                                        {.bucket_bytes = options_.bucket_bytes,
-                                                         .dtype = hal::DataType::kF32,
-                                                         .op = comm::ReduceOp::kAvg}));
+      KC_ASSIGN_OR_RETURN(
+          buckets_, comm::GradientBuckets::Create(comm, spans,
+                                                  {.bucket_bytes = options_.bucket_bytes,
+                                                   .dtype = hal::DataType::kF32,
+                                                   .op = comm::ReduceOp::kAvg,
+                                                   .op_options = {.wire = options_.grad_wire}}));
       buckets_->AdoptViews();
       for (size_t c = 0; c < chunks_.size(); ++c) {
         std::vector<std::span<float>> storage;
@@ -587,7 +588,8 @@ Status Trainer::SyncGradients(double* comm_s) {
     for (size_t c = chunks_.size(); c-- > 0;) {
       Gpt<float>& chunk = *chunks_[c];
       for (int i = static_cast<int>(chunk.tensors().size()) - 1; i >= 0; --i) {
-        KC_ASSIGN_OR_RETURN(auto work, dp_comm_->Allreduce(chunk.grad(i), comm::ReduceOp::kAvg));
+        KC_ASSIGN_OR_RETURN(auto work, dp_comm_->Allreduce(chunk.grad(i), comm::ReduceOp::kAvg,
+                                                           {.wire = options_.grad_wire}));
         KC_RETURN_IF_ERROR(work->Wait());
       }
     }
@@ -751,7 +753,8 @@ Result<StepStats> Trainer::StepCuda() {
     KC_RETURN_IF_ERROR(hal::CopyDeviceToHost<float>(model.stream(), host_grads_, model.grads()));
     KC_RETURN_IF_ERROR(model.Synchronize());
     KC_ASSIGN_OR_RETURN(auto work,
-                        dp_comm_->Allreduce(std::span<float>(host_grads_), comm::ReduceOp::kAvg));
+                        dp_comm_->Allreduce(std::span<float>(host_grads_), comm::ReduceOp::kAvg,
+                                            {.wire = options_.grad_wire}));
     KC_RETURN_IF_ERROR(work->Wait());
     KC_RETURN_IF_ERROR(hal::CopyHostToDevice<float>(model.stream(), model.grads(), host_grads_));
     comm_s += std::chrono::duration<double>(Clock::now() - t).count();

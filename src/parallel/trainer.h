@@ -81,6 +81,9 @@ struct TrainerOptions {
   int64_t global_batch = 0;
   GradSync grad_sync = GradSync::kBucketed;
   int64_t bucket_bytes = 2 << 20;
+  // What the data-parallel gradient all-reduces send: f32, or bf16 (comm::WireFormat: half the
+  // bytes on the ring, additions in f32; every replica ends with the same gradients).
+  comm::WireFormat grad_wire = comm::WireFormat::kNative;
   // fp32, or bf16 mixed precision (CUDA devices only). On a CUDA device the model is
   // cuda/cuda_gpt.h's, whole on each rank: data parallelism only (EngineSupports), its
   // gradients averaged through host memory after the backward.

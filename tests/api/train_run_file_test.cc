@@ -45,6 +45,7 @@ class TrainRunFileTest : public ::testing::Test {
     job->mutable_elastic()->set_max_devices(2);
     job->mutable_checkpoint()->set_every_steps(3);
     job->mutable_checkpoint()->set_memory_copy_every(4);
+    job->set_grad_wire("bf16");
     kc::v1::RunAssignment* as = run.mutable_assignment();
     as->set_run_id("job-1-run-1");
     as->set_global_batch(8);
@@ -103,6 +104,7 @@ TEST_F(TrainRunFileTest, ARunFileTrainsAsItsFlagsWouldAndItsReportsAreTyped) {
   EXPECT_EQ(header["global_batch"], 8);
   EXPECT_THAT(header["plan"].get<std::string>(), HasSubstr("micro_batches=2"));
   EXPECT_EQ(header["memory_copy_every"], 4);
+  EXPECT_EQ(header["grad_wire"], "bf16");
   ASSERT_EQ(losses.size(), 6u);
   EXPECT_EQ(losses, Losses(dir_.Path("flags/metrics.jsonl"), &flags_header));
   EXPECT_EQ(flags_header["memory_copy_every"], 0);  // auto: a run that is not elastic

@@ -304,6 +304,26 @@ TEST(KcTrainTest, PerTensorSyncGivesTheSameLossesAsBuckets) {
   }
 }
 
+// --grad-wire bf16: the gradients' all-reduces send bf16 (over TCP here, where the ring runs):
+// the losses follow the fp32 wire's closely but not to the bit, and the run record says so.
+TEST(KcTrainTest, TheBf16GradientWireFollowsTheFp32LossesClosely) {
+  const std::string common =
+      "--steps 8 --ranks 2 --eval-every 0 --threads-per-rank 1 --transport tcp";
+  TrainRun fp32 = Train(TheCorpus().model(), common, "wire_fp32");
+  TrainRun bf16 = Train(TheCorpus().model(), common + " --grad-wire bf16", "wire_bf16");
+  ASSERT_EQ(fp32.result.exit_code, 0) << fp32.result.err;
+  ASSERT_EQ(bf16.result.exit_code, 0) << bf16.result.err;
+  ASSERT_EQ(bf16.losses.size(), 8u);
+  EXPECT_EQ(bf16.losses[0], fp32.losses[0]);  // before any update
+  EXPECT_NE(bf16.losses, fp32.losses);
+  EXPECT_LT(MaxRelativeDifference(bf16.losses, fp32.losses), 1e-2);
+  EXPECT_EQ(bf16.records.front()["grad_wire"], "bf16");
+  KcRun bad = Kc("train " + TheCorpus().model() + " --data " + TheCorpus().manifest() +
+                 " --grad-wire fp16");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.err, HasSubstr("--grad-wire fp16: expected fp32 or bf16"));
+}
+
 TEST(KcTrainTest, WritesMetricsPlotAndSummary) {
   TrainRun run = Train(TheCorpus().model(), "--steps 6 --ranks 2 --eval-every 3", "report");
   ASSERT_EQ(run.result.exit_code, 0) << run.result.err;
