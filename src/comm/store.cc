@@ -1,5 +1,6 @@
 #include "comm/store.h"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -52,10 +53,64 @@ class PrefixStore final : public Store {
   const std::string prefix_;
 };
 
+// Forwards every call; Get and Wait wait in slices, giving up once cancelled.
+class CancellableStore final : public Store {
+ public:
+  CancellableStore(Store* base, const std::atomic<bool>* cancelled, Duration slice)
+      : base_(base), cancelled_(cancelled), slice_(slice) {}
+
+  Status Set(std::string_view key, std::string_view value) override {
+    return base_->Set(key, value);
+  }
+  Result<std::string> Get(std::string_view key, TimePoint deadline) override {
+    for (;;) {
+      KC_RETURN_IF_ERROR(Cancelled(key));
+      const TimePoint until = std::min(deadline, base_->clock()->Now() + slice_);
+      Result<std::string> r = base_->Get(key, until);
+      if (r.ok() || r.status().code() != ErrorCode::kDeadlineExceeded || until >= deadline) {
+        return r;
+      }
+    }
+  }
+  Status Wait(std::span<const std::string> keys, TimePoint deadline) override {
+    for (;;) {
+      KC_RETURN_IF_ERROR(Cancelled(keys.empty() ? std::string_view() : keys.front()));
+      const TimePoint until = std::min(deadline, base_->clock()->Now() + slice_);
+      Status s = base_->Wait(keys, until);
+      if (s.ok() || s.code() != ErrorCode::kDeadlineExceeded || until >= deadline) return s;
+    }
+  }
+  Result<int64_t> Add(std::string_view key, int64_t delta) override {
+    return base_->Add(key, delta);
+  }
+  Result<CompareSetResult> CompareSet(std::string_view key,
+                                      std::optional<std::string_view> expected,
+                                      std::string_view desired) override {
+    return base_->CompareSet(key, expected, desired);
+  }
+  Result<bool> Delete(std::string_view key) override { return base_->Delete(key); }
+  Result<bool> Check(std::span<const std::string> keys) override { return base_->Check(keys); }
+  Clock* clock() const override { return base_->clock(); }
+
+ private:
+  Status Cancelled(std::string_view key) const {
+    if (!cancelled_->load(std::memory_order_acquire)) return OkStatus();
+    return AbortedError("store wait for key \"" + std::string(key) + "\": cancelled");
+  }
+
+  Store* const base_;
+  const std::atomic<bool>* const cancelled_;
+  const Duration slice_;
+};
+
 }  // namespace
 
 std::unique_ptr<Store> WithPrefix(Store* base, std::string_view prefix) {
   return std::make_unique<PrefixStore>(base, prefix);
+}
+
+std::unique_ptr<Store> WithCancel(Store* base, const std::atomic<bool>* cancelled, Duration slice) {
+  return std::make_unique<CancellableStore>(base, cancelled, slice);
 }
 
 }  // namespace kc::comm

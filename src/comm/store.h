@@ -3,6 +3,8 @@
 // hash_store.h) and TcpStoreClient (tcp_store.h); rendezvous.h builds generations on top.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -81,5 +83,12 @@ class Store {
 // prefix counts towards kMaxKeyBytes. `base` is not owned and must outlive the view. Safe for
 // concurrent use when `base` is.
 std::unique_ptr<Store> WithPrefix(Store* base, std::string_view prefix);
+
+// A view of `base` whose blocking calls (Get, Wait) give up with kAborted once `*cancelled`
+// is true, instead of waiting out their deadline: they wait on `base` in slices of `slice`
+// and look between them. A rendezvous a newer generation has made pointless ends so
+// (fault::ElasticWorker). `base` and `cancelled` are not owned and must outlive the view.
+std::unique_ptr<Store> WithCancel(Store* base, const std::atomic<bool>* cancelled,
+                                  Duration slice = std::chrono::milliseconds(100));
 
 }  // namespace kc::comm

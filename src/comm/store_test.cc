@@ -288,6 +288,32 @@ TEST_P(StoreTest, PrefixViewsHaveDisjointKeySpaces) {
   EXPECT_EQ(a->clock(), store_->clock());
 }
 
+// A cancellable view waits as its base does until cancelled; then its waits give up with
+// kAborted instead of at their deadline (a rendezvous a newer generation made pointless).
+TEST(CancellableStoreTest, WaitsGiveUpOnceCancelledAndOtherwiseWaitAsTheBaseDoes) {
+  HashStore base;  // the real clock
+  std::atomic<bool> cancelled{false};
+  std::unique_ptr<Store> view = WithCancel(&base, &cancelled, std::chrono::milliseconds(10));
+  ASSERT_TRUE(view->Set("a", "1").ok());
+  EXPECT_EQ(view->Get("a", base.clock()->Now()).value_or(""), "1");
+  EXPECT_EQ(view->Add("n", 2).value_or(0), 2);
+  // Past its deadline it says what the base says, after several slices.
+  Result<std::string> late = view->Get("b", base.clock()->Now() + std::chrono::milliseconds(50));
+  EXPECT_EQ(late.status().code(), ErrorCode::kDeadlineExceeded) << late.status();
+  // Another thread waits for a key nobody sets; cancelling ends its wait long before a
+  // minute has passed (whether it began waiting before or after).
+  Status waited;
+  std::thread waiter(
+      [&] { waited = view->Wait(Keys{"never"}, base.clock()->Now() + std::chrono::seconds(60)); });
+  cancelled.store(true);
+  waiter.join();
+  EXPECT_EQ(waited.code(), ErrorCode::kAborted) << waited;
+  EXPECT_THAT(waited.message(), HasSubstr("key \"never\": cancelled"));
+  EXPECT_EQ(view->Get("a", base.clock()->Now() + std::chrono::seconds(60)).status().code(),
+            ErrorCode::kAborted);
+  EXPECT_TRUE(view->Set("c", "still").ok());  // what does not wait goes on
+}
+
 // ---------------------------------------------------------------------------------------
 // Generations.
 

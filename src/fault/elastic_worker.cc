@@ -43,6 +43,9 @@ struct ElasticWorker::Generation {
   fault::Generation announced;
   int rank = 0;
   int world = 1;
+  // The store as the communicator sees it: its waits give up once the generation has ended
+  // (rendezvous_cancelled_). Declared before `comm`, which uses it to its end.
+  std::unique_ptr<comm::Store> comm_store;
   std::unique_ptr<comm::Communicator> comm;
   std::unique_ptr<comm::Store> checkpoint_view;  // outlives the runner's persist thread
   std::unique_ptr<parallel::Trainer> trainer;
@@ -62,6 +65,7 @@ void ElasticWorker::Abort(Status why) {
 }
 
 void ElasticWorker::AbortLive(const Status& why) {
+  rendezvous_cancelled_.store(true, std::memory_order_release);
   // Each returns at once (they mark and wake); called under mu_ so that the generation's
   // thread does not destroy them meanwhile.
   if (live_trainer_ != nullptr) {
@@ -240,6 +244,10 @@ Status ElasticWorker::RunGeneration(Generation& g) {
     if (!aborted_.ok()) AbortLive(aborted_);
     return aborted_.ok();
   };
+  {
+    MutexLock lock(&mu_);  // an Abort already made stays made
+    rendezvous_cancelled_.store(!aborted_.ok(), std::memory_order_release);
+  }
   if (watch_store_ != nullptr) {
     KC_ASSIGN_OR_RETURN(g.watch,
                         GenerationWatch::Start(watch_store_.get(), gen.number, abort_generation));
@@ -252,8 +260,11 @@ Status ElasticWorker::RunGeneration(Generation& g) {
                       : std::min(o_.timeout, Of(2 * o_.heartbeat.timeout + Seconds(10)));
   auto run = [&]() -> Status {
     if (g.world > 1) {
+      // A member lost while the generation forms makes the supervisor announce the next one:
+      // the rendezvous then stops waiting for it (not at connect_timeout).
+      g.comm_store = comm::WithCancel(store_.get(), &rendezvous_cancelled_);
       KC_ASSIGN_OR_RETURN(
-          g.comm, comm::Communicator::Create({.store = store_.get(),
+          g.comm, comm::Communicator::Create({.store = g.comm_store.get(),
                                               .group = fmt::format("{}/g{}", o_.job, gen.number),
                                               .rank = g.rank,
                                               .size = g.world,

@@ -162,6 +162,10 @@ class ElasticWorker {
   MemoryCopies copies_;                 // its in-memory copies (memory_copy_every)
   parallel::LoaderState loader_after_;  // the loader after the trainer's last step
 
+  // Set when the live generation ends (the next one announced, or Abort): its communicator's
+  // rendezvous, waiting on the store for a member that will never come, gives up at once.
+  std::atomic<bool> rendezvous_cancelled_{false};
+
   Mutex mu_;
   Status aborted_ KC_GUARDED_BY(mu_);
   // The current generation's, for aborting it (its thread may be blocked on them).
