@@ -397,8 +397,10 @@ Status ElasticWorker::RunGeneration(Generation& g) {
       loader_after_ = g.trainer->loader().state();
       StepReport report = ToStepReport(s);
       const int64_t done = g.trainer->steps_done();
-      if (o_.memory_copy_every > 0 && done < ro.steps && done % o_.memory_copy_every == 0) {
-        // The state of step `done`, copied before its checkpoint and evaluation.
+      if (o_.memory_copy_every > 0 && g.comm != nullptr && done < ro.steps &&
+          done % o_.memory_copy_every == 0) {
+        // The state of step `done`, copied before its checkpoint and evaluation (a lone rank
+        // has nobody to hold its copy).
         const auto copy_start = std::chrono::steady_clock::now();
         KC_RETURN_IF_ERROR(copies_.Exchange(*g.trainer, loader_after_, g.comm.get()));
         report.memory_copy_ms =
