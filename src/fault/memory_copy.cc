@@ -55,18 +55,31 @@ Result<StateSnapshot> SnapshotOf(const Header& h, int from) {
   return s;
 }
 
-// Keeps the first error.
-void Update(Status* first, Status s) {
-  if (first->ok() && !s.ok()) *first = std::move(s);
-}
+// Point-to-point operations in flight and the first error met: every one is waited for, even
+// after one failed, since its buffer must outlive it.
+class Pending {
+ public:
+  void Add(Result<std::shared_ptr<comm::Work>> w) {
+    if (w.ok()) {
+      works_.push_back(*std::move(w));
+    } else {
+      Fail(w.status());
+    }
+  }
+  void Fail(Status s) {
+    if (first_.ok() && !s.ok()) first_ = std::move(s);
+  }
+  // Waits for all added so far; the first error of any (sticky).
+  Status WaitAll() {
+    for (const std::shared_ptr<comm::Work>& w : works_) Fail(w->Wait());
+    works_.clear();
+    return first_;
+  }
 
-// Waits for every one, even after one failed (their buffers must outlive them).
-Status WaitAll(std::vector<std::shared_ptr<comm::Work>>& works) {
-  Status first;
-  for (const std::shared_ptr<comm::Work>& w : works) Update(&first, w->Wait());
-  works.clear();
-  return first;
-}
+ private:
+  std::vector<std::shared_ptr<comm::Work>> works_;
+  Status first_;
+};
 
 std::span<const std::byte> BytesOf(const Header& h) { return std::as_bytes(std::span(&h, 1)); }
 std::span<std::byte> BytesOf(Header& h) { return std::as_writable_bytes(std::span(&h, 1)); }
@@ -115,36 +128,27 @@ Status MemoryCopies::Exchange(parallel::Trainer& trainer, const parallel::Loader
   for (int q = 0; q < world->size(); ++q) {
     if (q != me && CopyHolder(hosts, q) == me) senders.push_back(q);
   }
-  std::vector<std::shared_ptr<comm::Work>> works;
-  Status posted;
+  Pending pending;
   // Sizes first: a stage's state is its own size.
   const Header mine = HeaderOf(next.front());
   std::vector<Header> theirs(senders.size());
-  auto post = [&](Result<std::shared_ptr<comm::Work>> w) {
-    if (w.ok()) {
-      works.push_back(*std::move(w));
-    } else {
-      Update(&posted, w.status());
-    }
-  };
-  if (holder != me) post(world->Send(holder, BytesOf(mine), kHeaderTag));
+  if (holder != me) pending.Add(world->Send(holder, BytesOf(mine), kHeaderTag));
   for (size_t i = 0; i < senders.size(); ++i) {
-    post(world->Recv(senders[i], BytesOf(theirs[i]), kHeaderTag));
+    pending.Add(world->Recv(senders[i], BytesOf(theirs[i]), kHeaderTag));
   }
-  Update(&posted, WaitAll(works));
-  KC_RETURN_IF_ERROR(posted);
+  KC_RETURN_IF_ERROR(pending.WaitAll());
   for (size_t i = 0; i < senders.size(); ++i) {
     KC_ASSIGN_OR_RETURN(StateSnapshot s, SnapshotOf(theirs[i], senders[i]));
     next.push_back(std::move(s));
   }
   if (holder != me) {
-    post(world->Send(holder, std::as_bytes(std::span(next.front().data)), kDataTag));
+    pending.Add(world->Send(holder, std::as_bytes(std::span(next.front().data)), kDataTag));
   }
   for (size_t i = 0; i < senders.size(); ++i) {
-    post(world->Recv(senders[i], std::as_writable_bytes(std::span(next[i + 1].data)), kDataTag));
+    pending.Add(
+        world->Recv(senders[i], std::as_writable_bytes(std::span(next[i + 1].data)), kDataTag));
   }
-  Update(&posted, WaitAll(works));
-  KC_RETURN_IF_ERROR(posted);
+  KC_RETURN_IF_ERROR(pending.WaitAll());
   copies_ = std::move(next);
   return OkStatus();
 }
@@ -231,15 +235,7 @@ Result<MemoryRestore> MemoryCopies::Restore(parallel::Trainer* trainer, comm::Co
   };
   const int mine = trainer->stage() * t + trainer->tp_rank();
   MemoryRestore out{.step = static_cast<int64_t>(step), .donor = donor[static_cast<size_t>(mine)]};
-  std::vector<std::shared_ptr<comm::Work>> works;
-  Status posted;
-  auto post = [&](Result<std::shared_ptr<comm::Work>> w) {
-    if (w.ok()) {
-      works.push_back(*std::move(w));
-    } else {
-      Update(&posted, w.status());
-    }
-  };
+  Pending pending;
   // Every copy this rank gives, posted before it waits for its own.
   std::vector<Header> given;
   given.reserve(static_cast<size_t>(n));
@@ -248,14 +244,14 @@ Result<MemoryRestore> MemoryCopies::Restore(parallel::Trainer* trainer, comm::Co
     if (q == me || donor[static_cast<size_t>(k)] != me) continue;
     const StateSnapshot* c = copy_of(k);
     given.push_back(HeaderOf(*c));
-    post(world->Send(q, BytesOf(given.back()), kHeaderTag));
-    post(world->Send(q, std::as_bytes(std::span(c->data)), kDataTag));
+    pending.Add(world->Send(q, BytesOf(given.back()), kHeaderTag));
+    pending.Add(world->Send(q, std::as_bytes(std::span(c->data)), kDataTag));
   }
   Status applied;
   if (out.donor == me) {
     applied = ApplySnapshot(*copy_of(mine), trainer);
   } else {
-    Update(&posted, [&]() -> Status {
+    pending.Fail([&]() -> Status {
       Header h;
       KC_ASSIGN_OR_RETURN(auto header, world->Recv(out.donor, BytesOf(h), kHeaderTag));
       KC_RETURN_IF_ERROR(header->Wait());
@@ -268,8 +264,7 @@ Result<MemoryRestore> MemoryCopies::Restore(parallel::Trainer* trainer, comm::Co
       return OkStatus();
     }());
   }
-  Update(&posted, WaitAll(works));
-  KC_RETURN_IF_ERROR(posted);
+  KC_RETURN_IF_ERROR(pending.WaitAll());
   // A copy of another shape than this rank's: not a precondition the caller can fall back
   // from quietly.
   if (!applied.ok()) return InternalError("in-memory copies: " + applied.message());
