@@ -17,13 +17,7 @@ namespace {
 
 Status CheckReduce(std::string_view name, const AllreduceOptions& o) {
   KC_RETURN_IF_ERROR(CheckReduceArgs(name, o.data, o.count, o.dtype, o.op));
-  if (o.wire == WireFormat::kBf16 &&
-      (o.dtype != hal::DataType::kF32 || (o.op != ReduceOp::kSum && o.op != ReduceOp::kAvg))) {
-    return InvalidArgumentError(std::string(name) +
-                                ": the bf16 wire carries f32 sums and averages only, not " +
-                                std::string(hal::DataTypeName(o.dtype)));
-  }
-  return OkStatus();
+  return CheckWire(name, o.dtype, o.op, o.wire);
 }
 
 // Runs the protocol of one collective call: posts requests, waits with the call's deadline,
@@ -531,6 +525,16 @@ constexpr uint16_t kSaltHostBroadcast = 0xFFF3;
 constexpr size_t kAutoRecursiveDoublingMaxBytes = 64 << 10;
 
 }  // namespace
+
+Status CheckWire(std::string_view name, hal::DataType dtype, ReduceOp op, WireFormat wire) {
+  if (wire != WireFormat::kBf16 ||
+      (dtype == hal::DataType::kF32 && (op == ReduceOp::kSum || op == ReduceOp::kAvg))) {
+    return OkStatus();
+  }
+  return InvalidArgumentError(
+      std::string(name) + ": the bf16 wire carries f32 sums and averages only, not " +
+      std::string(hal::DataTypeName(dtype)) + " " + std::string(ReduceOpName(op)));
+}
 
 ChunkRange ChunkOf(size_t total, int size, int index) {
   const size_t n = static_cast<size_t>(size);

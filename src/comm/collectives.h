@@ -66,6 +66,10 @@ struct AllreduceOptions {
   Lane lane = Lane::kGradient;
   WireFormat wire = WireFormat::kNative;
 };
+// kInvalidArgument "NAME: the bf16 wire carries f32 sums and averages only, not TYPE OP" for
+// the bf16 wire with anything else; OK otherwise (the native wire takes every type and op).
+Status CheckWire(std::string_view name, hal::DataType dtype, ReduceOp op, WireFormat wire);
+
 // Ring reduce-scatter then ring all-gather: 2 (size - 1) steps, each moving one chunk.
 // Afterwards every rank's data holds op over all ranks' inputs. size 1: a no-op (avg too).
 // kInvalidArgument: a bad dtype or op, avg of an integer type, data too small or misaligned,

@@ -550,10 +550,7 @@ class CommunicatorImpl final : public Communicator {
     KC_RETURN_IF_ERROR(CheckAlgorithm("allreduce", algo,
                                       {Algorithm::kRing, Algorithm::kRecursiveDoubling,
                                        Algorithm::kHierarchical, Algorithm::kDirect}));
-    if (o.wire == WireFormat::kBf16 &&
-        (type != hal::DataType::kF32 || (op != ReduceOp::kSum && op != ReduceOp::kAvg))) {
-      return InvalidArgumentError("allreduce: the bf16 wire carries f32 sums and averages only");
-    }
+    KC_RETURN_IF_ERROR(CheckWire("allreduce", type, op, o.wire));
     data = data.first(static_cast<size_t>(bytes));
     return Submit("allreduce", bytes, o,
                   [this, data, count, type, op, algo, lane = o.lane, wire = o.wire](
