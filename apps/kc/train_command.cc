@@ -334,10 +334,38 @@ int RunLauncher(TrainArgs a) {
       }
       (*supervisor)->RequestStop();
     });
-    std::optional<FileFollower> resizes;
+    // Across hosts the hosts come with the size (kcd grew the run onto a host, or shrank it
+    // off one): the launcher places ranks there from now on, and their shares may join.
+    std::string hosts_now = a.hosts;
+    auto follow_hosts = [&](const std::string& given) -> Status {
+      if (remote == nullptr) return InvalidArgumentError("hosts for a run on one machine");
+      if (given == hosts_now) return OkStatus();
+      Result<std::vector<fault::RemoteHost>> h = ParseHostsFlag(given);
+      if (h.ok() && p.topology != nullptr) {
+        KC_RETURN_IF_ERROR(CheckHostsInInventory(*p.topology, *h));
+      }
+      if (!h.ok()) return h.status();
+      KC_RETURN_IF_ERROR(remote->SetHosts(*h));
+      KC_RETURN_IF_ERROR(PublishRun(*store, a, p, group, *h));
+      std::cerr << fmt::format("kc train: the run's hosts are now {}\n", given);
+      hosts_now = given;
+      return OkStatus();
+    };
+    std::optional<FileFollower> resizes;  // after what it calls: it goes first
     if (!a.resize_file.empty()) {
-      resizes.emplace(a.resize_file, "{\"ranks\": N} with N at least 1",
-                      ResizeParser([&](int ranks) { (*supervisor)->Resize(ranks); }));
+      resizes.emplace(a.resize_file,
+                      "{\"ranks\": N} with N at least 1 (across hosts with \"hosts\": \"H:N,...\")",
+                      ResizeParser([&](int ranks, const std::string& given) {
+                        if (!given.empty()) {
+                          if (Status s = follow_hosts(given); !s.ok()) {
+                            std::cerr << fmt::format(
+                                "kc train: warning: {}: hosts \"{}\": {}; the size stays\n",
+                                a.resize_file, given, s.message());
+                            return;
+                          }
+                        }
+                        (*supervisor)->Resize(ranks);
+                      }));
     }
     // kc diagnose --live (or kc agent for kcd's JobService.Inspect) asks where every rank is.
     const fs::path inspect = metrics_path.parent_path() / api::kInspectRequestFile;

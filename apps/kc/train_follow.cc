@@ -8,6 +8,8 @@
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
 
 #include "base/clock.h"
 
@@ -65,15 +67,23 @@ std::optional<int64_t> IntegerAt(const std::string& text, const char* key, int64
 
 }  // namespace
 
-std::function<bool(const std::string&)> ResizeParser(std::function<void(int)> on_resize) {
-  auto asked = std::make_shared<int>(-1);
+std::function<bool(const std::string&)> ResizeParser(
+    std::function<void(int, const std::string&)> on_resize) {
+  auto asked = std::make_shared<std::pair<int, std::string>>(-1, "");
   return [on_resize = std::move(on_resize), asked](const std::string& text) {
     const std::optional<int64_t> ranks =
         IntegerAt(text, "ranks", 1, std::numeric_limits<int>::max());
     if (!ranks) return false;
-    if (*ranks != *asked) {
-      *asked = static_cast<int>(*ranks);
-      on_resize(*asked);
+    const Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+    std::string hosts;
+    if (j.contains("hosts")) {
+      if (!j["hosts"].is_string() || j["hosts"].get<std::string>().empty()) return false;
+      hosts = j["hosts"].get<std::string>();
+    }
+    std::pair<int, std::string> now(static_cast<int>(*ranks), std::move(hosts));
+    if (now != *asked) {
+      *asked = std::move(now);
+      on_resize(asked->first, asked->second);
     }
     return true;
   };

@@ -36,8 +36,11 @@ class FileFollower {
   std::thread thread_;  // last: started once the rest is
 };
 
-// --resize-file: {"ranks": N}, kc agent's; each new N goes to `on_resize`.
-std::function<bool(const std::string&)> ResizeParser(std::function<void(int)> on_resize);
+// --resize-file: {"ranks": N} or, for a run across hosts, {"ranks": N, "hosts": "H:N,..."}
+// (the hosts and their ranks from now on), kc agent's; each new N or hosts goes to `on_resize`
+// (hosts "" when not given).
+std::function<bool(const std::string&)> ResizeParser(
+    std::function<void(int, const std::string&)> on_resize);
 // inspect.json: {"request": N}, kc diagnose's or kc agent's; each new N goes to `on_request`.
 std::function<bool(const std::string&)> InspectParser(std::function<void(int64_t)> on_request);
 

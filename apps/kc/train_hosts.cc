@@ -16,6 +16,8 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <thread>
+#include <utility>
 
 #include "apps/kc/command.h"
 #include "comm/tcp_store.h"
@@ -166,7 +168,8 @@ Status CheckHostsArgs(const TrainArgs& a, const std::vector<fault::RemoteHost>& 
   }
   int slots = 0;
   for (const fault::RemoteHost& h : hosts) slots += h.slots;
-  const int need = std::max(a.ranks, a.max_ranks);
+  // With --resize-file the hosts of a larger size come with it (kcd's grow).
+  const int need = a.resize_file.empty() ? std::max(a.ranks, a.max_ranks) : a.ranks;
   if (slots < need) {
     return InvalidArgumentError(fmt::format("--hosts: {} rank slots for {} ranks{}", slots, need,
                                             a.max_ranks > a.ranks ? " (--max-ranks)" : ""));
@@ -249,38 +252,57 @@ int RunHostShare(TrainArgs a) {
       comm::TcpStoreClient::Connect(host, port, Clock::Real()->Now() + timeout,
                                     {.timeout = std::chrono::seconds(1), .token = a.store_token});
   if (!client.ok()) return fail(std::string(client.status().message()), kExitFailure);
-  Result<std::string> published =
-      (*client)->Get(std::string(kSharePrefix) + "run", Clock::Real()->Now() + timeout);
-  if (published.status().code() == ErrorCode::kPermissionDenied) {
-    return fail(fmt::format("the run's store at {} refused this host: give it the launcher's "
-                            "token in ${} ({})",
-                            a.rendezvous, kStoreTokenVariable, published.status().message()),
-                kExitBadInput);
-  }
-  if (!published.ok()) {
-    return fail(fmt::format("no run to join at {} within {:.0f} s (--timeout): {}", a.rendezvous,
-                            a.timeout_s, published.status().message()),
-                kExitFailure);
-  }
-  const Json run = Json::parse(*published, nullptr, /*allow_exceptions=*/false);
-  if (!run.is_object() || !run.contains("group") || !run.contains("fingerprint") ||
-      !run.contains("hosts")) {
-    return fail(fmt::format("{} serves no kc train run", a.rendezvous), kExitFailure);
-  }
-  bool listed = false;
-  std::vector<std::string> names;
+  // The run as its launcher published it. A host the run grows onto may start before the
+  // launcher has published the run's new hosts (kcd orders both at once): it looks again
+  // until it is one of them, for up to kListedWait (or --timeout if shorter).
+  constexpr double kListedWaitS = 30;
+  const double listed_wait_s = std::min(a.timeout_s, kListedWaitS);
+  const TimePoint deadline = Clock::Real()->Now() + SecondsToDuration(listed_wait_s);
+  bool said = false;
+  Json run;
   fault::RemoteHost self{.name = a.share};
-  for (const Json& h : run["hosts"]) {
-    names.push_back(h.value("name", std::string()));
-    if (names.back() == a.share) {
-      listed = true;
-      self.slots = h.value("slots", 1);
+  for (;;) {
+    Result<std::string> published =
+        (*client)->Get(std::string(kSharePrefix) + "run", Clock::Real()->Now() + timeout);
+    if (published.status().code() == ErrorCode::kPermissionDenied) {
+      return fail(fmt::format("the run's store at {} refused this host: give it the launcher's "
+                              "token in ${} ({})",
+                              a.rendezvous, kStoreTokenVariable, published.status().message()),
+                  kExitBadInput);
     }
-  }
-  if (!listed) {
-    return fail(
-        fmt::format("the run's hosts are {}: this host is none of them", fmt::join(names, ", ")),
-        kExitBadInput);
+    if (!published.ok()) {
+      return fail(fmt::format("no run to join at {} within {:.0f} s (--timeout): {}", a.rendezvous,
+                              a.timeout_s, published.status().message()),
+                  kExitFailure);
+    }
+    run = Json::parse(*published, nullptr, /*allow_exceptions=*/false);
+    if (!run.is_object() || !run.contains("group") || !run.contains("fingerprint") ||
+        !run.contains("hosts")) {
+      return fail(fmt::format("{} serves no kc train run", a.rendezvous), kExitFailure);
+    }
+    bool listed = false;
+    std::vector<std::string> names;
+    for (const Json& h : run["hosts"]) {
+      names.push_back(h.value("name", std::string()));
+      if (names.back() == a.share) {
+        listed = true;
+        self.slots = h.value("slots", 1);
+      }
+    }
+    if (listed) break;
+    if (Clock::Real()->Now() >= deadline) {
+      return fail(fmt::format("the run's hosts are {}: this host is none of them (waited {:.0f} s "
+                              "for the launcher to add it)",
+                              fmt::join(names, ", "), listed_wait_s),
+                  kExitBadInput);
+    }
+    if (!std::exchange(said, true)) {
+      std::cout << fmt::format(
+          "kc train: --share {}: not one of the run's hosts ({}) yet; waiting up to {:.0f} s for "
+          "its launcher to add it\n",
+          a.share, fmt::join(names, ", "), listed_wait_s);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   // What the launcher resolved, so every host runs the same.
   a.plan = run.value("plan", a.plan);

@@ -482,11 +482,11 @@ struct Agent::Impl {
       Result<std::string> h = HostsOfRun(j.order.assignment());
       if (!h.ok()) return fail(std::string(h.status().message()));
       hosts = *h;
-      int here = 0;
-      for (const auto& r : j.order.assignment().ranks()) here += r.host() == o.host;
-      if (role == kc::v1::StartOrder::ROLE_SHARE && here != j.order.devices_size()) {
-        return fail(
-            fmt::format("{} devices for this host's {} ranks", j.order.devices_size(), here));
+      // A share's devices are this host's of the run now: as many as the assignment names
+      // here at the start, and as kcd grows the run, the devices it grew onto (the launcher
+      // places that many ranks here).
+      if (role == kc::v1::StartOrder::ROLE_SHARE && j.order.devices_size() < 1) {
+        return fail("a share of a run across hosts with no devices here");
       }
       if (role == kc::v1::StartOrder::ROLE_SHARE) j.line_prefix = fmt::format("[host {}] ", o.host);
     }
@@ -580,10 +580,11 @@ struct Agent::Impl {
         args.insert(args.end(), {"--advice-file", j.advice_path});
       }
       // Elastic within [min_devices, max_devices]: the run grows and shrinks as the scheduler
-      // decides (a file this agent keeps current with its resize orders).
-      if (elastic && j.spec.min_devices < j.spec.ranks && role == kc::v1::StartOrder::ROLE_WHOLE) {
+      // decides (a file this agent keeps current with its resize orders), across hosts with
+      // the hosts it runs on.
+      if (elastic && j.spec.min_devices < j.spec.ranks && role != kc::v1::StartOrder::ROLE_SHARE) {
         j.resize_path = (fs::path(out) / "resize.json").string();
-        if (Status s = WriteResize(j.resize_path, ranks); !s.ok()) {
+        if (Status s = WriteResize(j.resize_path, ranks, hosts); !s.ok()) {
           return fail(std::string(s.message()));
         }
         args.insert(args.end(), {"--resize-file", j.resize_path});
@@ -800,15 +801,29 @@ struct Agent::Impl {
   // The scheduler's grow or shrink: the size kc train follows, written whole.
   void ResizeJob(Job& j, const kc::v1::ResizeOrder& r) KC_REQUIRES(mu) {
     if (j.resize_path.empty() || j.ended || j.stopping) return;
-    KC_LOG(INFO) << "agent: job " << j.order.job() << ": to " << r.devices_size() << " device"
-                 << (r.devices_size() == 1 ? "" : "s") << ": " << r.reason();
-    if (Status s = WriteResize(j.resize_path, r.devices_size()); !s.ok()) {
+    // Across hosts: the devices of every host, as kc train --hosts takes them.
+    int ranks = r.devices_size();
+    std::vector<std::string> hosts;
+    for (const kc::v1::ResizeOrder::Host& h : r.hosts()) {
+      if (h.devices() < 1) continue;
+      hosts.push_back(fmt::format("{}:{}", h.name(), h.devices()));
+      ranks += h.devices();
+    }
+    KC_LOG(INFO) << "agent: job " << j.order.job() << ": to " << ranks << " device"
+                 << (ranks == 1 ? "" : "s")
+                 << (hosts.empty() ? "" : fmt::format(" on {}", fmt::join(hosts, ","))) << ": "
+                 << r.reason();
+    if (Status s = WriteResize(j.resize_path, ranks, fmt::format("{}", fmt::join(hosts, ",")));
+        !s.ok()) {
       KC_LOG(WARNING) << "agent: job " << j.order.job() << ": " << s.message();
     }
   }
 
-  static Status WriteResize(const std::string& path, int ranks) {
-    const std::string text = nlohmann::json{{"ranks", ranks}}.dump() + "\n";
+  // {"ranks": N}, with "hosts": "H:N,..." for a run across hosts.
+  static Status WriteResize(const std::string& path, int ranks, const std::string& hosts) {
+    nlohmann::json size{{"ranks", ranks}};
+    if (!hosts.empty()) size["hosts"] = hosts;
+    const std::string text = size.dump() + "\n";
     return WriteFileAtomically(path,
                                std::as_bytes(std::span<const char>(text.data(), text.size())));
   }

@@ -97,9 +97,13 @@ struct Run {
   int64_t checkpoint_step = 0;
   std::string token_hash;  // its run token's (TokenStore::Revoke), revoked when it ends
   // A run across hosts: `host` is the supervisor agent running its launcher; these hosts run
-  // its ranks (their devices), and its store is kcd's (stopped when the run ends).
+  // its ranks (their devices), and its store is kcd's (stopped when the run ends). A host the
+  // run was shrunk off keeps its share, with no devices, until the run ends.
   std::map<std::string, std::vector<int>> shares;
   std::shared_ptr<comm::TcpStoreServer> store;
+  std::set<std::string> shares_down;  // hosts whose share ended or whose agent was lost
+  // The start order of its shares (devices aside), for a host it grows onto; none when adopted.
+  std::optional<kc::v1::StartOrder> share_order;
   bool command = false;  // a command job's: no supervisor to inspect
 };
 
@@ -340,7 +344,9 @@ struct Dispatcher::Impl {
   static std::string HostsOf(const Run& run) {
     if (run.shares.empty()) return run.host;
     std::vector<std::string> names;
-    for (const auto& [name, devices] : run.shares) names.push_back(name);
+    for (const auto& [name, devices] : run.shares) {
+      if (!devices.empty()) names.push_back(name);
+    }
     return fmt::format("{} (launcher on {})", fmt::join(names, ", "), run.host);
   }
 
@@ -354,6 +360,7 @@ struct Dispatcher::Impl {
       case kc::v1::AgentJobReport::STATE_EXITED:
       case kc::v1::AgentJobReport::STATE_FAILED_TO_START:
       case kc::v1::AgentJobReport::STATE_FENCED:
+        run.shares_down.insert(host);  // a grow onto this host starts another
         if (r.exit_code() != 0 || r.state() != kc::v1::AgentJobReport::STATE_EXITED) {
           o.jobs
               ->Note(run.job,
@@ -825,6 +832,7 @@ struct Dispatcher::Impl {
     auto r = runs.find(sj->second);
     if (r == runs.end() || r->second.stopping || d.devices.empty()) return;
     Run& run = r->second;
+    if (!run.shares.empty()) return ResizeAcross(run, d);
     const int h = topology->host_of(d.devices.front());
     if (topology->hosts()[h].name != run.host) {
       KC_LOG(WARNING) << "dispatcher: job " << run.job << ": a " << DecisionKindName(d.kind)
@@ -834,13 +842,7 @@ struct Dispatcher::Impl {
     const int before = static_cast<int>(run.devices.size());
     run.devices = d.devices;
     if (d.kind == sched::DecisionKind::kShrink) run.shrunk_s = now;
-    if (Result<internal::Statement> st = db.Prepare("UPDATE runs SET devices = ? WHERE run = ?");
-        st.ok()) {
-      st->Bind(1, DevicesText(run.devices));
-      st->Bind(2, run.run);
-      if (st->Step() != SQLITE_DONE)
-        KC_LOG(WARNING) << db.Error("cannot record a resize").message();
-    }
+    RecordDevices(run);
     kc::v1::ResizeOrder order;
     order.set_job(run.job);
     order.set_run(run.run);
@@ -856,6 +858,83 @@ struct Dispatcher::Impl {
                               d.devices.size(), d.reason));
     Audit("kcd", "job.resize", fmt::format("job/{}", run.job), "ok", what);
     o.jobs->Note(run.job, what, WallSeconds()).IgnoreError();
+  }
+
+  // The grow or shrink of a run across hosts: its launcher's agent is told every host's
+  // devices from now on (kc train places ranks there and retires those a host has no place
+  // for), and a host new to the run, or whose share is gone, gets a share start.
+  void ResizeAcross(Run& run, const sched::Decision& d) KC_REQUIRES(mu) {
+    std::map<std::string, std::vector<int>> next;
+    std::vector<std::string> order;  // placement order: the decision's
+    for (int dev : d.devices) {
+      const std::string& name = topology->hosts()[topology->host_of(dev)].name;
+      if (next.count(name) == 0) order.push_back(name);
+      next[name].push_back(dev);
+    }
+    std::vector<std::string> started;
+    for (const std::string& name : order) {
+      auto had = run.shares.find(name);
+      if (had != run.shares.end() && run.shares_down.count(name) == 0) continue;  // it runs
+      if (!run.share_order) {
+        KC_LOG(WARNING) << "dispatcher: job " << run.job << ": a " << DecisionKindName(d.kind)
+                        << " onto " << name << " is not carried out: kcd restarted since the run "
+                        << "started and no longer has its share order";
+        return;
+      }
+      kc::v1::StartOrder share = *run.share_order;
+      LocalDevices(next[name], &share);
+      agents[name].starts.push_back(std::move(share));
+      run.shares_down.erase(name);
+      started.push_back(name);
+    }
+    const int before = static_cast<int>(run.devices.size());
+    for (auto& [name, devices] : run.shares) devices.clear();
+    for (const auto& [name, devices] : next) run.shares[name] = devices;
+    run.devices = d.devices;
+    if (d.kind == sched::DecisionKind::kShrink) run.shrunk_s = WallSeconds();
+    RecordDevices(run);
+    kc::v1::ResizeOrder resize;
+    resize.set_job(run.job);
+    resize.set_run(run.run);
+    resize.set_reason(d.reason);
+    std::vector<std::string> where;
+    for (const std::string& name : order) {
+      kc::v1::ResizeOrder::Host* h = resize.add_hosts();
+      h->set_name(name);
+      h->set_devices(static_cast<int>(next[name].size()));
+      where.push_back(fmt::format("{}:{}", name, next[name].size()));
+    }
+    agents[run.host].resizes.push_back(std::move(resize));
+    const std::string what = KcdJobIds(fmt::format(
+        "the scheduler {} it from {} to {} devices ({}{}): {}",
+        d.kind == sched::DecisionKind::kShrink ? "shrinks" : "grows", before, d.devices.size(),
+        fmt::join(where, ", "),
+        started.empty() ? "" : fmt::format("; a share starts on {}", fmt::join(started, ", ")),
+        d.reason));
+    Audit("kcd", "job.resize", fmt::format("job/{}", run.job), "ok", what);
+    o.jobs->Note(run.job, what, WallSeconds()).IgnoreError();
+  }
+
+  // The run's devices in its record (a restarted kcd adopts it with them).
+  void RecordDevices(const Run& run) KC_REQUIRES(mu) {
+    if (Result<internal::Statement> st = db.Prepare("UPDATE runs SET devices = ? WHERE run = ?");
+        st.ok()) {
+      st->Bind(1, DevicesText(run.devices));
+      st->Bind(2, run.run);
+      if (st->Step() != SQLITE_DONE)
+        KC_LOG(WARNING) << db.Error("cannot record a resize").message();
+    }
+  }
+
+  // A start order's devices: their indices on their host, and CUDA_VISIBLE_DEVICES of them.
+  void LocalDevices(const std::vector<int>& devices, kc::v1::StartOrder* out) const
+      KC_REQUIRES(mu) {
+    out->clear_devices();
+    for (int dev : devices) {
+      const auto& mine = host_devices[topology->host_of(dev)];
+      out->add_devices(static_cast<int>(std::find(mine.begin(), mine.end(), dev) - mine.begin()));
+    }
+    out->set_cuda_visible_devices(CudaVisibleDevices(devices));
   }
 
   // A start decision: the order to the agent of the devices' host.
@@ -877,14 +956,24 @@ struct Dispatcher::Impl {
       Move(job, JobPhase::kFailed, fmt::format("refused at its start: {}", s.message()));
       return;
     }
-    // Across hosts: the launcher goes to a supervisor agent, and the run's store is kcd's.
+    // Across hosts: the launcher goes to a supervisor agent, and the run's store is kcd's. So
+    // too for an elastic train job larger than every host that starts on one: it may grow
+    // onto others.
     std::map<std::string, std::vector<int>> shares;
     for (int dev : d.devices) shares[topology->hosts()[topology->host_of(dev)].name].push_back(dev);
+    Result<JobSpec> spec = ReadStoredJob(j->spec, "spec");
+    size_t largest = 0;
+    for (const std::vector<int>& on_host : host_devices)
+      largest = std::max(largest, on_host.size());
     std::string supervisor;
-    if (shares.size() > 1) {
-      for (const auto& [name, agent] : agents) {
-        if (agent.registered && agent.supervisor) supervisor = name;
-      }
+    for (const auto& [name, agent] : agents) {
+      if (agent.registered && agent.supervisor) supervisor = name;
+    }
+    // (Without a supervisor agent such a job runs on its one host, and stays there.)
+    const bool may_span = spec.ok() && spec->command.empty() && spec->min_devices > 0 &&
+                          static_cast<size_t>(spec->ranks) > largest && !supervisor.empty() &&
+                          !o.store_address.empty();
+    if (shares.size() > 1 || may_span) {
       if (supervisor.empty() || o.store_address.empty()) {
         const std::string why =
             supervisor.empty()
@@ -922,7 +1011,6 @@ struct Dispatcher::Impl {
     Result<std::vector<JobEvent>> history = o.jobs->History(job);
     // The owner's run token for the execution-time checks, valid for the job's runtime and a
     // day (at most kMaxRunTokenS), revoked when the run ends.
-    Result<JobSpec> spec = ReadStoredJob(j->spec, "spec");
     const double ttl =
         std::min((spec.ok() ? spec->expected_hours * 3600 : 0) + 86400, kMaxRunTokenS);
     Result<IssuedToken> token = o.tokens->Issue(j->owner, ttl, WallSeconds(), TokenKind::kRun);
@@ -985,22 +1073,14 @@ struct Dispatcher::Impl {
     order.set_token(token->token);
     order.set_owner(j->owner);
     order.set_team(j->team);
-    // This host's indices of the devices on it.
-    auto local = [&](const std::vector<int>& devices, kc::v1::StartOrder* out) {
-      out->clear_devices();
-      for (int dev : devices) {
-        const auto& mine = host_devices[topology->host_of(dev)];
-        out->add_devices(static_cast<int>(std::find(mine.begin(), mine.end(), dev) - mine.begin()));
-      }
-      out->set_cuda_visible_devices(CudaVisibleDevices(devices));
-    };
     if (shares.empty()) {
-      local(d.devices, &order);
+      LocalDevices(d.devices, &order);
     } else {
+      run.share_order = order;
+      run.share_order->set_role(kc::v1::StartOrder::ROLE_SHARE);
       for (const auto& [name, devices] : shares) {
-        kc::v1::StartOrder share = order;
-        share.set_role(kc::v1::StartOrder::ROLE_SHARE);
-        local(devices, &share);
+        kc::v1::StartOrder share = *run.share_order;
+        LocalDevices(devices, &share);
         agents[name].starts.push_back(std::move(share));
       }
       order.set_role(kc::v1::StartOrder::ROLE_SUPERVISOR);
@@ -1175,8 +1255,9 @@ struct Dispatcher::Impl {
       // Its lease ran out at lost_after_s: it has stopped its runs by the end of its grace.
       if (now - a.last_seen_s <= o.lost_after_s + a.stop_grace_s) continue;
       std::vector<int64_t> lost;
-      for (const auto& [job, run] : runs) {
+      for (auto& [job, run] : runs) {
         if (run.host == host) lost.push_back(job);
+        if (run.shares.count(host) != 0) run.shares_down.insert(host);  // gone with it
       }
       if (!a.registered && lost.empty()) continue;
       a.registered = false;

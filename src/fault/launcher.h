@@ -62,6 +62,9 @@ class ProcessLauncher {
   virtual Status Start(const RankLaunch& launch, RankEvents* events) = 0;
   // Passes `signal` to a started worker; nothing once it has ended.
   virtual void Signal(int worker, RankSignal signal) = 0;
+  // Workers running where they no longer have a place (a host whose slots were taken away),
+  // the ones to retire first when the run shrinks. None by default.
+  virtual std::vector<int> Overplaced() const { return {}; }
 };
 
 }  // namespace kc::fault

@@ -39,6 +39,24 @@ Result<std::string> Read(comm::Store& store, const std::string& key) {
 
 double SecondsOf(Duration d) { return std::chrono::duration<double>(d).count(); }
 
+// Names that can be store keys, each once, with slots (or none, where `zero_slots_ok`).
+Status CheckHosts(const std::vector<RemoteHost>& hosts, bool empty_ok, bool zero_slots_ok) {
+  if (hosts.empty() && !empty_ok) return InvalidArgumentError("remote launcher: no hosts");
+  std::set<std::string> names;
+  for (const RemoteHost& h : hosts) {
+    if (h.name.empty() || h.name.find('/') != std::string::npos) {
+      return InvalidArgumentError(fmt::format("remote launcher: bad host name '{}'", h.name));
+    }
+    if (h.slots < (zero_slots_ok ? 0 : 1)) {
+      return InvalidArgumentError(fmt::format("remote launcher: host {} has no slots", h.name));
+    }
+    if (!names.insert(h.name).second) {
+      return InvalidArgumentError(fmt::format("remote launcher: host {} given twice", h.name));
+    }
+  }
+  return OkStatus();
+}
+
 Json ExitJson(const RankExit& e) {
   return {{"ok", e.ok}, {"killed", e.killed}, {"description", e.description}};
 }
@@ -47,7 +65,8 @@ Json ExitJson(const RankExit& e) {
 
 class RemoteLauncher::Impl {
  public:
-  explicit Impl(RemoteLauncherOptions o) : o_(std::move(o)), hosts_(o_.hosts.size()) {}
+  explicit Impl(RemoteLauncherOptions o)
+      : o_(std::move(o)), spec_(o_.hosts), hosts_(o_.hosts.size()) {}
   ~Impl() {
     Finish();
     {
@@ -73,19 +92,14 @@ class RemoteLauncher::Impl {
     int h = -1;
     if (!launch.join) {
       int position = launch.worker;
-      for (size_t i = 0; i < o_.hosts.size() && h < 0; ++i) {
-        if (position < o_.hosts[i].slots) h = static_cast<int>(i);
-        position -= o_.hosts[i].slots;
+      for (size_t i = 0; i < spec_.size() && h < 0; ++i) {
+        if (position < spec_[i].slots) h = static_cast<int>(i);
+        position -= spec_[i].slots;
       }
     } else {
-      int most = 0;
-      for (size_t i = 0; i < hosts_.size(); ++i) {
-        const int free = o_.hosts[i].slots - Live(static_cast<int>(i));
-        if (hosts_[i].up && free > most) {
-          most = free;
-          h = static_cast<int>(i);
-        }
-      }
+      // A host that is up first; else one given slots (SetHosts) whose share is coming up.
+      h = MostFree([](const HostState& s) { return s.up; });
+      if (h < 0) h = MostFree([](const HostState& s) { return !s.up && s.awaited; });
     }
     if (h < 0) {
       return UnavailableError(
@@ -113,7 +127,7 @@ class RemoteLauncher::Impl {
       auto w = workers_.find(worker);
       if (w == workers_.end() || w->second.exited) return;
       HostState& h = hosts_[static_cast<size_t>(w->second.host)];
-      const std::string& name = o_.hosts[static_cast<size_t>(w->second.host)].name;
+      const std::string& name = spec_[static_cast<size_t>(w->second.host)].name;
       const bool kill = signal == RankSignal::kKill;
       if (!w->second.sent) {
         if (!kill && h.up) {
@@ -146,13 +160,49 @@ class RemoteLauncher::Impl {
     MutexLock lock(&mu_);
     if (finished_) return;
     finished_ = true;
-    for (size_t h = 0; h < o_.hosts.size(); ++h) Send(static_cast<int>(h), {{"op", "end"}});
+    for (size_t h = 0; h < spec_.size(); ++h) Send(static_cast<int>(h), {{"op", "end"}});
   }
 
   std::string HostOf(int worker) const {
     MutexLock lock(&mu_);
     auto w = workers_.find(worker);
-    return w == workers_.end() ? "" : o_.hosts[static_cast<size_t>(w->second.host)].name;
+    return w == workers_.end() ? "" : spec_[static_cast<size_t>(w->second.host)].name;
+  }
+
+  Status SetHosts(const std::vector<RemoteHost>& hosts) {
+    KC_RETURN_IF_ERROR(CheckHosts(hosts, /*empty_ok=*/true, /*zero_slots_ok=*/true));
+    MutexLock lock(&mu_);
+    if (finished_) return FailedPreconditionError("remote launcher: the run is over");
+    for (RemoteHost& known : spec_) known.slots = 0;  // a host left out has no place any more
+    for (const RemoteHost& h : hosts) {
+      auto at = std::find_if(spec_.begin(), spec_.end(),
+                             [&](const RemoteHost& k) { return k.name == h.name; });
+      if (at == spec_.end()) {
+        spec_.push_back({.name = h.name, .slots = 0});
+        hosts_.emplace_back();
+        at = spec_.end() - 1;
+      }
+      at->slots = h.slots;
+    }
+    for (size_t i = 0; i < spec_.size(); ++i) {
+      hosts_[i].awaited = spec_[i].slots > 0 && !hosts_[i].up;
+    }
+    cv_.SignalAll();
+    return OkStatus();
+  }
+
+  std::vector<int> Overplaced() const {
+    MutexLock lock(&mu_);
+    std::vector<int> out;
+    for (size_t i = 0; i < spec_.size(); ++i) {
+      std::vector<int> live;  // in id order: the newest last
+      for (const auto& [id, w] : workers_) {
+        if (w.host == static_cast<int>(i) && !w.exited) live.push_back(id);
+      }
+      const int excess = static_cast<int>(live.size()) - spec_[i].slots;
+      if (excess > 0) out.insert(out.end(), live.end() - excess, live.end());
+    }
+    return out;
   }
 
  private:
@@ -160,6 +210,9 @@ class RemoteLauncher::Impl {
   struct HostState {
     int64_t session = -1;  // the newest share's; -1: none came up yet
     bool up = false;
+    // Given slots (SetHosts) while its share was not up: a share is coming, and a replacement
+    // may wait for it there.
+    bool awaited = false;
     int64_t beat = -1;
     TimePoint beat_seen{};
     int64_t next_order = 0;
@@ -179,10 +232,23 @@ class RemoteLauncher::Impl {
     for (const auto& [id, w] : workers_) n += w.host == host && !w.exited;
     return n;
   }
-  int TotalSlots() const {
+  int TotalSlots() const KC_REQUIRES(mu_) {
     int n = 0;
-    for (const RemoteHost& h : o_.hosts) n += h.slots;
+    for (const RemoteHost& h : spec_) n += h.slots;
     return n;
+  }
+  // The host with the most free slots of those `eligible` takes; -1: none has one.
+  template <typename Eligible>
+  int MostFree(Eligible eligible) const KC_REQUIRES(mu_) {
+    int h = -1, most = 0;
+    for (size_t i = 0; i < hosts_.size(); ++i) {
+      const int free = spec_[i].slots - Live(static_cast<int>(i));
+      if (eligible(hosts_[i]) && free > most) {
+        most = free;
+        h = static_cast<int>(i);
+      }
+    }
+    return h;
   }
   bool PendingOrders() const KC_REQUIRES(mu_) {
     for (const HostState& h : hosts_) {
@@ -211,11 +277,13 @@ class RemoteLauncher::Impl {
   // One look at every host: new shares, beats, events, and the orders waiting for them.
   void Poll() {
     comm::Store& store = *o_.store;
-    for (size_t i = 0; i < o_.hosts.size(); ++i) {
-      const std::string& name = o_.hosts[i].name;
+    for (size_t i = 0;; ++i) {
+      std::string name;
       int64_t session;
       {
         MutexLock lock(&mu_);
+        if (i >= spec_.size()) break;  // hosts are only ever added (SetHosts)
+        name = spec_[i].name;
         session = hosts_[i].session;
       }
       std::vector<std::pair<int, RankEvents*>> lost;
@@ -231,6 +299,7 @@ class RemoteLauncher::Impl {
           lost_why = fmt::format("host {}'s share was replaced by a new one: taken for lost", name);
           h.session = now_session;
           h.up = true;
+          h.awaited = false;
           h.beat = -1;
           h.beat_seen = o_.clock->Now();
           h.next_order = 0;
@@ -368,7 +437,8 @@ class RemoteLauncher::Impl {
   const RemoteLauncherOptions o_;
   mutable Mutex mu_;
   CondVar cv_;
-  std::vector<HostState> hosts_ KC_GUARDED_BY(mu_);
+  std::vector<RemoteHost> spec_ KC_GUARDED_BY(mu_);  // the hosts and their slots now
+  std::vector<HostState> hosts_ KC_GUARDED_BY(mu_);  // what is known of each (spec_'s index)
   std::map<int, WorkerState> workers_ KC_GUARDED_BY(mu_);
   bool finished_ KC_GUARDED_BY(mu_) = false;
   bool stopped_ KC_GUARDED_BY(mu_) = false;
@@ -377,19 +447,7 @@ class RemoteLauncher::Impl {
 
 Result<std::unique_ptr<RemoteLauncher>> RemoteLauncher::Create(RemoteLauncherOptions options) {
   if (options.store == nullptr) return InvalidArgumentError("remote launcher: no store");
-  if (options.hosts.empty()) return InvalidArgumentError("remote launcher: no hosts");
-  std::set<std::string> names;
-  for (const RemoteHost& h : options.hosts) {
-    if (h.name.empty() || h.name.find('/') != std::string::npos) {
-      return InvalidArgumentError(fmt::format("remote launcher: bad host name '{}'", h.name));
-    }
-    if (h.slots < 1) {
-      return InvalidArgumentError(fmt::format("remote launcher: host {} has no slots", h.name));
-    }
-    if (!names.insert(h.name).second) {
-      return InvalidArgumentError(fmt::format("remote launcher: host {} given twice", h.name));
-    }
-  }
+  KC_RETURN_IF_ERROR(CheckHosts(options.hosts, /*empty_ok=*/false, /*zero_slots_ok=*/false));
   auto impl = std::make_unique<Impl>(std::move(options));
   impl->StartThread();
   return std::unique_ptr<RemoteLauncher>(new RemoteLauncher(std::move(impl)));
@@ -402,6 +460,10 @@ Status RemoteLauncher::Start(const RankLaunch& launch, RankEvents* events) {
 }
 void RemoteLauncher::Signal(int worker, RankSignal signal) { impl_->Signal(worker, signal); }
 void RemoteLauncher::Finish() { impl_->Finish(); }
+Status RemoteLauncher::SetHosts(const std::vector<RemoteHost>& hosts) {
+  return impl_->SetHosts(hosts);
+}
+std::vector<int> RemoteLauncher::Overplaced() const { return impl_->Overplaced(); }
 std::string RemoteLauncher::HostOf(int worker) const { return impl_->HostOf(worker); }
 
 // ---------------------------------------------------------------------------------------------

@@ -45,7 +45,8 @@ struct RemoteLauncherOptions {
   // The hosts in placement order. A first-generation worker w (RankLaunch::join false) goes
   // to the host whose slots hold position w when the hosts' slots are laid end to end; a
   // replacement to the host with the most free slots of those whose share is up (the first of
-  // them on a tie), so a host that comes back takes ranks again.
+  // them on a tie), so a host that comes back takes ranks again; failing that, to one given
+  // slots by SetHosts whose share has not come up yet (it waits there for the share).
   std::vector<RemoteHost> hosts;
   // A share silent this long (its beat counter unchanged) is taken for lost, with its ranks.
   Duration share_timeout = std::chrono::milliseconds(1500);
@@ -70,6 +71,13 @@ class RemoteLauncher final : public ProcessLauncher {
 
   // Every share is told the run is over: each ends once its ranks have. Idempotent.
   void Finish();
+
+  // The hosts and their slots from now on (the run's placement grew or shrank): hosts not yet
+  // known are added (their shares are awaited), a known host left out keeps its share but has
+  // no slots. The ranks a host runs beyond its slots are Overplaced. kInvalidArgument for a bad
+  // name or a name given twice; kFailedPrecondition once finished.
+  Status SetHosts(const std::vector<RemoteHost>& hosts);
+  std::vector<int> Overplaced() const override;
 
   // The host a worker was placed on ("" when none).
   std::string HostOf(int worker) const;

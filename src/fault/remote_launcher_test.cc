@@ -1,8 +1,8 @@
 // A supervisor's RemoteLauncher and the host shares it drives, every host a thread of this
 // process with a ThreadLauncher for its ranks, all on one in-memory store: ranks start on the
 // hosts their placement names, what they say comes back, a share cut off from the store kills
-// its ranks while the launcher takes them for lost, replacements go to hosts that are up, and a
-// host that comes back takes ranks again.
+// its ranks while the launcher takes them for lost, replacements go to hosts that are up, a
+// host that comes back takes ranks again, and so does a host the run is given while it runs.
 #include "fault/remote_launcher.h"
 
 #include <gmock/gmock.h>
@@ -343,6 +343,54 @@ TEST(RemoteLauncherTest, ASignalToARankWhoseHostNeverCameUpEndsItAtOnce) {
   std::optional<RankExit> stopped = events.AwaitExit(1);
   ASSERT_TRUE(stopped.has_value());
   EXPECT_TRUE(stopped->ok) << stopped->description;
+}
+
+// The run's placement changes while it runs (kcd grows it onto another host, or shrinks it off
+// one): a host given slots whose share is not up yet takes a replacement, which waits there for
+// the share; a host left out keeps its ranks, now overplaced, the first a shrink retires.
+TEST(RemoteLauncherTest, AHostGivenSlotsLaterTakesRanksOnceItsShareIsUp) {
+  comm::HashStore store;
+  Host h1(&store, "h1", true), h3(&store, "h3", true);
+  auto launcher = RemoteLauncher::Create(Options(&store, {{"h1", 2}}));
+  ASSERT_TRUE(launcher.ok()) << launcher.status();
+  Events events;
+  h1.Serve();
+  ASSERT_TRUE((*launcher)->Start({.worker = 0}, &events).ok());
+  ASSERT_TRUE((*launcher)->Start({.worker = 1}, &events).ok());
+  for (int w : {0, 1}) ASSERT_TRUE(events.AwaitReady(w)) << w;
+  EXPECT_TRUE((*launcher)->Overplaced().empty());
+  // h1 is full, and no other host is known.
+  EXPECT_EQ((*launcher)->Start({.worker = 2, .join = true}, &events).code(),
+            ErrorCode::kUnavailable);
+
+  // h3 joins the run before its share is up: a replacement goes there and waits for it.
+  ASSERT_TRUE((*launcher)->SetHosts({{"h1", 2}, {"h3", 2}}).ok());
+  ASSERT_TRUE((*launcher)->Start({.worker = 2, .join = true}, &events).ok());
+  ASSERT_TRUE((*launcher)->Start({.worker = 3, .join = true}, &events).ok());
+  EXPECT_EQ((*launcher)->HostOf(2), "h3");
+  EXPECT_EQ((*launcher)->HostOf(3), "h3");
+  EXPECT_EQ((*launcher)->Start({.worker = 4, .join = true}, &events).code(),
+            ErrorCode::kUnavailable);
+  h3.Serve();
+  for (int w : {2, 3}) ASSERT_TRUE(events.AwaitReady(w)) << w;
+  EXPECT_THAT(events.OutputOf(2), ::testing::ElementsAre("worker 2 on h3 (joined)"));
+
+  // h1 gives up its slots: its ranks are overplaced, the newest first to go when one must.
+  ASSERT_TRUE((*launcher)->SetHosts({{"h1", 1}, {"h3", 2}}).ok());
+  EXPECT_THAT((*launcher)->Overplaced(), ::testing::ElementsAre(1));
+  ASSERT_TRUE((*launcher)->SetHosts({{"h3", 2}}).ok());
+  EXPECT_THAT((*launcher)->Overplaced(), ::testing::ElementsAre(0, 1));
+  (*launcher)->Signal(1, RankSignal::kKill);
+  ASSERT_TRUE(events.AwaitExit(1).has_value());
+  EXPECT_THAT((*launcher)->Overplaced(), ::testing::ElementsAre(0));
+  EXPECT_EQ((*launcher)->SetHosts({{"h3", 1}, {"h3", 1}}).code(), ErrorCode::kInvalidArgument);
+
+  for (int w : {0, 2, 3}) (*launcher)->Signal(w, RankSignal::kStop);
+  for (int w : {0, 2, 3}) ASSERT_TRUE(events.AwaitExit(w).has_value());
+  (*launcher)->Finish();
+  EXPECT_TRUE(h1.Join().ok());
+  EXPECT_TRUE(h3.Join().ok());
+  EXPECT_EQ((*launcher)->SetHosts({{"h1", 2}}).code(), ErrorCode::kFailedPrecondition);
 }
 
 TEST(RemoteLauncherTest, BadHostsAreRefused) {

@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <tuple>
 #include <variant>
 #include <vector>
 
@@ -199,6 +200,7 @@ class Supervisor::Impl final : public RankEvents {
   // A member of formed_ finished the training while a newer generation was forming: that one
   // never forms; its newcomers were stopped, and their ends are no faults.
   bool finished_early_ = false;
+  bool completed_ = false;     // every member of the last generation finished the training
   bool elastic_open_ = false;  // generations still follow failures (off once the run ends)
   std::optional<HeartbeatMonitor> beats_;
   TimePoint next_check_{};
@@ -371,11 +373,18 @@ void Supervisor::Impl::OnRankExit(int id, const RankExit& exit) {
       done.done = true;
       done.reason = "the job finished";
       elastic_open_ = false;
-      // Spares that miss it wait until the store goes, which ends them too.
+      completed_ = true;
+      // Spares that miss it wait until the store goes, which ends them too. Newcomers not taken
+      // in are stopped: one whose start waits for its host's share (a host the run grew onto)
+      // would never see it, and a stop ends a worker that never started at once.
       AnnounceGeneration(*o_.store, done).IgnoreError();
+      for (int other : awaiting_ready_) {
+        if (!workers_[other].exited) o_.launcher->Signal(other, RankSignal::kStop);
+      }
     }
   }
-  if (exit.ok || ended_ || (finished_early_ && formed_.rank_of(id) < 0)) return;
+  // After the training finished, the ends of the workers outside it are no faults.
+  if (exit.ok || ended_ || completed_ || (finished_early_ && formed_.rank_of(id) < 0)) return;
   ++faults_;
   FaultEvent e{.kind = FaultEvent::Kind::kDetected,
                .worker = id,
@@ -477,11 +486,14 @@ void Supervisor::Impl::ApplyResize() {
   const int unstarted = std::min(excess, pending_spawns_);
   pending_spawns_ -= unstarted;
   excess -= unstarted;
-  // Those outside the generation first (newcomers, spares), then its newest members.
-  std::stable_sort(alive.begin(), alive.end(), [&](int a, int b) {
-    const bool ma = current_.rank_of(a) >= 0, mb = current_.rank_of(b) >= 0;
-    return ma != mb ? mb : a > b;
-  });
+  // Those where the launcher has no place for them any more (a host the run shrank off), then
+  // those outside the generation (newcomers, spares), then its newest members.
+  const std::vector<int> overplaced = o_.launcher->Overplaced();
+  auto key = [&](int w) {
+    const bool over = std::find(overplaced.begin(), overplaced.end(), w) != overplaced.end();
+    return std::make_tuple(!over, current_.rank_of(w) >= 0, -w);
+  };
+  std::stable_sort(alive.begin(), alive.end(), [&](int a, int b) { return key(a) < key(b); });
   std::vector<int> retired(alive.begin(), alive.begin() + excess);
   std::vector<int> staying(alive.begin() + excess, alive.end());
   FaultEvent e{

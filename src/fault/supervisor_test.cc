@@ -74,6 +74,25 @@ struct RunSpec {
   std::string resume_from;
   int64_t memory_copy_every = 0;
   std::vector<Drill> drills;
+  // What the launcher says has no place any more (ProcessLauncher::Overplaced), as a remote
+  // launcher does for the ranks of a host the run was shrunk off.
+  std::vector<int> overplaced;
+};
+
+// A launcher that passes everything on and names fixed workers overplaced.
+class Overplacing final : public ProcessLauncher {
+ public:
+  Overplacing(ProcessLauncher* base, std::vector<int> overplaced)
+      : base_(base), overplaced_(std::move(overplaced)) {}
+  Status Start(const RankLaunch& launch, RankEvents* events) override {
+    return base_->Start(launch, events);
+  }
+  void Signal(int worker, RankSignal signal) override { base_->Signal(worker, signal); }
+  std::vector<int> Overplaced() const override { return overplaced_; }
+
+ private:
+  ProcessLauncher* const base_;
+  const std::vector<int> overplaced_;
 };
 
 struct RunResult {
@@ -251,12 +270,13 @@ RunResult Train(const RunSpec& spec) {
          }
          return r.status();
        }});
+  Overplacing overplacing(&launcher, spec.overplaced);
   auto created = Supervisor::Create({.ranks = spec.ranks,
                                      .shape = shape,
                                      .max_restarts = spec.max_restarts,
                                      .heartbeat = heartbeat,
                                      .store = several ? &store : nullptr,
-                                     .launcher = &launcher,
+                                     .launcher = &overplacing,
                                      .observer = &recorder});
   EXPECT_TRUE(created.ok()) << created.status();
   if (!created.ok()) return out;
@@ -504,6 +524,23 @@ TEST(SupervisorTest, AResizeDownRetiresTheNewestWorkersAndTheRestGoOn) {
   ASSERT_NE(resized, nullptr);
   EXPECT_EQ(resized->ranks, 1);
   EXPECT_THAT(resized->reason, HasSubstr("retiring workers 2, 1"));
+  EXPECT_THAT(RecoveredRanks(r), ::testing::ElementsAre(1));
+  ASSERT_EQ(r.losses.size(), 8u);
+  EXPECT_LE(MaxRelativeDifference(r.losses, Uninterrupted()), 1e-5);
+}
+
+// A shrink off one host: the workers the launcher has no place for go first (worker 1, not the
+// newest), then the newest; the one left goes on with the same trajectory.
+TEST(SupervisorTest, AResizeDownRetiresTheOverplacedWorkersFirst) {
+  RunResult r = Train({.ranks = 3,
+                       .min_ranks = 1,
+                       .drills = {{.worker = 0, .step = 3, .how = Drill::How::kResize, .ranks = 1}},
+                       .overplaced = {1}});
+  EXPECT_EQ(r.outcome.end, RunOutcome::End::kCompleted);
+  EXPECT_EQ(r.outcome.faults, 0);
+  const FaultEvent* resized = Find(r, FaultEvent::Kind::kResized);
+  ASSERT_NE(resized, nullptr);
+  EXPECT_THAT(resized->reason, HasSubstr("retiring workers 1, 2"));
   EXPECT_THAT(RecoveredRanks(r), ::testing::ElementsAre(1));
   ASSERT_EQ(r.losses.size(), 8u);
   EXPECT_LE(MaxRelativeDifference(r.losses, Uninterrupted()), 1e-5);

@@ -53,6 +53,9 @@ class ClusterNetnsTest : public ::testing::Test {
   }
 
   ClusterNetnsTest() : dir_("kc_netns_cluster") {}
+  // A third host, h3, whose agent runs in namespace a beside h1's (a host of its own to kcd:
+  // its own agent, devices and work directory).
+  explicit ClusterNetnsTest(bool three_hosts) : ClusterNetnsTest() { three_hosts_ = three_hosts; }
 
   // kc init with kcd's certificate for ip_a, kcd in namespace a, a login, and the agents of
   // h1 (namespace a) and h2 (namespace b).
@@ -70,9 +73,14 @@ class ClusterNetnsTest : public ::testing::Test {
     std::filesystem::create_directory_symlink(dir_.Path("shared"), w1_ + "/shared");
     std::filesystem::create_directory_symlink(dir_.Path("shared"), w2_ + "/shared");
 
-    KcRun init = kc::testing::RunKc(
-        KC_BINARY, fmt::format("init {} --inventory {} --host {}", cluster_,
-                               dir_.Write("inv.yaml", kc::testing::kTwoCpuHosts), hosts_.ip_a()));
+    const std::string inventory =
+        std::string(kc::testing::kTwoCpuHosts) +
+        (three_hosts_ ? "  - {name: h3, model: cpu-slice, count: 2, network: {bandwidth_gbs: 1, "
+                        "latency_us: 50}}\n"
+                      : "");
+    KcRun init = kc::testing::RunKc(KC_BINARY,
+                                    fmt::format("init {} --inventory {} --host {}", cluster_,
+                                                dir_.Write("inv.yaml", inventory), hosts_.ip_a()));
     ASSERT_EQ(init.exit_code, 0) << init.err;
 
     kcd_ = std::make_unique<Daemon>(
@@ -94,15 +102,23 @@ class ClusterNetnsTest : public ::testing::Test {
     agent2_ = StartAgent(hosts_.b(), "h2", w2_);
     ASSERT_THAT(agent1_->WaitForLine("kc agent:"), HasSubstr("host h1 with 2 devices"));
     ASSERT_THAT(agent2_->WaitForLine("kc agent:"), HasSubstr("host h2 with 2 devices"));
+    if (three_hosts_) {
+      w3_ = dir_.Path("w3");
+      std::filesystem::create_directories(w3_);
+      std::filesystem::create_directory_symlink(dir_.Path("shared"), w3_ + "/shared");
+      agent3_ = StartAgent(hosts_.a(), "h3", w3_);
+      ASSERT_THAT(agent3_->WaitForLine("kc agent:"), HasSubstr("host h3 with 2 devices"));
+    }
   }
 
   // Stops the agents (which stop their jobs) and kcd, then whatever a killed agent left behind.
   void TearDown() override {
-    for (std::unique_ptr<Daemon>* d : {&supervisor_, &agent1_, &agent2_, &kcd_}) {
+    for (std::unique_ptr<Daemon>* d : {&supervisor_, &agent1_, &agent2_, &agent3_, &kcd_}) {
       if (*d != nullptr) (*d)->Stop(SIGTERM);
     }
     KillProcessGroupsOf(w1_);
     KillProcessGroupsOf(w2_);
+    KillProcessGroupsOf(w3_);
     KillProcessGroupsOf(ws_);
   }
 
@@ -266,6 +282,14 @@ class ClusterNetnsTest : public ::testing::Test {
     return j["phase"] == "succeeded" || j["phase"] == "failed" || j["phase"] == "cancelled";
   }
 
+  // Whether a reason in the job's history says `text`.
+  static bool Noted(const nlohmann::json& j, const std::string& text) {
+    for (const nlohmann::json& e : j["history"]) {
+      if (e.value("reason", "").find(text) != std::string::npos) return true;
+    }
+    return false;
+  }
+
   static bool RunningWithCheckpoint(const nlohmann::json& j) {
     return j["phase"] == "running" && Int(j, "checkpoint_step") >= 100;
   }
@@ -312,8 +336,9 @@ class ClusterNetnsTest : public ::testing::Test {
   // Declared first: the namespaces go last, after every process in them.
   TwoHosts hosts_;
   TempDir dir_;
-  std::string model_, cluster_, w1_, w2_, ws_;
-  std::unique_ptr<Daemon> kcd_, agent1_, agent2_, supervisor_;
+  bool three_hosts_ = false;
+  std::string model_, cluster_, w1_, w2_, w3_, ws_;
+  std::unique_ptr<Daemon> kcd_, agent1_, agent2_, agent3_, supervisor_;
 };
 
 TempDir* ClusterNetnsTest::data_ = nullptr;
@@ -473,6 +498,129 @@ TEST_F(ClusterNetnsTest, AJobAcrossHostsSurvivesTheLossOfTheHostOfRankZero) {
   }
   EXPECT_TRUE(shrank) << j.dump();
   EXPECT_TRUE(worker0) << j.dump();
+}
+
+// The host of an elastic job across hosts is lost, then comes back: kcd shrinks the run to the
+// other host once the lost host's lease has run out, and when its agent registers again the
+// scheduler grows the run back onto it: kcd starts a share there and tells the launcher the
+// run's hosts, whose new workers join the run. The job never goes back to the queue.
+TEST_F(ClusterNetnsTest, AJobAcrossHostsGrowsBackOntoAHostThatComesBack) {
+  StartSupervisor();
+  const int64_t id = SubmitFile(AcrossFile("grow", 1000000, "min_devices: 2\n"));
+  Await(id,
+        [](const nlohmann::json& j) { return j["phase"] == "running" && Int(j, "step") >= 20; });
+  ASSERT_EQ(Show(id)["host"], "h1, h2 (launcher on ctl)");
+  agent2_->Stop(SIGKILL);
+  KillProcessGroupsOf(w2_);
+  // The launcher goes on with h1's ranks; kcd, once h2 is taken for lost, shrinks the run.
+  nlohmann::json j = Await(id, [&](const nlohmann::json& x) {
+    return Ended(x) || (Noted(x, "shrinks it from 4 to 2 devices (h1:2)") &&
+                        x["host"] == "h1 (launcher on ctl)");
+  });
+  ASSERT_EQ(j["phase"], "running") << j.dump();
+  EXPECT_TRUE(Noted(j, "shrank to 2 ranks")) << j.dump();
+  const int64_t step_before = Int(j, "step");
+
+  agent2_ = StartAgent(hosts_.b(), "h2", w2_);
+  ASSERT_THAT(agent2_->WaitForLine("kc agent:"), HasSubstr("host h2 with 2 devices"));
+  j = Await(id, [&](const nlohmann::json& x) {
+    return Ended(x) || (Noted(x,
+                              "grows it from 2 to 4 devices (h1:2, h2:2; a share starts on "
+                              "h2)") &&
+                        Noted(x, "grew to 4 ranks") && Int(x, "step") > step_before + 10);
+  });
+  ASSERT_EQ(j["phase"], "running") << j.dump();
+  EXPECT_EQ(j["host"], "h1, h2 (launcher on ctl)");
+  EXPECT_TRUE(SomeProcessOf(w2_)) << "no rank runs on h2";
+  EXPECT_FALSE(Noted(j, "resumes from its last checkpoint")) << "requeued: " << j.dump();
+  const std::string logs = Kc(fmt::format("job logs {}", id)).out;
+  EXPECT_THAT(logs, HasSubstr("kc train: the run's hosts are now h1:2,h2:2"));
+
+  ASSERT_EQ(Kc(fmt::format("job cancel {}", id)).exit_code, 0);
+  Await(id, [&](const nlohmann::json& x) {
+    return x["phase"] == "cancelled" && !SomeProcessOf(w1_) && !SomeProcessOf(w2_);
+  });
+}
+
+// Three hosts, a job of 4 ranks over two of them: the host lost is replaced by the free one.
+class ClusterThreeHostsNetnsTest : public ClusterNetnsTest {
+ protected:
+  ClusterThreeHostsNetnsTest() : ClusterNetnsTest(/*three_hosts=*/true) {}
+};
+
+// The host of rank 0 (h1) dies while an elastic job of 4 ranks runs on h1 and h2: h2's ranks go
+// on, and once kcd takes h1 for lost the scheduler moves its place to h3, which was free: the
+// run grows back to 4 ranks over h2 and h3 and trains on, without going back to the queue.
+TEST_F(ClusterThreeHostsNetnsTest, ALostHostsPlaceGoesToAFreeHost) {
+  StartSupervisor();
+  const int64_t id = SubmitFile(AcrossFile("replace", 1000000, "min_devices: 2\n"));
+  Await(id,
+        [](const nlohmann::json& j) { return j["phase"] == "running" && Int(j, "step") >= 20; });
+  ASSERT_EQ(Show(id)["host"], "h1, h2 (launcher on ctl)");
+  agent1_->Stop(SIGKILL);
+  KillProcessGroupsOf(w1_);
+  nlohmann::json j = Await(id, [](const nlohmann::json& x) {
+    return Ended(x) || Noted(x, "grows it from 2 to 4 devices (h2:2, h3:2; a share starts on h3)");
+  });
+  ASSERT_EQ(j["phase"], "running") << j.dump();
+  EXPECT_TRUE(Noted(j, "worker 0 failed: host h1")) << j.dump();
+  EXPECT_TRUE(Noted(j, "shrinks it from 4 to 2 devices (h2:2)")) << j.dump();
+  const int64_t step_then = Int(j, "step");
+  j = Await(id, [&](const nlohmann::json& x) {
+    return Ended(x) || (Noted(x, "grew to 4 ranks") && Int(x, "step") > step_then + 10 &&
+                        x["host"] == "h2, h3 (launcher on ctl)");
+  });
+  ASSERT_EQ(j["phase"], "running") << j.dump();
+  EXPECT_FALSE(Noted(j, "resumes from its last checkpoint")) << "requeued: " << j.dump();
+  EXPECT_TRUE(SomeProcessOf(w3_)) << "no rank runs on h3";
+  EXPECT_THAT(Kc(fmt::format("job logs {}", id)).out,
+              HasSubstr("[host h3] kc train: --share h3: serving its ranks"));
+  ASSERT_EQ(Kc(fmt::format("job cancel {}", id)).exit_code, 0);
+  Await(id, [&](const nlohmann::json& x) {
+    return x["phase"] == "cancelled" && !SomeProcessOf(w2_) && !SomeProcessOf(w3_);
+  });
+}
+
+// h2's link is cut while an elastic job of 4 ranks runs on h1 and h2: h2's share, cut off from
+// the run's store, kills its ranks within its host timeout, long before kcd takes h2 for lost;
+// h1's ranks go on, and the run grows onto h3, which was free, only after h2's ranks are gone:
+// the job never runs twice on h2's place.
+TEST_F(ClusterThreeHostsNetnsTest, ACutHostsRanksStopBeforeItsPlaceGoesToAFreeHost) {
+  StartSupervisor();
+  const int64_t id = SubmitFile(AcrossFile("cut", 1000000, "min_devices: 2\n"));
+  Await(id,
+        [](const nlohmann::json& j) { return j["phase"] == "running" && Int(j, "step") >= 20; });
+  ASSERT_EQ(Show(id)["host"], "h1, h2 (launcher on ctl)");
+  ASSERT_FALSE(SomeProcessOf(w3_));
+  ASSERT_EQ(kc::testing::Sh("ip -n " + hosts_.b() + " link set " + hosts_.dev_b() + " down"), 0);
+  const auto cut = std::chrono::steady_clock::now();
+  std::optional<double> h2_gone_s, h3_up_s;
+  bool overlapped = false;
+  while (std::chrono::steady_clock::now() < cut + std::chrono::minutes(2) && !h3_up_s) {
+    const bool on_h2 = SomeProcessOf(w2_), on_h3 = SomeProcessOf(w3_);
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - cut).count();
+    if (!on_h2 && !h2_gone_s) h2_gone_s = t;
+    if (on_h3) h3_up_s = t;
+    overlapped |= on_h2 && on_h3;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(h2_gone_s.has_value()) << "h2's run never stopped";
+  ASSERT_TRUE(h3_up_s.has_value()) << "the run never grew onto h3";
+  EXPECT_FALSE(overlapped) << "h2's ranks still ran when h3's started";
+  // The share's fence: its host timeout (2 s), with its agent's lease (5 s) and grace behind it.
+  EXPECT_LT(*h2_gone_s, kLeaseS + 1 + kStopGraceS) << "h2's ranks outlived the lease";
+  std::cerr << "h2's ranks stopped " << *h2_gone_s << " s after the cut; h3 started at " << *h3_up_s
+            << " s\n";
+  const nlohmann::json j = Await(id, [](const nlohmann::json& x) {
+    return Ended(x) || (Noted(x, "grew to 4 ranks") && x["host"] == "h1, h3 (launcher on ctl)");
+  });
+  ASSERT_EQ(j["phase"], "running") << j.dump();
+  EXPECT_TRUE(Noted(j, "failed: host h2")) << j.dump();
+  EXPECT_FALSE(Noted(j, "resumes from its last checkpoint")) << "requeued: " << j.dump();
+  ASSERT_EQ(Kc(fmt::format("job cancel {}", id)).exit_code, 0);
+  Await(id, [&](const nlohmann::json& x) {
+    return x["phase"] == "cancelled" && !SomeProcessOf(w1_) && !SomeProcessOf(w3_);
+  });
 }
 
 // A command job larger than a host runs across both: kc run's supervisor on the supervisor

@@ -276,6 +276,36 @@ TEST_F(TrainHostsNetnsTest, ACutHostKillsItsRanksAndTheOtherTrainsOn) {
   EXPECT_THAT(launcher->output(), HasSubstr("host h2: its share has been silent"));
 }
 
+// kc agent's grow of a run across hosts, by hand: a run of 2 ranks on h1 (of at most 4) is
+// told by its resize file that it has h1 and h2 now; its launcher places the 2 new workers on
+// h2, whose share comes up after the file changed, and they join the run. Stopped then, every
+// host's part ends well.
+TEST_F(TrainHostsNetnsTest, AResizeFileGrowsTheRunOntoAHostItDidNotHave) {
+  const std::string flags = fmt::format(
+      "{} --ranks 2 --max-ranks 4 --min-ranks 2 --steps 1000000 --data {}/fortunes/manifest.json "
+      "--eval-every 0 --progress lines --checkpoint-dir {}",
+      model_, data_->path(), dir_.Path("ckpt"));
+  const std::string size = dir_.Path("resize.json");
+  std::unique_ptr<Daemon> launcher =
+      Launcher(flags + " --host-timeout 1 --resize-file " + size, "h1:2");
+  ASSERT_NE(launcher->WaitForLine("rendezvous at"), "") << launcher->output();
+  std::unique_ptr<Daemon> h1 = Share(hosts_.a(), "h1", flags);
+  ASSERT_NE(launcher->WaitForLine("host h1 is up"), "") << launcher->output();
+  dir_.Write("resize.json", R"({"ranks": 4, "hosts": "h1:2,h2:2"})");
+  ASSERT_NE(launcher->WaitForLine("the run's hosts are now h1:2,h2:2"), "") << launcher->output();
+  std::unique_ptr<Daemon> h2 = Share(hosts_.b(), "h2", flags);
+  ASSERT_NE(launcher->WaitForLine("goes on with 4 ranks"), "") << launcher->output();
+  EXPECT_EQ(launcher->Stop(SIGTERM), 128 + SIGTERM) << launcher->output();  // stopped
+  EXPECT_EQ(h1->Finish(), 0) << h1->output();
+  EXPECT_EQ(h2->Finish(), 0) << h2->output();
+  int joined_on_h2 = 0;
+  for (const nlohmann::json& f : Faults(dir_.Path("out/faults.jsonl"))) {
+    joined_on_h2 += f["event"] == "joined";
+  }
+  EXPECT_GE(joined_on_h2, 1) << launcher->output();
+  EXPECT_THAT(h2->output(), HasSubstr("--share h2: the run is over"));
+}
+
 }  // namespace
 
 // A congested link between the hosts (tc tbf at 200 Mbit/s with a queue of a few packets, so
