@@ -318,7 +318,7 @@ TEST(RemoteLauncherTest, AHostCutOffKillsItsRanksWhileTheLauncherTakesThemForLos
   (*launcher)->Signal(4, RankSignal::kKill);
   std::optional<RankExit> killed = events.AwaitExit(4);
   ASSERT_TRUE(killed.has_value());
-  EXPECT_TRUE(killed->killed);
+  EXPECT_TRUE(killed->killed) << killed->description;
   for (int w : {0, 3}) (*launcher)->Signal(w, RankSignal::kStop);
   for (int w : {0, 3}) ASSERT_TRUE(events.AwaitExit(w).has_value());
   (*launcher)->Finish();

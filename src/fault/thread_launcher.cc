@@ -108,12 +108,12 @@ class Rank final : public RankContext, public WorkerObserver {
   // returns reaches no one.
   void Kill() {
     if (killed_.exchange(true)) return;
-    {
-      MutexLock lock(&mu_);
-      if (abort_) abort_(AbortedError("killed"));
-      abort_ = nullptr;
-    }
+    // The exit first: told of the kill, the body may return before this thread goes on, and
+    // its return must not be taken for the rank's end.
     Exit({.ok = false, .killed = true, .description = "killed"});
+    MutexLock lock(&mu_);
+    if (abort_) abort_(AbortedError("killed"));
+    abort_ = nullptr;
   }
   // The rank's exit, once: at a kill, or when its body returns.
   void Exit(RankExit exit) {

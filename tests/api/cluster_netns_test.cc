@@ -2,8 +2,10 @@
 // the agent of host h1 in one, the agent of host h2 in the other, every kc command through a
 // namespace. Jobs run side by side on both hosts; a job on a host whose agent dies goes back to
 // the queue and resumes on the other host from its last checkpoint (the hosts' work
-// directories share a checkpoint directory, as hosts share a file system). Needs root and
-// iproute2; skips itself otherwise. Every namespace and process it makes, it removes.
+// directories share a checkpoint directory, as hosts share a file system). Jobs larger than a
+// host run across hosts, survive the loss of one and grow back, onto it or onto a third host
+// (h3, an agent of its own in namespace a). Needs root and iproute2; skips itself otherwise.
+// Every namespace and process it makes, it removes.
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -343,6 +345,12 @@ class ClusterNetnsTest : public ::testing::Test {
 
 TempDir* ClusterNetnsTest::data_ = nullptr;
 
+// Three hosts of 2 devices: a job of 4 ranks runs over two of them, and the third is free.
+class ClusterThreeHostsNetnsTest : public ClusterNetnsTest {
+ protected:
+  ClusterThreeHostsNetnsTest() : ClusterNetnsTest(/*three_hosts=*/true) {}
+};
+
 TEST_F(ClusterNetnsTest, AgentsInTwoNamespacesRunJobsSideBySide) {
   // Each job needs both devices of a host: the two run at once only on two hosts.
   const int64_t first = Submit("first", 1000000);
@@ -439,10 +447,10 @@ TEST_F(ClusterNetnsTest, ACutHostStopsItsRunBeforeTheJobStartsElsewhereAndComesB
   EXPECT_EQ(kcd_->Stop(SIGTERM), 0);
 }
 
-// A job larger than a host runs across both: its launcher on the supervisor agent, a share of
-// two ranks on each host, its store served by kcd; the losses are those of the same training
-// on one machine.
-TEST_F(ClusterNetnsTest, AJobLargerThanAHostRunsAcrossBothWithTheLossesOfOneMachine) {
+// A job larger than a host runs across two of the three: its launcher on the supervisor agent,
+// a share of two ranks on each host, its store served by kcd; the losses are those of the same
+// training on one machine.
+TEST_F(ClusterThreeHostsNetnsTest, AJobLargerThanAHostRunsAcrossTwoWithTheLossesOfOneMachine) {
   // Without a supervisor agent it waits, saying so.
   const int64_t id = SubmitFile(AcrossFile("across", 40));
   Await(id, [](const nlohmann::json& j) {
@@ -541,12 +549,6 @@ TEST_F(ClusterNetnsTest, AJobAcrossHostsGrowsBackOntoAHostThatComesBack) {
     return x["phase"] == "cancelled" && !SomeProcessOf(w1_) && !SomeProcessOf(w2_);
   });
 }
-
-// Three hosts, a job of 4 ranks over two of them: the host lost is replaced by the free one.
-class ClusterThreeHostsNetnsTest : public ClusterNetnsTest {
- protected:
-  ClusterThreeHostsNetnsTest() : ClusterNetnsTest(/*three_hosts=*/true) {}
-};
 
 // The host of rank 0 (h1) dies while an elastic job of 4 ranks runs on h1 and h2: h2's ranks go
 // on, and once kcd takes h1 for lost the scheduler moves its place to h3, which was free: the
