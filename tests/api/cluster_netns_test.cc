@@ -286,10 +286,14 @@ class ClusterNetnsTest : public ::testing::Test {
 
   // Whether a reason in the job's history says `text`.
   static bool Noted(const nlohmann::json& j, const std::string& text) {
+    return NotedAt(j, text) >= 0;
+  }
+  // When (time_s) the first reason in the job's history that says `text` was written; -1: none.
+  static double NotedAt(const nlohmann::json& j, const std::string& text) {
     for (const nlohmann::json& e : j["history"]) {
-      if (e.value("reason", "").find(text) != std::string::npos) return true;
+      if (e.value("reason", "").find(text) != std::string::npos) return e["time_s"].get<double>();
     }
-    return false;
+    return -1;
   }
 
   static bool RunningWithCheckpoint(const nlohmann::json& j) {
@@ -543,6 +547,12 @@ TEST_F(ClusterNetnsTest, AJobAcrossHostsGrowsBackOntoAHostThatComesBack) {
   EXPECT_FALSE(Noted(j, "resumes from its last checkpoint")) << "requeued: " << j.dump();
   const std::string logs = Kc(fmt::format("job logs {}", id)).out;
   EXPECT_THAT(logs, HasSubstr("kc train: the run's hosts are now h1:2,h2:2"));
+  std::cerr << fmt::format(
+      "h2 lost: shrank to 2 ranks {:.1f} s after its first rank's failure was noted, kcd "
+      "shrank the job {:.1f} s after; back at 4 ranks {:.1f} s after kcd's grow\n",
+      NotedAt(j, "shrank to 2 ranks") - NotedAt(j, "failed: host h2"),
+      NotedAt(j, "shrinks it from 4") - NotedAt(j, "failed: host h2"),
+      NotedAt(j, "grew to 4 ranks") - NotedAt(j, "grows it from 2"));
 
   ASSERT_EQ(Kc(fmt::format("job cancel {}", id)).exit_code, 0);
   Await(id, [&](const nlohmann::json& x) {
