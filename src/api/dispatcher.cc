@@ -834,7 +834,10 @@ struct Dispatcher::Impl {
     Run& run = r->second;
     if (!run.shares.empty()) return ResizeAcross(run, d);
     const int h = topology->host_of(d.devices.front());
-    if (topology->hosts()[h].name != run.host) {
+    const bool elsewhere = std::any_of(d.devices.begin(), d.devices.end(), [&](int dev) {
+      return topology->hosts()[topology->host_of(dev)].name != run.host;
+    });
+    if (elsewhere) {
       KC_LOG(WARNING) << "dispatcher: job " << run.job << ": a " << DecisionKindName(d.kind)
                       << " onto another host is not carried out: " << DevicesText(d.devices);
       return;
@@ -969,10 +972,10 @@ struct Dispatcher::Impl {
     for (const auto& [name, agent] : agents) {
       if (agent.registered && agent.supervisor) supervisor = name;
     }
-    // (Without a supervisor agent such a job runs on its one host, and stays there.)
+    // (It waits for a supervisor agent as any job across hosts does: the scheduler, which may
+    // grow it across hosts, does not know it runs on one.)
     const bool may_span = spec.ok() && spec->command.empty() && spec->min_devices > 0 &&
-                          static_cast<size_t>(spec->ranks) > largest && !supervisor.empty() &&
-                          !o.store_address.empty();
+                          static_cast<size_t>(spec->ranks) > largest;
     if (shares.size() > 1 || may_span) {
       if (supervisor.empty() || o.store_address.empty()) {
         const std::string why =

@@ -93,6 +93,7 @@ class ClusterNetnsTest : public ::testing::Test {
     ASSERT_NE(colon, std::string::npos) << kcd_->output();
     const std::string port = line.substr(colon + 1, line.find(' ', colon) - colon - 1);
     ASSERT_FALSE(port.empty()) << kcd_->output();
+    kcd_port_ = port;
 
     KcRun login = Kc(hosts_.b(), fmt::format("login --server {}:{} --ca {}/tls/ca.pem "
                                              "--token-file {}/admin.token",
@@ -343,7 +344,7 @@ class ClusterNetnsTest : public ::testing::Test {
   TwoHosts hosts_;
   TempDir dir_;
   bool three_hosts_ = false;
-  std::string model_, cluster_, w1_, w2_, w3_, ws_;
+  std::string model_, cluster_, w1_, w2_, w3_, ws_, kcd_port_;
   std::unique_ptr<Daemon> kcd_, agent1_, agent2_, agent3_, supervisor_;
 };
 
@@ -633,6 +634,36 @@ TEST_F(ClusterThreeHostsNetnsTest, ACutHostsRanksStopBeforeItsPlaceGoesToAFreeHo
   Await(id, [&](const nlohmann::json& x) {
     return x["phase"] == "cancelled" && !SomeProcessOf(w1_) && !SomeProcessOf(w3_);
   });
+}
+
+// kcd restarts while a job runs across hosts: the run's store went with it, so the run cannot go
+// on (its shares, cut off from the store, stop their ranks); it ends rather than hang, and the
+// job starts again across the hosts from its checkpoint under the new kcd.
+TEST_F(ClusterNetnsTest, AJobAcrossHostsStartsAgainFromItsCheckpointAfterKcdRestarts) {
+  StartSupervisor();
+  const int64_t id = SubmitFile(AcrossFile("restart", 1000000, "min_devices: 2\n"));
+  Await(id, RunningWithCheckpoint);
+  ASSERT_EQ(kcd_->Stop(SIGTERM), 0) << kcd_->output();
+  kcd_ = std::make_unique<Daemon>(
+      fmt::format("ip netns exec {} {} --dir {} --listen {}:{} --agent-lost-after {}", hosts_.a(),
+                  KCD_BINARY, cluster_, hosts_.ip_a(), kcd_port_, kLeaseS));
+  ASSERT_NE(kcd_->WaitForLine("listening on"), "") << kcd_->output();
+  const nlohmann::json j = Await(id, [](const nlohmann::json& x) {
+    int runs = 0;
+    for (const nlohmann::json& e : x["history"]) {
+      runs += e["phase"] == "running" &&
+              e.value("reason", "").find("running on h1, h2") != std::string::npos;
+    }
+    return Ended(x) || (runs >= 2 && x["phase"] == "running");
+  });
+  ASSERT_EQ(j["phase"], "running") << j.dump();
+  EXPECT_TRUE(Noted(j, "kcd has no record of its run; resumes from its last checkpoint"))
+      << j.dump();
+  Await(id, [&](const nlohmann::json&) {
+    const std::string logs = Kc(fmt::format("job logs {}", id)).out;
+    return logs.find("kc train: resuming from") != std::string::npos;
+  });
+  ASSERT_EQ(Kc(fmt::format("job cancel {}", id)).exit_code, 0);
 }
 
 // A command job larger than a host runs across both: kc run's supervisor on the supervisor
