@@ -351,7 +351,8 @@ int RunLauncher(TrainArgs a) {
       hosts_now = given;
       return OkStatus();
     };
-    std::optional<FileFollower> resizes;  // after what it calls: it goes first
+    // Declared after follow_hosts, which its thread calls: it is destroyed first.
+    std::optional<FileFollower> resizes;
     if (!a.resize_file.empty()) {
       resizes.emplace(a.resize_file,
                       "{\"ranks\": N} with N at least 1 (across hosts with \"hosts\": \"H:N,...\")",
