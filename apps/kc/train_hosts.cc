@@ -255,7 +255,7 @@ int RunHostShare(TrainArgs a) {
   // The run as its launcher published it. A host the run grows onto may start before the
   // launcher has published the run's new hosts (kcd orders both at once): it looks again
   // until it is one of them, for up to kListedWait (or --timeout if shorter).
-  constexpr double kListedWaitS = 30;
+  constexpr double kListedWaitS = 10;
   const double listed_wait_s = std::min(a.timeout_s, kListedWaitS);
   const TimePoint deadline = Clock::Real()->Now() + SecondsToDuration(listed_wait_s);
   bool said = false;

@@ -69,11 +69,11 @@ class RemoteLauncher::Impl {
       : o_(std::move(o)), spec_(o_.hosts), hosts_(o_.hosts.size()) {}
   ~Impl() {
     Finish();
+    const TimePoint until = o_.clock->Now() + std::chrono::seconds(2);
     {
       // The end orders go out before the thread stops (for a while: a store gone is no reason
       // to hang).
       MutexLock lock(&mu_);
-      const TimePoint until = o_.clock->Now() + std::chrono::seconds(2);
       while (PendingOrders() && o_.clock->Now() < until) {
         o_.clock->WaitUntil(&cv_, &mu_, std::min(until, o_.clock->Now() + o_.poll));
       }
@@ -81,6 +81,7 @@ class RemoteLauncher::Impl {
       cv_.SignalAll();
     }
     if (thread_.joinable()) thread_.join();
+    AwaitEndsRead(until);
   }
 
   void StartThread() {
@@ -249,6 +250,27 @@ class RemoteLauncher::Impl {
       }
     }
     return h;
+  }
+  // Until every share that is up has read the last order written to it (the end: a share
+  // deletes what it read), or `until`: the store goes with the launcher's run, and a share
+  // that had not read its end yet would take that for being cut off and fail.
+  void AwaitEndsRead(TimePoint until) {
+    std::vector<std::string> keys;
+    {
+      MutexLock lock(&mu_);
+      for (size_t i = 0; i < hosts_.size(); ++i) {
+        const HostState& h = hosts_[i];
+        if (!h.up || h.next_order == 0) continue;
+        keys.push_back(
+            fmt::format("{}order/{}", SessionPrefix(spec_[i].name, h.session), h.next_order - 1));
+      }
+    }
+    for (const std::string& key : keys) {
+      while (Has(*o_.store, key) && o_.clock->Now() < until) {
+        MutexLock lock(&mu_);
+        o_.clock->WaitUntil(&cv_, &mu_, std::min(until, o_.clock->Now() + o_.poll));
+      }
+    }
   }
   bool PendingOrders() const KC_REQUIRES(mu_) {
     for (const HostState& h : hosts_) {
