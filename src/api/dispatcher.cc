@@ -747,9 +747,7 @@ struct Dispatcher::Impl {
     // supervisor agent, a share on each host: kc train's, or kc run's for a command job).
     const bool ranged = spec->min_devices > 0;
     const int min = ranged ? spec->min_devices : spec->ranks;
-    size_t largest = 0;
-    for (const std::vector<int>& on_host : host_devices)
-      largest = std::max(largest, on_host.size());
+    const size_t largest = LargestHost();
     const bool across = static_cast<size_t>(spec->ranks) > largest;
     if (static_cast<size_t>(min) > largest && !across) {
       Move(j.id, JobPhase::kFailed,
@@ -929,6 +927,14 @@ struct Dispatcher::Impl {
     }
   }
 
+  // The devices of the largest host: a job with more ranks runs across hosts.
+  size_t LargestHost() const KC_REQUIRES(mu) {
+    size_t largest = 0;
+    for (const std::vector<int>& on_host : host_devices)
+      largest = std::max(largest, on_host.size());
+    return largest;
+  }
+
   // A start order's devices: their indices on their host, and CUDA_VISIBLE_DEVICES of them.
   void LocalDevices(const std::vector<int>& devices, kc::v1::StartOrder* out) const
       KC_REQUIRES(mu) {
@@ -965,9 +971,7 @@ struct Dispatcher::Impl {
     std::map<std::string, std::vector<int>> shares;
     for (int dev : d.devices) shares[topology->hosts()[topology->host_of(dev)].name].push_back(dev);
     Result<JobSpec> spec = ReadStoredJob(j->spec, "spec");
-    size_t largest = 0;
-    for (const std::vector<int>& on_host : host_devices)
-      largest = std::max(largest, on_host.size());
+    const size_t largest = LargestHost();
     std::string supervisor;
     for (const auto& [name, agent] : agents) {
       if (agent.registered && agent.supervisor) supervisor = name;

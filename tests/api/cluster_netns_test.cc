@@ -297,6 +297,17 @@ class ClusterNetnsTest : public ::testing::Test {
     return -1;
   }
 
+  // Submits an elastic job of 4 ranks (at least 2) and waits until it trains across h1 and h2
+  // (the scheduler places in host order, rank 0 on h1). Its id; -1 when it runs elsewhere.
+  int64_t RunningAcrossH1H2(const std::string& name) {
+    const int64_t id = SubmitFile(AcrossFile(name, 1000000, "min_devices: 2\n"));
+    Await(id,
+          [](const nlohmann::json& j) { return j["phase"] == "running" && Int(j, "step") >= 20; });
+    const nlohmann::json j = Show(id);
+    EXPECT_EQ(j["host"], "h1, h2 (launcher on ctl)") << j.dump();
+    return j["host"] == "h1, h2 (launcher on ctl)" ? id : -1;
+  }
+
   static bool RunningWithCheckpoint(const nlohmann::json& j) {
     return j["phase"] == "running" && Int(j, "checkpoint_step") >= 100;
   }
@@ -519,10 +530,8 @@ TEST_F(ClusterNetnsTest, AJobAcrossHostsSurvivesTheLossOfTheHostOfRankZero) {
 // run's hosts, whose new workers join the run. The job never goes back to the queue.
 TEST_F(ClusterNetnsTest, AJobAcrossHostsGrowsBackOntoAHostThatComesBack) {
   StartSupervisor();
-  const int64_t id = SubmitFile(AcrossFile("grow", 1000000, "min_devices: 2\n"));
-  Await(id,
-        [](const nlohmann::json& j) { return j["phase"] == "running" && Int(j, "step") >= 20; });
-  ASSERT_EQ(Show(id)["host"], "h1, h2 (launcher on ctl)");
+  const int64_t id = RunningAcrossH1H2("grow");
+  ASSERT_GE(id, 0);
   agent2_->Stop(SIGKILL);
   KillProcessGroupsOf(w2_);
   // The launcher goes on with h1's ranks; kcd, once h2 is taken for lost, shrinks the run.
@@ -566,10 +575,8 @@ TEST_F(ClusterNetnsTest, AJobAcrossHostsGrowsBackOntoAHostThatComesBack) {
 // run grows back to 4 ranks over h2 and h3 and trains on, without going back to the queue.
 TEST_F(ClusterThreeHostsNetnsTest, ALostHostsPlaceGoesToAFreeHost) {
   StartSupervisor();
-  const int64_t id = SubmitFile(AcrossFile("replace", 1000000, "min_devices: 2\n"));
-  Await(id,
-        [](const nlohmann::json& j) { return j["phase"] == "running" && Int(j, "step") >= 20; });
-  ASSERT_EQ(Show(id)["host"], "h1, h2 (launcher on ctl)");
+  const int64_t id = RunningAcrossH1H2("replace");
+  ASSERT_GE(id, 0);
   agent1_->Stop(SIGKILL);
   KillProcessGroupsOf(w1_);
   nlohmann::json j = Await(id, [](const nlohmann::json& x) {
@@ -600,10 +607,8 @@ TEST_F(ClusterThreeHostsNetnsTest, ALostHostsPlaceGoesToAFreeHost) {
 // the job never runs twice on h2's place.
 TEST_F(ClusterThreeHostsNetnsTest, ACutHostsRanksStopBeforeItsPlaceGoesToAFreeHost) {
   StartSupervisor();
-  const int64_t id = SubmitFile(AcrossFile("cut", 1000000, "min_devices: 2\n"));
-  Await(id,
-        [](const nlohmann::json& j) { return j["phase"] == "running" && Int(j, "step") >= 20; });
-  ASSERT_EQ(Show(id)["host"], "h1, h2 (launcher on ctl)");
+  const int64_t id = RunningAcrossH1H2("cut");
+  ASSERT_GE(id, 0);
   ASSERT_FALSE(SomeProcessOf(w3_));
   ASSERT_EQ(kc::testing::Sh("ip -n " + hosts_.b() + " link set " + hosts_.dev_b() + " down"), 0);
   const auto cut = std::chrono::steady_clock::now();
