@@ -644,6 +644,7 @@ int RunCalibrate(const PlanArgs& a) {
   cal.options = cluster->options;
   cal.options.matmul_efficiency = compute->fit.matmul_efficiency;
   cal.options.efficiency_half_size = compute->fit.efficiency_half_size;
+  cal.options.efficiency_half_hidden = 0;  // measured on this model: its width is in the points
   cal.options.efficiency_points = pl::EfficiencyTable(compute->points);
   const double params = static_cast<double>(parallel::ParameterCount(*spec));
   if (cal.cluster.memory_bandwidth > 0) {

@@ -728,6 +728,7 @@ std::string CalibrationToJson(const Calibration& c) {
               {"optimizer_bytes", o.optimizer_bytes},
               {"matmul_efficiency", o.matmul_efficiency},
               {"efficiency_half_size", o.efficiency_half_size},
+              {"efficiency_half_hidden", o.efficiency_half_hidden},
               {"dp_overlap_fraction", o.dp_overlap_fraction},
               {"optimizer_step_bytes", o.optimizer_step_bytes},
               {"usable_memory_fraction", o.usable_memory_fraction},
@@ -792,6 +793,8 @@ Result<Calibration> CalibrationFromJson(std::string_view text, const std::string
   KC_RETURN_IF_ERROR(num(o, "options", "optimizer_bytes", &opt.optimizer_bytes));
   KC_RETURN_IF_ERROR(num(o, "options", "matmul_efficiency", &opt.matmul_efficiency));
   KC_RETURN_IF_ERROR(num(o, "options", "efficiency_half_size", &opt.efficiency_half_size));
+  // Added later: a file without it was fitted with no width term.
+  opt.efficiency_half_hidden = o.is_object() ? o.value("efficiency_half_hidden", 0.0) : 0.0;
   KC_RETURN_IF_ERROR(num(o, "options", "dp_overlap_fraction", &opt.dp_overlap_fraction));
   KC_RETURN_IF_ERROR(num(o, "options", "optimizer_step_bytes", &opt.optimizer_step_bytes));
   KC_RETURN_IF_ERROR(num(o, "options", "usable_memory_fraction", &opt.usable_memory_fraction));

@@ -2,24 +2,43 @@
 
 #include <fmt/format.h>
 
+#include <cctype>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <string_view>
+#include <vector>
 
 namespace kc::parallel::planner {
 namespace {
 
 using nlohmann::json;
 
-// Datasheet HBM bandwidths (bytes/s) of the GPUs published runs used, by a substring of
-// gpu_type; the first match wins, so the more specific names come first.
-double DatasheetMemoryBandwidth(const std::string& gpu_type) {
-  static const std::pair<const char*, double> kKnown[] = {
-      {"A100-SXM4-80GB", 2039e9}, {"A100-SXM4-40GB", 1555e9}, {"A100", 1555e9},
-      {"H100-SXM", 3350e9},       {"H100", 2000e9},           {"V100", 900e9}};
-  for (const auto& [name, bandwidth] : kKnown) {
-    if (gpu_type.find(name) != std::string::npos) return bandwidth;
+// Datasheet figures of the GPUs published runs used, found by the words of gpu_type
+// (case-insensitive; the first entry whose words are all there wins, so the more specific
+// come first): dense 16-bit peak, memory, HBM bandwidth, NVLink bandwidth per direction and
+// the network per GPU of the usual node (DGX A100: 200 Gb/s HDR a GPU; DGX H100: 400 Gb/s).
+struct Datasheet {
+  std::vector<std::string_view> words;
+  std::string_view name;
+  double peak_tflops, mem_gb, memory_gbps, nvlink_gbps, network_gbps;
+};
+
+const Datasheet* FindDatasheet(const std::string& gpu_type) {
+  static const Datasheet kKnown[] = {{{"A100", "80GB"}, "A100 80GB", 312, 80, 2039, 300, 25},
+                                     {{"A100", "80 GB"}, "A100 80GB", 312, 80, 2039, 300, 25},
+                                     {{"A100"}, "A100 40GB", 312, 40, 1555, 300, 25},
+                                     {{"H100", "PCIE"}, "H100 PCIe", 756, 80, 2000, 300, 50},
+                                     {{"H100"}, "H100 SXM", 989, 80, 3350, 450, 50},
+                                     {{"H200"}, "H200", 989, 141, 4800, 450, 50},
+                                     {{"V100"}, "V100", 125, 32, 900, 150, 12.5}};
+  std::string upper = gpu_type;
+  for (char& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  for (const Datasheet& d : kKnown) {
+    bool all = true;
+    for (std::string_view w : d.words) all = all && upper.find(w) != std::string::npos;
+    if (all) return &d;
   }
-  return 0;
+  return nullptr;
 }
 
 // Reads `key` of `object` as T; an error names the key path.
@@ -38,10 +57,15 @@ Status Get(const json& object, const std::string& path, const char* key, T* out)
   return OkStatus();
 }
 
+// Whether `object` has `key`, not null.
+bool Given(const json& object, const char* key) {
+  return object.is_object() && object.contains(key) && !object.at(key).is_null();
+}
+
 // As Get, but a missing key or null leaves *out alone.
 template <typename T>
 Status GetOptional(const json& object, const std::string& path, const char* key, T* out) {
-  if (!object.is_object() || !object.contains(key) || object.at(key).is_null()) return OkStatus();
+  if (!Given(object, key)) return OkStatus();
   return Get(object, path, key, out);
 }
 
@@ -99,20 +123,50 @@ Result<PublishedCase> ParseCase(const json& c) {
 
   const json& cl = c.contains("cluster") ? c["cluster"] : json();
   ClusterSpec& k = out.cluster;
-  double tflops = 0, mem_gb = 0, intra = 0, inter = 0;
   KC_RETURN_IF_ERROR(Get(cl, "cluster", "gpus", &k.devices));
-  KC_RETURN_IF_ERROR(Get(cl, "cluster", "gpus_per_node", &k.devices_per_node));
-  KC_RETURN_IF_ERROR(Get(cl, "cluster", "peak_tflops", &tflops));
-  KC_RETURN_IF_ERROR(Get(cl, "cluster", "mem_gb", &mem_gb));
-  KC_RETURN_IF_ERROR(Get(cl, "cluster", "intra_node_GBps", &intra));
-  KC_RETURN_IF_ERROR(Get(cl, "cluster", "inter_node_GBps_per_gpu", &inter));
+  std::string gpu_type;
+  KC_RETURN_IF_ERROR(GetOptional(cl, "cluster", "gpu_type", &gpu_type));
+  const Datasheet* sheet = FindDatasheet(gpu_type);
+  // A figure the case leaves out comes from the GPU's datasheet (noted as assumed); with no
+  // known GPU, it is required.
+  auto figure = [&](const char* key, double Datasheet::*field, double* value) -> Status {
+    if (Given(cl, key)) {
+      return Get(cl, "cluster", key, value);
+    }
+    if (sheet == nullptr) {
+      return InvalidArgumentError(
+          fmt::format("cluster.{}: missing (and gpu_type \"{}\" is not a GPU whose datasheet "
+                      "kc knows: A100, H100, H200, V100)",
+                      key, gpu_type));
+    }
+    *value = sheet->*field;
+    out.assumed.push_back(
+        fmt::format("cluster.{}={:g} (unstated; the {} datasheet)", key, *value, sheet->name));
+    return OkStatus();
+  };
+  double tflops = 0, mem_gb = 0, intra = 0, inter = 0, per_node = 8;
+  if (Given(cl, "gpus_per_node")) {
+    KC_RETURN_IF_ERROR(Get(cl, "cluster", "gpus_per_node", &per_node));
+  } else {
+    out.assumed.push_back("cluster.gpus_per_node=8 (unstated)");
+  }
+  k.devices_per_node = static_cast<int64_t>(per_node);
+  KC_RETURN_IF_ERROR(figure("peak_tflops", &Datasheet::peak_tflops, &tflops));
+  KC_RETURN_IF_ERROR(figure("mem_gb", &Datasheet::mem_gb, &mem_gb));
+  KC_RETURN_IF_ERROR(figure("intra_node_GBps", &Datasheet::nvlink_gbps, &intra));
+  KC_RETURN_IF_ERROR(figure("inter_node_GBps_per_gpu", &Datasheet::network_gbps, &inter));
+  if (!(tflops > 0) || !(mem_gb > 0) || !(intra > 0) || !(inter > 0) || per_node < 1 ||
+      per_node != static_cast<double>(k.devices_per_node)) {
+    return InvalidArgumentError(fmt::format(
+        "cluster: peak_tflops {}, mem_gb {}, intra_node_GBps {}, inter_node_GBps_per_gpu {} "
+        "must be positive and gpus_per_node {} a positive whole number",
+        tflops, mem_gb, intra, inter, per_node));
+  }
   k.peak_flops = tflops * 1e12;
   k.memory_bytes = mem_gb * 1e9;
   k.intra_node_bandwidth = intra * 1e9;
   k.inter_node_bandwidth = inter * 1e9;
-  std::string gpu_type;
-  KC_RETURN_IF_ERROR(GetOptional(cl, "cluster", "gpu_type", &gpu_type));
-  double memory_gbps = DatasheetMemoryBandwidth(gpu_type) / 1e9;
+  double memory_gbps = sheet != nullptr ? sheet->memory_gbps : 0;
   KC_RETURN_IF_ERROR(GetOptional(cl, "cluster", "memory_GBps", &memory_gbps));
   k.memory_bandwidth = memory_gbps * 1e9;
 
@@ -121,7 +175,16 @@ Result<PublishedCase> ParseCase(const json& c) {
   ParallelPlan& p = out.plan;
   KC_RETURN_IF_ERROR(Get(pub, "published", "tp", &p.t));
   KC_RETURN_IF_ERROR(Get(pub, "published", "pp", &p.p));
-  KC_RETURN_IF_ERROR(Get(pub, "published", "dp", &p.d));
+  if (Given(pub, "dp")) {
+    KC_RETURN_IF_ERROR(Get(pub, "published", "dp", &p.d));
+  } else if (p.t >= 1 && p.p >= 1 && k.devices % (int64_t{p.t} * p.p) == 0) {
+    p.d = static_cast<int>(k.devices / (int64_t{p.t} * p.p));
+    out.assumed.push_back(fmt::format("dp={} (unstated; gpus / (tp x pp))", p.d));
+  } else {
+    return InvalidArgumentError(
+        fmt::format("published.dp: missing, and tp {} x pp {} does not divide the {} gpus", p.t,
+                    p.p, k.devices));
+  }
   KC_RETURN_IF_ERROR(GetOptional(pub, "published", "microbatch", &p.micro_batch_size));
   if (p.micro_batch_size < 1 || p.d < 1 || out.global_batch % (p.micro_batch_size * p.d) != 0) {
     return InvalidArgumentError(
@@ -133,7 +196,7 @@ Result<PublishedCase> ParseCase(const json& c) {
   // Sec. 5.1).
   if (p.p > 1) {
     p.schedule = Schedule::kInterleaved;
-    if (pub.is_object() && pub.contains("interleave") && !pub["interleave"].is_null()) {
+    if (Given(pub, "interleave")) {
       KC_RETURN_IF_ERROR(Get(pub, "published", "interleave", &p.v));
       if (p.v == 1) p.schedule = Schedule::k1F1B;  // no model chunks: not interleaved
     } else {
@@ -147,12 +210,37 @@ Result<PublishedCase> ParseCase(const json& c) {
   KC_RETURN_IF_ERROR(
       GetOptional(pub, "published", "sequence_parallel", &out.options.sequence_parallel));
 
-  // Korthikanti et al. publish MFU, not TFLOP/s; such files derive model TFLOP/s from it.
-  if (pub.contains("tflops_per_gpu") && !pub["tflops_per_gpu"].is_null()) {
+  // The achieved model TFLOP/s per device, from what the paper gives: the figure itself (Eq. 3
+  // FLOPs with full recompute, as Narayanan et al. count), a file's derived figure, the MFU
+  // (Korthikanti et al.), the aggregate PFLOP/s, or the iteration time (the step's FLOPs as
+  // the cost model counts them, over the devices and the time).
+  double value = 0;
+  const json& derived = c.contains("derived") ? c["derived"] : json();
+  if (Given(pub, "tflops_per_gpu")) {
     KC_RETURN_IF_ERROR(Get(pub, "published", "tflops_per_gpu", &out.published_tflops));
-  } else {
-    const json& derived = c.contains("derived") ? c["derived"] : json();
+  } else if (Given(derived, "model_tflops_per_gpu")) {
     KC_RETURN_IF_ERROR(Get(derived, "derived", "model_tflops_per_gpu", &out.published_tflops));
+  } else if (Given(pub, "mfu_pct")) {
+    KC_RETURN_IF_ERROR(Get(pub, "published", "mfu_pct", &value));
+    out.published_tflops = value / 100 * tflops;
+  } else if (Given(pub, "aggregate_pflops")) {
+    KC_RETURN_IF_ERROR(Get(pub, "published", "aggregate_pflops", &value));
+    out.published_tflops = value * 1e3 / static_cast<double>(k.devices);
+  } else if (Given(pub, "iter_time_s")) {
+    KC_RETURN_IF_ERROR(Get(pub, "published", "iter_time_s", &value));
+    if (value > 0) {
+      out.published_tflops = StepFlops(s, out.global_batch, p.recompute) /
+                             static_cast<double>(k.devices) / value / 1e12;
+    }
+  } else {
+    return InvalidArgumentError(
+        "published: no achieved throughput: give tflops_per_gpu, mfu_pct, aggregate_pflops or "
+        "iter_time_s");
+  }
+  if (!(out.published_tflops > 0)) {
+    return InvalidArgumentError(
+        fmt::format("published: the achieved throughput must be positive, got {} TFLOP/s per GPU",
+                    out.published_tflops));
   }
   KC_RETURN_IF_ERROR(ValidatePlan(p, s, k.devices, out.global_batch).WithContext("published"));
   return out;

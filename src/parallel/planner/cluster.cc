@@ -54,6 +54,13 @@ Result<PlannerCluster> ClusterFromTopology(const hal::Topology& topology) {
   c.options = c.fp32 ? Fp32Options() : CostModelOptions{};
   // Transfers beside the compute on GPUs (declared or real); CPU ranks take turns.
   c.options.dp_overlap_fraction = s.device == hal::DeviceKind::kCpu ? 0 : kEngineDpOverlap;
+  if (s.device == hal::DeviceKind::kCpu) {
+    // The width term and its efficiency were fitted to GPUs' tensor cores, which need wide
+    // matmuls; a CPU's BLAS is near its peak at far smaller ones (kc plan --calibrate measures
+    // it).
+    c.options.matmul_efficiency = kCpuMatmulEfficiency;
+    c.options.efficiency_half_hidden = 0;
+  }
   if (models.size() > 1) {
     c.device_model = fmt::format("mixed ({} models)", models.size());
     c.notes.push_back(

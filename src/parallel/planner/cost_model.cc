@@ -44,13 +44,14 @@ Status CheckInputs(const ModelSpec& spec, const ClusterSpec& c, const CostModelO
         "oversubscription at least 1");
   }
   if (o.matmul_efficiency <= 0 || o.matmul_efficiency > 1 || o.efficiency_half_size < 0 ||
+      !(o.efficiency_half_hidden >= 0) || !(o.efficiency_min_hidden >= 0) ||
       o.dp_overlap_fraction < 0 || o.dp_overlap_fraction > 1 || o.usable_memory_fraction <= 0 ||
       o.usable_memory_fraction > 1 || !(o.shared_core_bubble_kept >= 0) ||
       o.shared_core_bubble_kept > 1) {
     return InvalidArgumentError(
         "cost model: options: matmul_efficiency and usable_memory_fraction must be in (0, 1], "
-        "dp_overlap_fraction and shared_core_bubble_kept in [0, 1], efficiency_half_size not "
-        "negative");
+        "dp_overlap_fraction and shared_core_bubble_kept in [0, 1], efficiency_half_size, "
+        "efficiency_half_hidden and efficiency_min_hidden not negative");
   }
   for (size_t i = 0; i < o.efficiency_points.size(); ++i) {
     const auto [size, eff] = o.efficiency_points[i];
@@ -255,10 +256,15 @@ double BubbleFraction(const ParallelPlan& plan) {
   return idle;
 }
 
-double MatmulEfficiency(const CostModelOptions& o, double size) {
+double MatmulEfficiency(const CostModelOptions& o, double size, double hidden) {
   auto curve = [&](double x) { return o.matmul_efficiency * x / (x + o.efficiency_half_size); };
   const auto& pts = o.efficiency_points;
-  if (pts.empty()) return curve(size);
+  if (pts.empty()) {
+    // Points measured on the model planned have its width in them already.
+    const double w = std::max(hidden, o.efficiency_min_hidden);
+    const double width = o.efficiency_half_hidden > 0 ? w / (w + o.efficiency_half_hidden) : 1.0;
+    return width * curve(size);
+  }
   if (size <= pts.front().first) return curve(size) * pts.front().second / curve(pts.front().first);
   if (size >= pts.back().first) return curve(size) * pts.back().second / curve(pts.back().first);
   size_t i = 1;
@@ -302,7 +308,7 @@ Result<PlanEstimate> EstimatePlan(const ModelSpec& spec, const ParallelPlan& pla
     e.matmul_efficiency =
         e.hardware_flops_per_step / cluster.devices / (cluster.peak_flops * e.compute_s);
   } else {
-    e.matmul_efficiency = MatmulEfficiency(o, size);
+    e.matmul_efficiency = MatmulEfficiency(o, size, static_cast<double>(spec.hidden));
     e.compute_s =
         e.hardware_flops_per_step / cluster.devices / (cluster.peak_flops * e.matmul_efficiency);
   }

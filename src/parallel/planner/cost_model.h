@@ -67,6 +67,9 @@ struct MeasuredPass {
 double TensorParallelCollectives(const ModelSpec& spec);
 
 // Constants of the engine and the numerics. One set serves every model, plan and cluster.
+// The matmul efficiency of a CPU device not calibrated (the curve's, no width term).
+inline constexpr double kCpuMatmulEfficiency = 0.55;
+
 struct CostModelOptions {
   double activation_bytes = 2;  // per activation element in the compute precision (bf16/fp16)
   double param_bytes = 2;       // per weight in the compute precision
@@ -75,8 +78,17 @@ struct CostModelOptions {
   // The matmul efficiency: the fraction of peak_flops reached on large matmuls, and the size at
   // which it halves. The size is micro_batch_size * seq_len * hidden / t, the activation
   // elements of one micro-batch on one device (the M*K of its matmuls).
-  double matmul_efficiency = 0.55;
+  double matmul_efficiency = 0.63;
   double efficiency_half_size = 131072;  // 2^17: e.g. 128 tokens of 1024 per device
+  // And the model's width: every layer's matmuls share the dimension `hidden` (tensor
+  // parallelism splits the other), and wider matmuls run closer to peak; the curve is scaled by
+  // hidden / (hidden + efficiency_half_hidden). Fitted to the published Megatron-LM runs
+  // (docs/design/planner-cost-model.md); 0: no width term (a calibration, measured on the
+  // model it plans, has it in its points). Below efficiency_min_hidden, the narrowest of those
+  // runs, the width term keeps its value there: it is not extrapolated (small models reach
+  // high efficiencies with newer kernels than those runs had).
+  double efficiency_half_hidden = 720;
+  double efficiency_min_hidden = 2304;
   // Efficiencies measured at given sizes (`kc plan --calibrate`), sorted by size, both
   // positive. Inside their range they replace the curve, linear in log(size) between points;
   // outside it the curve is scaled to meet the nearest point. Empty: the curve alone.
@@ -175,8 +187,10 @@ double RingAllReduceSeconds(int n, double bytes, double bandwidth, double latenc
 double BubbleFraction(const ParallelPlan& plan);
 
 // The matmul efficiency the options give at `size` (micro_batch_size * seq_len * hidden / t):
-// the curve matmul_efficiency * size / (size + efficiency_half_size), or the measured points.
-double MatmulEfficiency(const CostModelOptions& options, double size);
+// the curve matmul_efficiency * size / (size + efficiency_half_size), or the measured points;
+// the curve alone times the width term hidden / (hidden + efficiency_half_hidden) when that
+// is set.
+double MatmulEfficiency(const CostModelOptions& options, double size, double hidden);
 
 // Micro-batches whose activations the first pipeline stage holds at its peak: m for GPipe,
 // min(p, m) for 1F1B and ZB-H1, p(1 + (p-1)/(pv)) interleaved.

@@ -266,15 +266,14 @@ TEST(CostModelTest, RejectsInvalidPlansAndClusters) {
 
 // The published Megatron-LM runs (Narayanan et al. 2021 Table 1; Korthikanti et al. 2022
 // Table 5), each with its published plan and the default options.
-TEST(CostModelTest, PublishedMegatronCases) {
-  const std::string path = kc::testing::RepoRoot() + "../shared/data/planner_cases_published.json";
-  if (!std::ifstream(path)) GTEST_SKIP() << "no published cases at " << path;
+// Every case of a published-runs file planned with the default constants, each within 15%
+// (but `known_misses`, listed in docs/design/planner-cost-model.md), the published plan
+// fitting in memory (but `unfit`), and the search's choice at least as fast.
+void CheckPublishedCases(const std::string& path, int count,
+                         const std::vector<std::string>& known_misses,
+                         const std::vector<std::string>& unfit) {
   Result<std::vector<LoadedCase>> cases = LoadCases(path);
   ASSERT_TRUE(cases.ok()) << cases.status();
-
-  // Cases the model misses by more than 15% with the default constants (none, or listed in
-  // docs/design/planner-cost-model.md with the miss).
-  const std::vector<std::string> known_misses = {};
   std::string table =
       fmt::format("{:<32} {:>4} {:>3} {:>4} {:>3} {:>4} {:>9} {:>9} {:>7} {:>6}\n", "case", "t",
                   "p", "d", "b", "m", "published", "predicted", "error", "mem GB");
@@ -310,32 +309,56 @@ TEST(CostModelTest, PublishedMegatronCases) {
         "{:<32} {:>4} {:>3} {:>4} {:>3} {:>4} {:>9.1f} {:>9.1f} {:>+6.1f}% {:>6.1f}\n", c.id,
         plan.t, plan.p, plan.d, plan.micro_batch_size, plan.micro_batches, c.published_tflops,
         e.model_tflops_per_device, 100 * error, e.memory.total / 1e9);
-    EXPECT_TRUE(e.memory.fits) << c.id << ": " << e.memory.total / 1e9 << " GB";
+    const bool fits = std::find(unfit.begin(), unfit.end(), c.id) == unfit.end();
+    EXPECT_EQ(e.memory.fits, fits) << c.id << ": " << e.memory.total / 1e9 << " GB";
     if (std::find(known_misses.begin(), known_misses.end(), c.id) == known_misses.end()) {
       EXPECT_LT(std::abs(error), 0.15) << c.id;
     }
     ++checked;
   }
   std::cout << table << searched;
-  EXPECT_EQ(checked, 7);
+  EXPECT_EQ(checked, count);
+}
+
+TEST(CostModelTest, PublishedMegatronCases) {
+  const std::string path = kc::testing::RepoRoot() + "../shared/data/planner_cases_published.json";
+  if (!std::ifstream(path)) GTEST_SKIP() << "no published cases at " << path;
+  CheckPublishedCases(path, 7, {}, {});
+}
+
+// The published runs kept with the benchmark (bench/plan/cases_more.json): the rest of
+// Narayanan et al.'s Table 1 and Korthikanti et al.'s 530B and 1T runs. The 1T run's plan
+// does not fit by the model's memory estimate with the v = 2 assumed for it (the interleaved
+// schedule keeps 1.5x the activations of 1F1B; the paper does not say which it ran).
+TEST(CostModelTest, MorePublishedMegatronCases) {
+  CheckPublishedCases(kc::testing::RepoRoot() + "bench/plan/cases_more.json", 7, {},
+                      {"korthikanti2022_table3_5_1T"});
 }
 
 TEST(CostModelTest, MeasuredEfficiencyPointsReplaceTheCurveInsideTheirRange) {
   CostModelOptions o;
   o.matmul_efficiency = 0.5;
   o.efficiency_half_size = 1000;
-  EXPECT_DOUBLE_EQ(MatmulEfficiency(o, 1000), 0.25);
+  o.efficiency_half_hidden = 0;  // no width term
+  EXPECT_DOUBLE_EQ(MatmulEfficiency(o, 1000, 64), 0.25);
+  // The width term scales the curve: hidden / (hidden + efficiency_half_hidden), held at its
+  // value at efficiency_min_hidden below it.
+  o.efficiency_half_hidden = 192;
+  o.efficiency_min_hidden = 32;
+  EXPECT_DOUBLE_EQ(MatmulEfficiency(o, 1000, 64), 0.25 * 64 / 256);
+  EXPECT_DOUBLE_EQ(MatmulEfficiency(o, 1000, 16), 0.25 * 32 / 224);
+  o.efficiency_half_hidden = 0;
   o.efficiency_points = {{1000, 0.2}, {4000, 0.6}};
-  EXPECT_DOUBLE_EQ(MatmulEfficiency(o, 1000), 0.2);
-  EXPECT_DOUBLE_EQ(MatmulEfficiency(o, 4000), 0.6);
-  EXPECT_NEAR(MatmulEfficiency(o, 2000), 0.4, 1e-12);  // halfway in log(size)
+  EXPECT_DOUBLE_EQ(MatmulEfficiency(o, 1000, 0), 0.2);
+  EXPECT_DOUBLE_EQ(MatmulEfficiency(o, 4000, 0), 0.6);
+  EXPECT_NEAR(MatmulEfficiency(o, 2000, 0), 0.4, 1e-12);  // halfway in log(size)
   // Outside: the curve's shape, scaled to meet the nearest point.
-  EXPECT_NEAR(MatmulEfficiency(o, 500), 0.2 * (0.5 / 3) / 0.25, 1e-12);
-  EXPECT_NEAR(MatmulEfficiency(o, 9000), 0.6 * 0.45 / 0.4, 1e-12);
+  EXPECT_NEAR(MatmulEfficiency(o, 500, 0), 0.2 * (0.5 / 3) / 0.25, 1e-12);
+  EXPECT_NEAR(MatmulEfficiency(o, 9000, 0), 0.6 * 0.45 / 0.4, 1e-12);
   // The estimate uses it; bad points are refused.
   Result<PlanEstimate> e = EstimatePlan(Tiny(), Plan(1, 1, 1, 1, 1), Cluster(1), 1, o);
   ASSERT_TRUE(e.ok()) << e.status();
-  EXPECT_DOUBLE_EQ(e->matmul_efficiency, MatmulEfficiency(o, 32 * 64));
+  EXPECT_DOUBLE_EQ(e->matmul_efficiency, MatmulEfficiency(o, 32 * 64, 64));
   o.efficiency_points = {{4000, 0.6}, {1000, 0.2}};
   EXPECT_EQ(EstimatePlan(Tiny(), Plan(1, 1, 1, 1, 1), Cluster(1), 1, o).status().code(),
             ErrorCode::kInvalidArgument);
@@ -403,7 +426,7 @@ TEST(CostModelTest, MeasuredPassesTimeThePlansTheyWereMeasuredFor) {
   // A (t, b) not measured: FLOPs and the efficiency.
   Result<PlanEstimate> other = EstimatePlan(spec, Plan(1, 1, 1, 4, 2), Cluster(1), 8, o);
   ASSERT_TRUE(other.ok()) << other.status();
-  EXPECT_DOUBLE_EQ(other->matmul_efficiency, MatmulEfficiency(o, 4 * 32 * 64));
+  EXPECT_DOUBLE_EQ(other->matmul_efficiency, MatmulEfficiency(o, 4 * 32 * 64, 64));
 }
 
 // A block timed slower than its share of the whole pass leaves no room for the head: the
@@ -541,6 +564,56 @@ TEST(PublishedCasesTest, ABadCaseNamesItselfAndTheKeyAndTheOthersAreRead) {
   EXPECT_THAT(LoadCases(dir.Write("c.json", "{}")).status().message(),
               ::testing::HasSubstr("an array"));
   EXPECT_EQ(LoadCases(dir.Path("none.json")).status().code(), ErrorCode::kNotFound);
+}
+
+// Papers give the throughput in different forms and often leave the cluster's figures to the
+// GPU's datasheet: Korthikanti et al.'s 530B run as its Table 5 gives it (MFU and iteration
+// time, no TFLOP/s), on "A100 80GB" with nothing else said of the cluster.
+TEST(PublishedCasesTest, TheThroughputInAnyPublishedFormAndTheClusterFromTheDatasheet) {
+  kc::testing::TempDir dir("kc_cases");
+  auto make = [](const std::string& published) {
+    return fmt::format(R"({{"id": "530B", "model": {{"layers": 105, "hidden": 20480,
+        "heads": 128, "seq_len": 2048, "vocab": 51200}}, "global_batch": 280,
+        "cluster": {{"gpus": 280, "gpu_type": "NVIDIA A100 80GB"}}, "published": {{"tp": 8,
+        "pp": 35, "microbatch": 1, "interleave": 3, "sequence_parallel": true,
+        "activation_recompute": "selective", {}}}}})",
+                       published);
+  };
+  const std::string path = dir.Write(
+      "k.json", "[" + make(R"("mfu_pct": 56.0)") + "," + make(R"("iter_time_s": 37.83)") + "," +
+                    make(R"("aggregate_pflops": 48.9)") + "," + make(R"("hfu_pct": 57.0)") + "]");
+  Result<std::vector<LoadedCase>> r = LoadCases(path);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->size(), 4u);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE((*r)[i].status.ok()) << (*r)[i].status;
+    const PublishedCase& c = (*r)[i].value;
+    EXPECT_DOUBLE_EQ(c.cluster.peak_flops, 312e12);
+    EXPECT_DOUBLE_EQ(c.cluster.memory_bytes, 80e9);
+    EXPECT_DOUBLE_EQ(c.cluster.memory_bandwidth, 2039e9);
+    EXPECT_EQ(c.cluster.devices_per_node, 8);
+    EXPECT_EQ(c.plan.d, 1);
+    // 56% of 312; the iteration time and the aggregate say the same within their rounding.
+    EXPECT_NEAR(c.published_tflops, 174.7, 1.0) << i;
+    Result<CaseResult> e = EvaluateCase(c);
+    ASSERT_TRUE(e.ok()) << e.status();
+    EXPECT_NEAR(e->published.model_tflops_per_device / c.published_tflops, 1, 0.15);
+  }
+  const std::vector<std::string>& assumed = (*r)[0].value.assumed;
+  EXPECT_THAT(assumed, ::testing::Contains("cluster.peak_tflops=312 (unstated; the A100 80GB "
+                                           "datasheet)"));
+  EXPECT_THAT(assumed, ::testing::Contains("dp=1 (unstated; gpus / (tp x pp))"));
+  EXPECT_THAT(assumed, ::testing::Contains("cluster.gpus_per_node=8 (unstated)"));
+  // No throughput the loader can read: named.
+  EXPECT_THAT((*r)[3].status.message(),
+              HasSubstr("published: no achieved throughput: give tflops_per_gpu, mfu_pct"));
+  // An unknown GPU must state its figures.
+  std::string unknown = make(R"("mfu_pct": 56.0)");
+  unknown.replace(unknown.find("NVIDIA A100 80GB"), 16, "TPU v4");
+  Result<std::vector<LoadedCase>> u = LoadCases(dir.Write("u.json", "[" + unknown + "]"));
+  ASSERT_TRUE(u.ok()) << u.status();
+  EXPECT_THAT((*u)[0].status.message(),
+              HasSubstr("cluster.peak_tflops: missing (and gpu_type \"TPU v4\" is not a GPU"));
 }
 
 // Narayanan et al. 2021, Table 1: the five runs not in shared/data, whose paper does not

@@ -155,7 +155,7 @@ Result<DeviceEstimate> EstimateOnDevices(const ModelSpec& spec, const ParallelPl
       (plan.recompute ? 96 : 72) * b * sl * h * h * ((4 * h + 2 * f) / (12 * h) + sl / (6 * h));
   if (o.selective_recompute && !plan.recompute) layer_flops += 72 * b * sl * h * h * sl / (6 * h);
   const double head_flops = 6 * b * sl * h * static_cast<double>(spec.vocab);
-  const double eff = MatmulEfficiency(o, b * sl * h / t);
+  const double eff = MatmulEfficiency(o, b * sl * h / t, h);
   const double tp_message = b * sl * h * o.activation_bytes;
   const int tp_collectives = 4 + (plan.recompute ? 2 : 0);
   std::vector<double> unit(static_cast<size_t>(p)), extra(static_cast<size_t>(p), 0.0);
