@@ -66,10 +66,10 @@ struct MeasuredPass {
 // head and loss.
 double TensorParallelCollectives(const ModelSpec& spec);
 
-// Constants of the engine and the numerics. One set serves every model, plan and cluster.
 // The matmul efficiency of a CPU device not calibrated (the curve's, no width term).
 inline constexpr double kCpuMatmulEfficiency = 0.55;
 
+// Constants of the engine and the numerics. One set serves every model, plan and cluster.
 struct CostModelOptions {
   double activation_bytes = 2;  // per activation element in the compute precision (bf16/fp16)
   double param_bytes = 2;       // per weight in the compute precision
