@@ -14,10 +14,8 @@
 #include <optional>
 #include <sstream>
 
-#include "hal/cpu_devices.h"
 #include "hal/host_probe.h"
 #include "hal/inventory.h"
-#include "hal/measure.h"
 #include "hal/topology.h"
 #include "parallel/engine_support.h"
 #include "parallel/planner/approval.h"
@@ -25,6 +23,8 @@
 #include "parallel/planner/cases.h"
 #include "parallel/planner/cost_model.h"
 #include "parallel/planner/hetero.h"
+#include "parallel/planner/local_host.h"
+#include "parallel/planner/search.h"
 
 namespace kc::app {
 namespace {
@@ -232,71 +232,15 @@ void PrintDevicePlans(std::ostream& os, const pl::DeviceSearchResult& r) {
       h.balanced.step_time_s / b.sized.step_time_s, r.evaluated);
 }
 
-// This host measured through L1 and split into `devices` CPU devices: its topology and the
-// planner's cluster of it, and the cores each device runs on. More devices than cores share
-// them as kc train's ranks do (unpinned, one thread each): the topology has a device per
-// core, and the cluster the devices with their share of each figure.
-struct MeasuredHost {
-  hal::Topology topology;
-  pl::PlannerCluster cluster;
-  std::vector<std::vector<int>> device_cpus;  // empty entries: unpinned
-};
-Result<MeasuredHost> MeasureLocal(const hal::HostInfo& info, int devices, bool quick) {
-  const int cores = std::max(1, info.pus);
-  KC_ASSIGN_OR_RETURN(hal::HostMeasurement host, hal::MeasureHost(info, {.quick = quick}));
-  KC_ASSIGN_OR_RETURN(hal::TopologySpec spec,
-                      hal::MakeCpuTopologySpec(
-                          info, {.num_devices = std::min(devices, cores), .measured = host.cpu}));
-  KC_ASSIGN_OR_RETURN(hal::Topology topology, hal::Topology::Build(std::move(spec)));
-  KC_ASSIGN_OR_RETURN(pl::PlannerCluster cluster, pl::ClusterFromTopology(topology));
-  MeasuredHost out{std::move(topology), std::move(cluster), {}};
-  if (devices <= cores) {
-    for (int i = 0; i < out.topology.num_devices(); ++i) {
-      out.device_cpus.push_back(out.topology.device(i).cpus);
-    }
-    return out;
-  }
-  const double share = static_cast<double>(cores) / devices;
-  pl::ClusterSpec& c = out.cluster.spec;
-  c.devices = devices;
-  c.devices_per_node = devices;
-  c.peak_flops *= share;
-  c.memory_bytes *= share;
-  c.memory_bandwidth *= share;
-  c.oversubscription = 1 / share;
-  out.device_cpus.assign(static_cast<size_t>(devices), {});
-  out.cluster.notes.push_back(
-      fmt::format("{} devices share {} cores, as kc train's ranks do: each gets {:.2f} of a core",
-                  devices, cores, share));
-  return out;
-}
-
-// A calibration as the planner's cluster: this host's CPU slices, fp32, its measured constants.
-pl::PlannerCluster FromCalibration(const pl::Calibration& c, const std::string& model) {
-  pl::PlannerCluster out;
-  out.spec = c.cluster;
-  out.options = c.options;
-  out.name = c.host;
-  out.device_model = fmt::format("{}-core CPU slice", c.cpus_per_device);
-  out.fp32 = true;
-  out.spec.device = hal::DeviceKind::kCpu;
-  if (c.model != model) {
-    out.notes.push_back(
-        fmt::format("calibrated with model {}: its kernel efficiencies stand in "
-                    "for {}'s (kc plan {} --calibrate measures this one)",
-                    c.model, model, model));
-  }
-  return out;
-}
-
 // The cluster named by --cluster: an inventory (YAML), a calibration (JSON), or "local".
 // An inventory's topology is kept in *topology (for a mixed cluster's per-device prices).
 Result<pl::PlannerCluster> LoadCluster(const std::string& name, int local_devices,
                                        const std::string& model, std::string* source,
                                        std::optional<hal::Topology>* topology) {
   if (name == "local") {
-    KC_ASSIGN_OR_RETURN(LocalCluster local, ProbeLocalCluster(local_devices, model,
-                                                              UserConfigPath("calibration.json")));
+    KC_ASSIGN_OR_RETURN(
+        pl::LocalCluster local,
+        pl::ProbeLocalCluster(local_devices, model, UserConfigPath("calibration.json")));
     *source = local.source;
     return local.cluster;
   }
@@ -308,7 +252,7 @@ Result<pl::PlannerCluster> LoadCluster(const std::string& name, int local_device
   if (s.find("\"kc_calibration\"") != std::string::npos) {
     KC_ASSIGN_OR_RETURN(pl::Calibration c, pl::CalibrationFromJson(s, name));
     *source = "calibration " + name;
-    return FromCalibration(c, model);
+    return pl::FromCalibration(c, model);
   }
   KC_ASSIGN_OR_RETURN(hal::TopologySpec spec, hal::LoadInventory(name));
   KC_ASSIGN_OR_RETURN(hal::Topology built, hal::Topology::Build(std::move(spec)));
@@ -577,89 +521,27 @@ int RunCases(const PlanArgs& a) {
 }
 
 // This machine as `devices` devices: up to four per core (kc train's ranks share cores so).
-Status CheckLocalDevices(int devices, const hal::HostInfo& info) {
-  if (devices > 4 * std::max(1, info.pus)) {
-    return InvalidArgumentError(
-        fmt::format("--devices {}: more than four per core of the {} cores this process may use",
-                    devices, info.pus));
-  }
-  return OkStatus();
-}
-
 int RunCalibrate(const PlanArgs& a) {
   Result<parallel::ModelSpec> spec = parallel::LoadModelSpec(a.model);
   if (!spec.ok()) return Fail(spec.status());
   Result<hal::HostInfo> info = hal::ProbeHost();
   if (!info.ok()) return Fail(info.status());
-  const int devices = a.devices > 0 ? a.devices : std::max(1, info->pus);
-  if (Status s = CheckLocalDevices(devices, *info); !s.ok()) return Fail(s);
-  std::cerr << "kc plan: measuring this host through L1 (memory, sgemm, shared memory)...\n";
-  Result<MeasuredHost> measured = MeasureLocal(*info, devices, a.quick);
-  if (!measured.ok()) return Fail(measured.status());
-  const pl::PlannerCluster* cluster = &measured->cluster;
-
   // As in kc train's workers (train_command.cc): the large blocks OpenBLAS allocates and frees
   // in every product stay in the heap rather than faulting in afresh, or the timings would
   // include page faults that training does not pay.
   mallopt(M_MMAP_THRESHOLD, 256 << 20);
   mallopt(M_TRIM_THRESHOLD, 512 << 20);
-  pl::CalibrationOptions co;
-  co.peak_flops = cluster->spec.peak_flops;
-  co.repetitions = a.quick ? 2 : 3;
-  co.device_cpus = measured->device_cpus;
-  const int64_t largest = std::min<int64_t>(a.max_micro_batch_size, 8);
-  co.micro_batch_sizes.clear();
-  for (int64_t b = 1; b <= largest; b *= 2) co.micro_batch_sizes.push_back(b);
-  // Every tensor-parallel size a plan on these devices can have: each device its 1/t share.
-  co.tensor_parallel.clear();
-  for (int64_t t : parallel::Divisors(devices)) {
-    if (spec->heads % t == 0 && spec->ffn_hidden % t == 0) {
-      co.tensor_parallel.push_back(static_cast<int>(t));
-    }
-  }
-  std::cerr << fmt::format(
-      "kc plan: timing {}'s forward + backward at micro-batch {} and t {} on {} device{} at "
-      "once...\n",
-      spec->name, fmt::join(co.micro_batch_sizes, ", "), fmt::join(co.tensor_parallel, ", "),
-      devices, devices == 1 ? "" : "s");
-  Result<pl::ComputeCalibration> compute = pl::MeasureCompute(*spec, co);
-  if (!compute.ok()) return Fail(compute.status());
-  // The engine's all-reduce between the devices: what tensor-, pipeline- and data-parallel
-  // messages are timed with (one host: every link is this one).
-  Result<pl::LinkCalibration> links = pl::MeasureLinks({.device_cpus = co.device_cpus});
-  if (!links.ok()) return Fail(links.status());
-  // How much of the gradient all-reduce the trainer's buckets hide behind the backward, with
-  // the longest backward timed.
-  Result<pl::OverlapCalibration> overlap =
-      pl::MeasureOverlap(*spec, {.device_cpus = co.device_cpus,
-                                 .micro_batch_size = co.micro_batch_sizes.back(),
-                                 .repetitions = co.repetitions});
-  if (!overlap.ok()) return Fail(overlap.status());
-
-  pl::Calibration cal;
-  cal.host = info->hostname;
-  cal.model = spec->name;
-  cal.cpus_per_device = static_cast<int>(measured->topology.device(0).cpus.size());
-  cal.cluster = cluster->spec;
-  cal.options = cluster->options;
-  cal.options.matmul_efficiency = compute->fit.matmul_efficiency;
-  cal.options.efficiency_half_size = compute->fit.efficiency_half_size;
-  cal.options.efficiency_half_hidden = 0;  // measured on this model: its width is in the points
-  cal.options.efficiency_points = pl::EfficiencyTable(compute->points);
-  const double params = static_cast<double>(parallel::ParameterCount(*spec));
-  if (cal.cluster.memory_bandwidth > 0) {
-    cal.options.optimizer_step_bytes =
-        compute->optimizer_seconds * cal.cluster.memory_bandwidth / params;
-  }
-  cal.options.measured_passes = pl::PassTable(compute->points);
-  if (devices > 1) cal.options.dp_overlap_fraction = overlap->fraction;
-  if (links->bandwidth > 0) {
-    cal.cluster.intra_node_bandwidth = links->bandwidth;
-    cal.cluster.intra_node_latency = links->latency;
-    cal.cluster.inter_node_bandwidth = links->bandwidth;
-    cal.cluster.inter_node_latency = links->latency;
-  }
-  cal.points = compute->points;
+  Result<pl::HostCalibration> measured = pl::CalibrateHost(
+      *spec, *info,
+      {.devices = a.devices,
+       .max_micro_batch_size = a.max_micro_batch_size,
+       .quick = a.quick,
+       .progress = [](const std::string& what) { std::cerr << "kc plan: " << what << "...\n"; }});
+  if (!measured.ok()) return Fail(measured.status());
+  const pl::Calibration& cal = measured->calibration;
+  const int devices = measured->devices;
+  const pl::LinkCalibration& links = measured->links;
+  const pl::OverlapCalibration& overlap = measured->overlap;
   const std::string save = a.save.empty() ? UserConfigPath("calibration.json") : a.save;
   if (!a.no_save) {
     if (Status s = WriteFileAtomically(save, pl::CalibrationToJson(cal)); !s.ok()) return Fail(s);
@@ -683,16 +565,16 @@ int RunCalibrate(const PlanArgs& a) {
               {"oversubscription", cal.cluster.oversubscription},
               {"shm_bandwidth", cal.cluster.intra_node_bandwidth},
               {"shm_latency", cal.cluster.intra_node_latency},
-              {"allreduce", links->allreduce},
-              {"rendezvous_s", links->rendezvous_s},
+              {"allreduce", links.allreduce},
+              {"rendezvous_s", links.rendezvous_s},
               {"dp_overlap",
-               {{"backward_s", overlap->backward_s},
-                {"allreduce_s", overlap->allreduce_s},
-                {"together_s", overlap->together_s},
-                {"fraction", overlap->fraction}}},
+               {{"backward_s", overlap.backward_s},
+                {"allreduce_s", overlap.allreduce_s},
+                {"together_s", overlap.together_s},
+                {"fraction", overlap.fraction}}},
               {"matmul_efficiency", cal.options.matmul_efficiency},
               {"efficiency_half_size", cal.options.efficiency_half_size},
-              {"optimizer_seconds", compute->optimizer_seconds},
+              {"optimizer_seconds", measured->optimizer_seconds},
               {"optimizer_step_bytes", cal.options.optimizer_step_bytes},
               {"points", json::array()},
               {"global_batch", batch},
@@ -726,14 +608,14 @@ int RunCalibrate(const PlanArgs& a) {
       "computing devices: {})\n",
       cal.cluster.peak_flops / 1e9, cal.cluster.memory_bandwidth / 1e9,
       cal.cluster.intra_node_bandwidth / 1e9, cal.cluster.intra_node_latency * 1e6,
-      Time(links->rendezvous_s));
-  for (const std::string& note : cluster->notes) os << "         note: " << note << "\n";
+      Time(links.rendezvous_s));
+  for (const std::string& note : measured->notes) os << "         note: " << note << "\n";
   if (devices > 1) {
     os << fmt::format(
         "overlap  the gradient buckets hide {:.0f}% of the all-reduce behind the backward "
         "(backward {}, all-reduce {}, together {})\n",
-        overlap->fraction * 100, Time(overlap->backward_s), Time(overlap->allreduce_s),
-        Time(overlap->together_s));
+        overlap.fraction * 100, Time(overlap.backward_s), Time(overlap.allreduce_s),
+        Time(overlap.together_s));
   }
   os << fmt::format("model    {} forward + backward, every device at once:\n", cal.model);
   for (const pl::EfficiencyPoint& p : cal.points) {
@@ -757,7 +639,7 @@ int RunCalibrate(const PlanArgs& a) {
   os << fmt::format(
       "optimizer {} per step (clip norm + AdamW): the time of {:.1f} bytes per "
       "parameter at the memory bandwidth\n",
-      Time(compute->optimizer_seconds), cal.options.optimizer_step_bytes);
+      Time(measured->optimizer_seconds), cal.options.optimizer_step_bytes);
   if (!a.no_save) os << "saved    " << save << " (kc plan --cluster local, kc train --plan auto)\n";
   os << fmt::format("\npredicted step time of each plan kc train runs, global batch {}:\n", batch);
   os << fmt::format("{:<96} {:>10} {:>10}\n", "plan", "step", "tokens/s");
@@ -769,22 +651,6 @@ int RunCalibrate(const PlanArgs& a) {
 }
 
 }  // namespace
-
-Result<LocalCluster> ProbeLocalCluster(int devices, const std::string& model,
-                                       const std::string& calibration_path) {
-  KC_ASSIGN_OR_RETURN(hal::HostInfo info, hal::ProbeHost());
-  if (devices <= 0) devices = std::max(1, info.pus);
-  KC_RETURN_IF_ERROR(CheckLocalDevices(devices, info));
-  if (fs::exists(calibration_path)) {
-    KC_ASSIGN_OR_RETURN(pl::Calibration c, pl::LoadCalibration(calibration_path));
-    if (c.cluster.devices == devices) {
-      return LocalCluster{FromCalibration(c, model), "calibration " + calibration_path};
-    }
-  }
-  KC_ASSIGN_OR_RETURN(MeasuredHost measured, MeasureLocal(info, devices, /*quick=*/true));
-  return LocalCluster{std::move(measured.cluster),
-                      "quick probe, default efficiency (kc plan --calibrate to measure it)"};
-}
 
 void AddPlanCommand(CLI::App& app, Action* action) {
   auto a = std::make_shared<PlanArgs>();

@@ -12,7 +12,6 @@
 
 #include "api/train_job.h"
 #include "apps/kc/command.h"
-#include "apps/kc/plan_command.h"
 #include "fault/checkpoint.h"
 #include "fault/heartbeat.h"
 #include "hal/cuda/cuda_device.h"
@@ -20,6 +19,8 @@
 #include "hal/inventory.h"
 #include "parallel/batch_share.h"
 #include "parallel/engine_support.h"
+#include "parallel/planner/local_host.h"
+#include "parallel/planner/search.h"
 
 namespace kc::app {
 
@@ -555,8 +556,9 @@ Result<double> ResolveAutoPlan(TrainArgs* args) {
   if (a.ranks == 0)
     a.ranks = std::max(1, a.threads_per_rank > 0 ? ncpu / a.threads_per_rank : ncpu);
   const int64_t batch = a.global_batch != 0 ? a.global_batch : spec.batch_per_rank * a.ranks;
-  KC_ASSIGN_OR_RETURN(LocalCluster local,
-                      ProbeLocalCluster(a.ranks, spec.name, UserConfigPath("calibration.json")));
+  KC_ASSIGN_OR_RETURN(
+      parallel::planner::LocalCluster local,
+      parallel::planner::ProbeLocalCluster(a.ranks, spec.name, UserConfigPath("calibration.json")));
   Result<parallel::planner::SearchResult> found =
       parallel::planner::SearchPlans(spec, local.cluster.spec, batch, {}, local.cluster.options, 1);
   KC_RETURN_IF_ERROR(found.status().WithContext("--plan auto"));
