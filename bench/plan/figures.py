@@ -20,6 +20,8 @@
     bench/plan/figures.py                                   # both parts, ~20-40 minutes
     bench/plan/figures.py --models gpt-tiny --ranks 2 --max-plans 8 --rounds 1
     bench/plan/figures.py --skip-machine                    # published runs only, a second
+    bench/plan/figures.py --keep runs/                      # keep calibrations and step times
+    bench/plan/figures.py --from runs/ --skip-published     # the kept runs, predicted again
 
 Needs a built kc (cmake --workflow --preset release) and data/fortunes (made with
 `kc data prepare` if missing). Prints the load average before and after each part: the
@@ -123,13 +125,25 @@ def measured_step_s(metrics: Path, warmup: int) -> float:
     return statistics.median(steps)
 
 
-def machine(kc: str, model: str, ranks: int, args, data: str, tmp: Path) -> dict:
+def predictions(kc: str, model: str, cal_file: Path, batch: int) -> tuple[str, dict]:
+    """The current model's predictions from a saved calibration: the chosen plan's flag, and
+    every plan's predicted step time by flag."""
+    j = json.loads(run([kc, "plan", model, "--cluster", str(cal_file), "--batch", str(batch),
+                        "--json", "--top", "1000"]).stdout)
+    ranked = [j["chosen"]] + j["alternatives"]
+    return flag(j["chosen"]["plan"]), {flag(r["plan"]): r["estimate"]["step_time_s"]
+                                       for r in ranked}
+
+
+def measure(kc: str, model: str, ranks: int, args, data: str, work: Path) -> dict:
+    """Calibrates (saved as cal-NAME-RANKS.json in `work`), runs the selected plans and saves
+    their step times (meas-NAME-RANKS.json): {"load_average": [...], "measured": {flag: [s]}}."""
     name = Path(model).stem
     print(f"== {name}, {ranks} ranks, global batch {args.batch} ({load()})")
     load_before = os.getloadavg()[0]
     cal = json.loads(run([kc, "plan", model, "--calibrate", "--devices", str(ranks), "--batch",
                           str(args.batch), "--json", "--save",
-                          str(tmp / f"cal-{name}-{ranks}.json")]).stdout)
+                          str(work / f"cal-{name}-{ranks}.json")]).stdout)
     print(f"calibrated: overlap {cal['dp_overlap']['fraction'] * 100:.0f}%, all-reduce "
           f"{cal['shm_bandwidth'] / 1e9:.2f} GB/s, oversubscription "
           f"{cal['oversubscription']:.2f} ({load()})")
@@ -138,27 +152,46 @@ def machine(kc: str, model: str, ranks: int, args, data: str, tmp: Path) -> dict
     for _ in range(args.rounds):
         for p in plans:
             f = flag(p["plan"])
-            metrics = tmp / "metrics.jsonl"
+            metrics = work / "metrics.jsonl"
             run([kc, "train", model, "--plan", f, "--ranks", str(ranks), "--steps",
                  str(args.steps), "--eval-every", str(args.steps), "--progress", "none",
-                 "--data", data, "--metrics", str(metrics), "--out", str(tmp / "run")])
+                 "--data", data, "--metrics", str(metrics), "--out", str(work / "run")])
             measured[f].append(measured_step_s(metrics, args.warmup))
+    out = {"load_average": [load_before, os.getloadavg()[0]], "measured": measured}
+    (work / f"meas-{name}-{ranks}.json").write_text(json.dumps(out, indent=1) + "\n")
+    return out
+
+
+def machine(kc: str, model: str, ranks: int, args, data: str, work: Path) -> dict:
+    """Measured (or, with --from, read back) and predicted by the current model from the
+    calibration the runs were measured under."""
+    name = Path(model).stem
+    kept = work / f"meas-{name}-{ranks}.json"
+    if args.from_dir:
+        if not kept.exists():
+            sys.exit(f"figures: --from {work}: no {kept.name}")
+        print(f"== {name}, {ranks} ranks: measured as kept in {kept}")
+        meas = json.loads(kept.read_text())
+    else:
+        meas = measure(kc, model, ranks, args, data, work)
+    chosen_flag, pred = predictions(kc, model, work / f"cal-{name}-{ranks}.json", args.batch)
     rows = []
-    for rank, p in enumerate(plans):
-        f = flag(p["plan"])
-        m = statistics.median(measured[f])
-        pred = p["estimate"]["step_time_s"]
-        rows.append({"model": name, "ranks": ranks, "plan": f, "chosen": rank == 0,
-                     "predicted_s": pred, "measured_s": m, "error": pred / m - 1})
+    for f, times in meas["measured"].items():
+        m = statistics.median(times)
+        rows.append({"model": name, "ranks": ranks, "plan": f, "chosen": f == chosen_flag,
+                     "predicted_s": pred[f], "measured_s": m, "error": pred[f] / m - 1})
+    rows.sort(key=lambda r: r["predicted_s"])
     fastest = min(r["measured_s"] for r in rows)
     for r in rows:
         mark = "  <- chosen" if r["chosen"] else ""
         print(f"  {r['plan']:<100} predicted {r['predicted_s'] * 1e3:8.1f} ms  measured "
               f"{r['measured_s'] * 1e3:8.1f} ms  error {r['error'] * 100:+6.1f}%{mark}")
-    chosen = rows[0]["measured_s"]
-    print(f"  chosen plan {chosen / fastest - 1:+.1%} against the fastest measured ({load()})\n")
-    return {"rows": rows, "chosen_vs_fastest": chosen / fastest - 1,
-            "load_average": [load_before, os.getloadavg()[0]]}
+    chosen = [r["measured_s"] for r in rows if r["chosen"]]
+    # With --from, a model that now chooses a plan that was not run has no measured choice.
+    vs = chosen[0] / fastest - 1 if chosen else None
+    print(f"  chosen plan {'not measured' if vs is None else f'{vs:+.1%}'} against the fastest "
+          f"measured ({load()})\n")
+    return {"rows": rows, "chosen_vs_fastest": vs, "load_average": meas["load_average"]}
 
 
 def main() -> int:
@@ -176,6 +209,10 @@ def main() -> int:
     ap.add_argument("--skip-published", action="store_true")
     ap.add_argument("--skip-machine", action="store_true")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--keep", help="keep the calibrations and measured step times in this folder")
+    ap.add_argument("--from", dest="from_dir",
+                    help="measure nothing: predict again, with this kc, the runs kept by --keep "
+                         "in this folder")
     args = ap.parse_args()
     if not os.access(args.kc, os.X_OK):
         sys.exit(f"figures: no kc at {args.kc}; build it with cmake --workflow --preset release")
@@ -187,17 +224,20 @@ def main() -> int:
                             "pass": all(part["pass"] for part in parts)}
         ok = ok and out["published"]["pass"]
     if not args.skip_machine:
-        data = ensure_data(args.kc)
+        data = "" if args.from_dir else ensure_data(args.kc)
         results = []
         with tempfile.TemporaryDirectory(prefix="kc_figures_") as tmp:
+            work = Path(args.from_dir or args.keep or tmp)
+            work.mkdir(parents=True, exist_ok=True)
             for name in args.models.split(","):
                 model = str(REPO_ROOT / "examples" / "models" / f"{name}.yaml")
                 for n in [int(x) for x in args.ranks.split(",")]:
-                    results.append(machine(args.kc, model, n, args, data, Path(tmp)))
+                    results.append(machine(args.kc, model, n, args, data, work))
         rows = [r for res in results for r in res["rows"]]
         within = [r for r in rows if abs(r["error"]) <= MEASURED_GOAL]
         worst = max(rows, key=lambda r: abs(r["error"]))
-        chosen_ok = [res["chosen_vs_fastest"] <= CHOSEN_GOAL for res in results]
+        chosen_ok = [res["chosen_vs_fastest"] is not None and
+                     res["chosen_vs_fastest"] <= CHOSEN_GOAL for res in results]
         print(f"{len(within)} of {len(rows)} plans within {MEASURED_GOAL * 100:.0f}% "
               f"(worst {worst['error'] * 100:+.1f}%: {worst['model']} {worst['ranks']} ranks "
               f"{worst['plan']}; mean |error| "
