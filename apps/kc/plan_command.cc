@@ -520,7 +520,8 @@ int RunCases(const PlanArgs& a) {
   return malformed > 0 ? kExitBadInput : unplanned > 0 ? kExitFailure : kExitOk;
 }
 
-// This machine as `devices` devices: up to four per core (kc train's ranks share cores so).
+// `kc plan MODEL --calibrate`: this machine measured for the model (CalibrateHost), saved,
+// and every plan kc train runs predicted from it.
 int RunCalibrate(const PlanArgs& a) {
   Result<parallel::ModelSpec> spec = parallel::LoadModelSpec(a.model);
   if (!spec.ok()) return Fail(spec.status());

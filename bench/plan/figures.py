@@ -177,6 +177,9 @@ def machine(kc: str, model: str, ranks: int, args, data: str, work: Path) -> dic
     chosen_flag, pred = predictions(kc, model, work / f"cal-{name}-{ranks}.json", args.batch)
     rows = []
     for f, times in meas["measured"].items():
+        if f not in pred:
+            sys.exit(f"figures: {name}, {ranks} ranks: the plan {f} was run but kc plan no "
+                     "longer predicts it")
         m = statistics.median(times)
         rows.append({"model": name, "ranks": ranks, "plan": f, "chosen": f == chosen_flag,
                      "predicted_s": pred[f], "measured_s": m, "error": pred[f] / m - 1})
